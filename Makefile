@@ -1,0 +1,53 @@
+# Everything a newcomer needs: `make run` serves the engine, `make test` runs the whole suite.
+# Both create the virtual environment and install the package first.
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+PROTO_SRC := proto/workflow_engine/v1/workflow_engine.proto
+PROTO_OUT := workflow_engine/v1
+
+.PHONY: install run migrate test lint fmt proto proto-check clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet --progress-bar off -c constraints.txt -e '.[dev]'
+	touch $@
+
+run: install
+	$(BIN)/workflow-engine serve
+
+migrate: install
+	$(BIN)/workflow-engine migrate
+
+test: install
+	$(BIN)/pytest
+
+lint: install proto-check
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+fmt: install
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+# The generated code is committed; `proto-check` fails when it no longer matches the .proto.
+proto: install
+	PATH=$(BIN):$$PATH $(BIN)/python -m grpc_tools.protoc -Iproto \
+	  --python_out=. --mypy_out=. --grpc_python_out=. --mypy_grpc_out=. $(PROTO_SRC)
+
+proto-check: install
+	@tmp=$$(mktemp -d) && \
+	PATH=$(BIN):$$PATH $(BIN)/python -m grpc_tools.protoc -Iproto \
+	  --python_out=$$tmp --mypy_out=$$tmp --grpc_python_out=$$tmp --mypy_grpc_out=$$tmp $(PROTO_SRC) && \
+	diff -r -x __init__.py -x py.typed -x __pycache__ $$tmp/$(PROTO_OUT) $(PROTO_OUT) >/dev/null || \
+	  { echo "generated code in $(PROTO_OUT) is stale: run 'make proto'"; rm -rf $$tmp; exit 1; }; \
+	rm -rf $$tmp; echo "proto: generated code is up to date"
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info

@@ -1,0 +1,58 @@
+"""The static planner keeps given steps, or derives them from `$ command` prompt lines."""
+
+from __future__ import annotations
+
+from workflow_engine.capabilities.planner import StaticPlanner
+from workflow_engine.spec import Step, TaskSpec
+
+
+async def test_given_steps_are_the_plan() -> None:
+    steps = (Step(id="build", command=("make",)), Step(id="test", command=("make", "test")))
+    plan = await StaticPlanner().plan(TaskSpec(prompt="$ ignored", steps=steps))
+    assert plan.steps == steps
+    assert plan.assumptions == ("steps given by the task",)
+
+
+async def test_steps_are_derived_from_dollar_lines() -> None:
+    prompt = "\n".join(
+        [
+            "Please do the following:",
+            "$ echo 'hello world'",
+            "   $ ls -l /tmp   ",
+            "$echo not a command",
+            "and some prose with $ in it",
+        ]
+    )
+    plan = await StaticPlanner().plan(TaskSpec(prompt=prompt))
+    assert [s.id for s in plan.steps] == ["step-1", "step-2"]
+    assert plan.steps[0].command == ("echo", "hello world")
+    assert plan.steps[0].description == "$ echo 'hello world'"
+    assert plan.steps[1].command == ("ls", "-l", "/tmp")
+    assert len(plan.assumptions) == 1
+    assert "2" in plan.assumptions[0]
+
+
+async def test_unbalanced_quotes_are_skipped_with_an_assumption() -> None:
+    prompt = "$ echo 'oops\n$ true"
+    plan = await StaticPlanner().plan(TaskSpec(prompt=prompt))
+    assert [s.command for s in plan.steps] == [("true",)]
+    assert plan.steps[0].id == "step-1"
+    skipped = [a for a in plan.assumptions if "skipped" in a]
+    assert len(skipped) == 1
+    assert "line 1" in skipped[0]
+
+
+async def test_an_empty_command_is_skipped() -> None:
+    plan = await StaticPlanner().plan(TaskSpec(prompt="$ ''\n$ true"))
+    assert [s.command for s in plan.steps] == [("true",)]
+
+
+async def test_nothing_to_derive_is_an_empty_plan_not_an_error() -> None:
+    plan = await StaticPlanner().plan(TaskSpec(prompt="just prose\n$ 'unbalanced"))
+    assert plan.steps == ()
+    assert any("no usable '$ command' lines" in a for a in plan.assumptions)
+
+
+async def test_planning_is_deterministic() -> None:
+    task = TaskSpec(prompt="$ a\n$ b c")
+    assert await StaticPlanner().plan(task) == await StaticPlanner().plan(task)

@@ -1,0 +1,300 @@
+"""The local sandbox worker, with real processes in a temporary jobs directory.
+
+Commands here that must run at most once append to a marker file outside their work directory,
+so a second run would show up as a second line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from workflow_engine.capabilities import _sandbox_supervisor as supervisor
+from workflow_engine.capabilities.base import JobRequest
+from workflow_engine.capabilities.sandbox import LocalSandboxWorker
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+# A broken re-attach or lost-job check shows up as a wait that never ends; fail it instead.
+pytestmark = pytest.mark.timeout(30)
+
+
+def job(job_id: str, *command: str, **fields: Any) -> JobRequest:
+    return JobRequest(task_id="task-1", job_id=job_id, command=command, **fields)
+
+
+def worker(tmp_path: Path, **options: Any) -> LocalSandboxWorker:
+    return LocalSandboxWorker(jobs_dir=tmp_path / "jobs", **options)
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def process_gone(pid: int) -> bool:
+    """True when `pid` has exited (a zombie nobody reaped yet counts as exited)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+    except FileNotFoundError:
+        return True
+    return state in ("Z", "X")
+
+
+async def exited_pid() -> int:
+    """The pid of a process that has exited and been reaped."""
+    process = await asyncio.create_subprocess_exec("true")
+    await process.wait()
+    return process.pid
+
+
+async def test_select_target_is_local(tmp_path: Path) -> None:
+    assert await worker(tmp_path).select_target(job("j", "true")) == "local"
+
+
+async def test_echo_completes_with_output_and_layout(tmp_path: Path) -> None:
+    result = await worker(tmp_path).run(
+        "local", job("echo-1", "sh", "-c", "echo hello; echo oops >&2; pwd")
+    )
+    assert result.status == "completed"
+    assert result.exit_code == 0
+    assert result.target == "local"
+    job_dir = (tmp_path / "jobs" / "echo-1").resolve()
+    assert result.work_dir == str(job_dir / "work")
+    assert result.stdout == f"hello\n{job_dir / 'work'}\n"
+    assert result.stderr == "oops\n"
+    assert not result.stdout_truncated
+    assert not result.stderr_truncated
+    assert result.started_at.endswith("Z")
+    assert result.started_at <= result.ended_at
+    assert json.loads((job_dir / "request.json").read_text())["job_id"] == "echo-1"
+    assert json.loads((job_dir / "result.json").read_text())["status"] == "completed"
+
+
+async def test_non_zero_exit_is_failed(tmp_path: Path) -> None:
+    result = await worker(tmp_path).run("local", job("fail-1", "sh", "-c", "exit 3"))
+    assert result.status == "failed"
+    assert result.exit_code == 3
+
+
+async def test_argv_is_not_run_through_a_shell(tmp_path: Path) -> None:
+    result = await worker(tmp_path).run("local", job("argv-1", "echo", "$HOME; echo injected"))
+    assert result.stdout == "$HOME; echo injected\n"
+
+
+async def test_timeout_kills_the_process_group(tmp_path: Path) -> None:
+    bg_pid_file = tmp_path / "bg.pid"
+    script = f"sleep 30 & echo $! > {bg_pid_file}; sleep 5"
+    started = time.monotonic()
+    result = await worker(tmp_path).run(
+        "local", job("timeout-1", "sh", "-c", script, timeout_seconds=1)
+    )
+    elapsed = time.monotonic() - started
+    assert result.status == "timeout"
+    assert result.exit_code is None
+    assert "timed out after 1 s" in result.stderr
+    assert 0.9 <= elapsed < 3
+    assert process_gone(int(bg_pid_file.read_text()))
+
+
+async def test_default_timeout_applies_when_the_job_has_none(tmp_path: Path) -> None:
+    sandbox = worker(tmp_path, default_timeout_seconds=1)
+    result = await sandbox.run("local", job("timeout-2", "sleep", "5"))
+    assert result.status == "timeout"
+
+
+async def test_output_is_truncated_to_the_head(tmp_path: Path) -> None:
+    script = (
+        "printf 'a%.0s' $(seq 1 500); printf 'b%.0s' $(seq 1 500); printf 'e%.0s' $(seq 1 50) >&2"
+    )
+    result = await worker(tmp_path, max_output_bytes=100).run(
+        "local", job("trunc-1", "sh", "-c", script)
+    )
+    assert result.stdout == "a" * 100
+    assert result.stdout_truncated
+    assert result.stderr == "e" * 50
+    assert not result.stderr_truncated
+
+
+async def test_job_environment_is_isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ENGINE_SECRET_FOR_TEST", "s3cret")
+    request = job(
+        "env-1",
+        "env",
+        env={"STEP_VAR": "from-step"},
+        attempt=2,
+        remediation=("fix exit_code", "fix file"),
+    )
+    result = await worker(tmp_path).run("local", request)
+    env = dict(line.split("=", 1) for line in result.stdout.splitlines())
+    assert "ENGINE_SECRET_FOR_TEST" not in env
+    assert "s3cret" not in result.stdout
+    assert env["STEP_VAR"] == "from-step"
+    assert env["PATH"] == "/usr/local/bin:/usr/bin:/bin"
+    assert env["HOME"] == result.work_dir
+    assert env["TMPDIR"] == result.work_dir
+    assert env["LANG"] == "C.UTF-8"
+    assert env["WORKFLOW_ENGINE_TASK_ID"] == "task-1"
+    assert env["WORKFLOW_ENGINE_JOB_ID"] == "env-1"
+    assert env["WORKFLOW_ENGINE_ATTEMPT"] == "2"
+    assert json.loads(env["WORKFLOW_ENGINE_REMEDIATION"]) == ["fix exit_code", "fix file"]
+
+
+def test_job_env_is_built_only_from_the_request(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The engine also starts the supervisor with a minimal environment; this pins down that the
+    # supervisor adds nothing of its own either, whatever it inherited.
+    monkeypatch.setenv("ENGINE_SECRET_FOR_TEST", "s3cret")
+    request = job("env-2", "env", env={"STEP_VAR": "x", "PATH": "/opt/bin"}).to_json()
+    env = supervisor.job_env(request, tmp_path)
+    assert set(env) == {
+        "PATH",
+        "HOME",
+        "TMPDIR",
+        "LANG",
+        "STEP_VAR",
+        "WORKFLOW_ENGINE_TASK_ID",
+        "WORKFLOW_ENGINE_JOB_ID",
+        "WORKFLOW_ENGINE_ATTEMPT",
+        "WORKFLOW_ENGINE_REMEDIATION",
+    }
+    assert env["PATH"] == "/opt/bin"  # the step may choose its own PATH
+    assert env["WORKFLOW_ENGINE_REMEDIATION"] == "[]"
+
+
+async def test_missing_program_is_failed_127(tmp_path: Path) -> None:
+    result = await worker(tmp_path).run("local", job("missing-1", "no-such-program-xyz", "arg"))
+    assert result.status == "failed"
+    assert result.exit_code == 127
+    assert "no-such-program-xyz" in result.stderr
+
+
+async def test_non_executable_program_is_failed_126(tmp_path: Path) -> None:
+    program = tmp_path / "not-executable"
+    program.write_text("#!/bin/sh\necho hi\n")
+    program.chmod(0o644)
+    result = await worker(tmp_path).run("local", job("noexec-1", str(program)))
+    assert result.status == "failed"
+    assert result.exit_code == 126
+
+
+async def test_same_job_id_runs_once(tmp_path: Path) -> None:
+    marker = tmp_path / "marker"
+    request = job("once-1", "sh", "-c", f"echo ran >> {marker}; echo out")
+    first = await worker(tmp_path).run("local", request)
+    second = await worker(tmp_path).run("local", request)
+    assert first.status == "completed"
+    assert second == first
+    assert lines(marker) == ["ran"]
+
+
+async def test_unsafe_job_ids_stay_inside_the_jobs_dir(tmp_path: Path) -> None:
+    result = await worker(tmp_path).run("local", job("../../escape", "true"))
+    assert result.status == "completed"
+    assert not (tmp_path / "escape").exists()
+    [job_dir] = (tmp_path / "jobs").iterdir()
+    assert job_dir.name.startswith("job-")
+
+
+async def test_reattach_after_the_engine_is_killed(tmp_path: Path) -> None:
+    marker = tmp_path / "marker"
+    jobs_dir = tmp_path / "jobs"
+    command = ("sh", "-c", f"echo ran >> {marker}; sleep 1.5; echo finished")
+    # A separate engine process that starts the job and is SIGKILLed while the job sleeps.
+    engine = textwrap.dedent(
+        f"""
+        import asyncio
+        from pathlib import Path
+        from workflow_engine.capabilities.base import JobRequest
+        from workflow_engine.capabilities.sandbox import LocalSandboxWorker
+
+        job = JobRequest(task_id="task-1", job_id="reattach-1", command={command!r})
+        asyncio.run(LocalSandboxWorker(jobs_dir=Path({str(jobs_dir)!r})).run("local", job))
+        """
+    )
+    doomed = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        engine,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while not lines(marker):
+            assert time.monotonic() < deadline, "the job never started"
+            assert doomed.returncode is None, "the engine process exited early"
+            await asyncio.sleep(0.02)
+    finally:
+        doomed.send_signal(signal.SIGKILL)
+        await doomed.wait()
+    assert not (jobs_dir / "reattach-1" / "result.json").exists()
+
+    fresh = worker(tmp_path)
+    result = await fresh.run("local", job("reattach-1", *command))
+
+    assert result.status == "completed"
+    assert result.stdout == "finished\n"
+    assert lines(marker) == ["ran"]
+
+
+async def test_job_whose_supervisor_died_is_lost_not_rerun(tmp_path: Path) -> None:
+    marker = tmp_path / "marker"
+    request = job("lost-1", "sh", "-c", f"echo ran >> {marker}")
+    job_dir = tmp_path / "jobs" / "lost-1"
+    job_dir.mkdir(parents=True)
+    (job_dir / "request.json").write_text(json.dumps(request.to_json()))
+    (job_dir / "supervisor.pid").write_text(str(await exited_pid()))
+
+    result = await worker(tmp_path).run("local", request)
+
+    assert result.status == "failed"
+    assert result.exit_code is None
+    assert "lost" in result.stderr
+    assert not marker.exists()
+    stored = json.loads((job_dir / "result.json").read_text())
+    assert stored["status"] == "failed"
+    again = await worker(tmp_path).run("local", request)
+    assert again == result
+    assert not marker.exists()
+
+
+async def test_a_reused_pid_does_not_keep_a_lost_job_waiting(tmp_path: Path) -> None:
+    request = job("lost-2", "true")
+    job_dir = tmp_path / "jobs" / "lost-2"
+    job_dir.mkdir(parents=True)
+    # Alive, but not this job's supervisor: as if the pid had been reused.
+    (job_dir / "supervisor.pid").write_text(str(os.getpid()))
+    result = await worker(tmp_path).run("local", request)
+    assert result.status == "failed"
+    assert "lost" in result.stderr
+
+
+async def test_launcher_that_died_before_spawning_is_lost(tmp_path: Path) -> None:
+    marker = tmp_path / "marker"
+    request = job("lost-3", "sh", "-c", f"echo ran >> {marker}")
+    job_dir = tmp_path / "jobs" / "lost-3"
+    job_dir.mkdir(parents=True)
+    long_ago = time.time() - 3600
+    os.utime(job_dir, (long_ago, long_ago))
+
+    result = await worker(tmp_path).run("local", request)
+
+    assert result.status == "failed"
+    assert "no supervisor claimed it" in result.stderr
+    # The claim is taken, so a supervisor that starts late will refuse the job.
+    assert (job_dir / "supervisor.pid").read_text() == supervisor.LOST_MARKER
+    late = await asyncio.create_subprocess_exec(
+        sys.executable, "-I", supervisor.__file__, str(job_dir), "10", "1024"
+    )
+    assert await late.wait() == 1
+    assert not marker.exists()

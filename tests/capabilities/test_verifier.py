@@ -1,0 +1,208 @@
+"""Each machine check yields a finding; the verdict passes only when all of them do."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from workflow_engine.capabilities.base import JobResult, Verification
+from workflow_engine.capabilities.verifier import MachineVerifier
+from workflow_engine.spec import AcceptanceCriterion, Check, Step
+
+STEP = Step(id="s", command=("true",))
+
+
+def result(**changes: Any) -> JobResult:
+    base = JobResult(
+        task_id="t",
+        job_id="j",
+        status="completed",
+        exit_code=0,
+        stdout="",
+        stderr="",
+        started_at="2024-01-01T00:00:00.000Z",
+        ended_at="2024-01-01T00:00:01.000Z",
+    )
+    return dataclasses.replace(base, **changes)
+
+
+async def verify(
+    *checks: Check,
+    criteria: tuple[AcceptanceCriterion, ...] = (),
+    **changes: Any,
+) -> Verification:
+    step = dataclasses.replace(STEP, expect=checks)
+    return await MachineVerifier().verify(step, result(**changes), criteria)
+
+
+def only(verification: Verification, name: str) -> bool:
+    [finding] = [f for f in verification.findings if f.check == name]
+    return finding.passed
+
+
+async def test_implicit_exit_code_zero() -> None:
+    ok = await verify()
+    assert ok.status == "pass"
+    assert [f.check for f in ok.findings] == ["exit_code"]
+    assert ok.recommended_actions == ()
+
+    bad = await verify(status="failed", exit_code=2)
+    assert bad.status == "fail"
+    assert "expected exit code 0, got 2" in bad.findings[0].detail
+    assert len(bad.recommended_actions) == 1
+
+
+async def test_explicit_exit_code_replaces_the_implicit_one() -> None:
+    v = await verify(Check(kind="exit_code", equals=3), status="failed", exit_code=3)
+    assert v.status == "pass"
+    assert len(v.findings) == 1
+
+
+async def test_timeout_is_always_a_failed_finding() -> None:
+    v = await verify(Check(kind="exit_code", equals=0), status="timeout", exit_code=0)
+    assert v.status == "fail"
+    assert not only(v, "status")
+    assert "timed out" in v.recommended_actions[0]
+
+
+@pytest.mark.parametrize(
+    ("check", "stdout", "stderr", "passed"),
+    [
+        (Check(kind="stdout_contains", value="lo w"), "hello world", "", True),
+        (Check(kind="stdout_contains", value="bye"), "hello world", "", False),
+        (Check(kind="stderr_contains", value="warn"), "", "a problem", False),
+        (Check(kind="stderr_contains", value="warn"), "", "warn: x", True),
+        (Check(kind="stdout_matches", value=r"^\d+ passed$"), "ok\n12 passed\n", "", False),
+        (Check(kind="stdout_matches", value=r"(?m)^\d+ passed$"), "ok\n12 passed\n", "", True),
+    ],
+)
+async def test_text_checks(check: Check, stdout: str, stderr: str, passed: bool) -> None:
+    v = await verify(check, stdout=stdout, stderr=stderr)
+    assert only(v, check.kind) is passed
+    assert v.status == ("pass" if passed else "fail")
+
+
+async def test_long_actual_values_are_truncated_in_details() -> None:
+    v = await verify(Check(kind="stdout_contains", value="needle"), stdout="x" * 10_000)
+    detail = v.findings[-1].detail
+    assert "needle" in detail
+    assert len(detail) < 400
+    assert "10000 chars" in detail
+
+
+async def test_file_exists_resolves_relative_paths_in_the_work_dir(tmp_path: Path) -> None:
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "report.txt").write_text("x")
+    present = Check(kind="file_exists", value="out/report.txt")
+    missing = Check(kind="file_exists", value="out/nope.txt")
+    absolute = Check(kind="file_exists", value=str(tmp_path / "out" / "report.txt"))
+
+    v = await verify(present, missing, absolute, work_dir=str(tmp_path))
+
+    assert only(v, "exit_code")
+    assert [f.passed for f in v.findings if f.check == "file_exists"] == [True, False, True]
+    assert v.status == "fail"
+    assert len(v.recommended_actions) == 1
+
+
+async def test_file_exists_refuses_to_leave_the_work_dir(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    (tmp_path / "secret").write_text("x")  # exists, but outside the work dir
+    v = await verify(Check(kind="file_exists", value="../secret"), work_dir=str(work))
+    assert not only(v, "file_exists")
+    assert "refused" in v.findings[-1].detail
+
+
+async def test_file_exists_without_a_work_dir_fails() -> None:
+    v = await verify(Check(kind="file_exists", value="x"), work_dir=None)
+    assert not only(v, "file_exists")
+
+
+@pytest.mark.parametrize(
+    ("field", "equals", "passed"),
+    [
+        ("a.b", 1, True),
+        ("a.b", 1.0, True),
+        ("a.b", 2, False),
+        ("a.b", True, False),  # a boolean is not the number 1
+        ("items.1.name", "second", True),
+        ("items.0.name", "second", False),
+        ("flag", True, True),
+        ("nothing", None, True),
+        ("obj", {"x": [1, 2.0]}, True),
+    ],
+)
+async def test_json_field_equals(field: str, equals: Any, passed: bool) -> None:
+    stdout = json.dumps(
+        {
+            "a": {"b": 1},
+            "items": [{"name": "first"}, {"name": "second"}],
+            "flag": True,
+            "nothing": None,
+            "obj": {"x": [1.0, 2]},
+        }
+    )
+    v = await verify(Check(kind="json_field_equals", field=field, equals=equals), stdout=stdout)
+    assert only(v, "json_field_equals") is passed
+
+
+@pytest.mark.parametrize(
+    ("stdout", "field", "error"),
+    [
+        ("not json", "a", "could not run"),
+        ('{"a": 1}', "b", "no key 'b'"),
+        ('{"a": [1]}', "a.5", "no list element '5'"),
+        ('{"a": [1]}', "a.x", "no list element 'x'"),
+        ('{"a": 1}', "a.b", "cannot take 'b'"),
+    ],
+)
+async def test_json_field_problems_are_failed_findings(stdout: str, field: str, error: str) -> None:
+    v = await verify(Check(kind="json_field_equals", field=field, equals=1), stdout=stdout)
+    assert v.status == "fail"
+    assert not only(v, "json_field_equals")
+    assert error in v.findings[-1].detail
+
+
+async def test_json_field_detail_shows_expected_and_actual() -> None:
+    check = Check(kind="json_field_equals", field="n", equals=2)
+    v = await verify(check, stdout='{"n": "2"}')
+    assert v.findings[-1].detail == "expected stdout JSON field 'n' to equal 2, got \"2\""
+
+
+async def test_json_field_on_truncated_stdout_fails_clearly() -> None:
+    check = Check(kind="json_field_equals", field="a", equals=1)
+    v = await verify(check, stdout='{"a": 1, "b": "', stdout_truncated=True)
+    assert not only(v, "json_field_equals")
+    assert "truncated" in v.findings[-1].detail
+
+
+async def test_a_broken_check_is_a_failed_finding_not_an_exception() -> None:
+    v = await verify(Check(kind="stdout_matches", value="("), stdout="x")
+    assert not only(v, "stdout_matches")
+    v = await verify(Check(kind="no_such_kind", value="x"))
+    assert not only(v, "no_such_kind")
+
+
+async def test_criteria_with_checks_are_evaluated_too() -> None:
+    criteria = (
+        AcceptanceCriterion(description="prose only"),
+        AcceptanceCriterion(description="says hi", check=Check(kind="stdout_contains", value="hi")),
+        AcceptanceCriterion(
+            description="says bye", check=Check(kind="stdout_contains", value="bye")
+        ),
+    )
+    v = await verify(criteria=criteria, stdout="hi there")
+    assert [f.check for f in v.findings] == [
+        "exit_code",
+        "criterion[1]:stdout_contains",
+        "criterion[2]:stdout_contains",
+    ]
+    assert [f.passed for f in v.findings] == [True, True, False]
+    assert v.status == "fail"
+    assert len(v.recommended_actions) == 1
+    assert v.recommended_actions[0].startswith("criterion[2]:stdout_contains")

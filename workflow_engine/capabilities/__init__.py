@@ -1,0 +1,1 @@
+"""What the nodes call: task source, planner, worker, verifier (interfaces in `base`)."""

@@ -1,0 +1,53 @@
+"""The embedded planner: the task's own steps, or the `$ command` lines of its prompt.
+
+It works offline and deterministically, so a task planned twice (after a restart) gets the same
+plan. An LLM planner implements the same `Planner` protocol.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+import structlog
+
+from workflow_engine.capabilities.base import Plan
+from workflow_engine.spec import Step, TaskSpec
+
+log = structlog.get_logger(__name__)
+
+_COMMAND_PREFIX = "$ "
+
+
+class StaticPlanner:
+    """Plans without a model: given steps win; otherwise each `$ cmd` prompt line is a step."""
+
+    async def plan(self, task: TaskSpec) -> Plan:
+        """Return the plan; an empty plan (never an exception) when nothing can be derived."""
+        if task.steps:
+            return Plan(steps=task.steps, assumptions=("steps given by the task",))
+        steps: list[Step] = []
+        assumptions: list[str] = []
+        for number, line in enumerate(task.prompt.splitlines(), start=1):
+            text = line.strip()
+            if not text.startswith(_COMMAND_PREFIX):
+                continue
+            try:
+                argv = shlex.split(text[len(_COMMAND_PREFIX) :])
+            except ValueError as exc:
+                assumptions.append(f"skipped prompt line {number} ({exc}): {text[:200]}")
+                continue
+            if not argv or not argv[0]:
+                assumptions.append(f"skipped prompt line {number} (no program): {text[:200]}")
+                continue
+            steps.append(Step(id=f"step-{len(steps) + 1}", command=tuple(argv), description=text))
+        if steps:
+            assumptions.insert(
+                0, f"steps derived from {len(steps)} '$ command' line(s) of the prompt"
+            )
+        else:
+            assumptions.append(
+                "the task gave no steps and its prompt has no usable '$ command' lines, "
+                "so there is nothing to run"
+            )
+        log.info("plan_derived", steps=len(steps), skipped=len(assumptions) - 1)
+        return Plan(steps=tuple(steps), assumptions=tuple(assumptions))

@@ -1,0 +1,182 @@
+"""The embedded verifier: machine checks on a job result, each one a `Finding` with evidence.
+
+Every check yields a finding, passed or not, so the record shows what was verified and not only
+what failed; a check that cannot be evaluated (bad JSON, a missing field) is a failed finding,
+never an exception, because a broken check must fail the step rather than the workflow.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from workflow_engine.capabilities.base import Finding, JobResult, Verification
+from workflow_engine.spec import AcceptanceCriterion, Check, Step
+
+log = structlog.get_logger(__name__)
+
+_MAX_SHOWN = 200
+_IMPLICIT_EXIT_CODE = Check(kind="exit_code", equals=0)
+# What to do about a failed check of each kind; the next attempt sees these lines.
+_ADVICE = {
+    "timeout": "make the command finish sooner or raise the step's timeout_seconds",
+    "exit_code": "make the command exit with the expected code",
+    "stdout_contains": "make the command print the expected text on stdout",
+    "stderr_contains": "make the command print the expected text on stderr",
+    "stdout_matches": "make the command's stdout match the pattern",
+    "file_exists": "make the command create the file (relative paths are in its work dir)",
+    "json_field_equals": "make the command print JSON on stdout with the expected field value",
+}
+
+
+class MachineVerifier:
+    """Judges a result by the step's `expect` checks and the task's machine criteria."""
+
+    async def verify(
+        self,
+        step: Step,
+        result: JobResult,
+        criteria: Sequence[AcceptanceCriterion],
+    ) -> Verification:
+        """Return `pass` iff every check passed; one remediation line per failed finding."""
+        findings: list[Finding] = []
+        actions: list[str] = []
+        if result.status == "timeout":
+            detail = f"expected the job to finish, but it timed out; stderr {_shown(result.stderr)}"
+            findings.append(Finding(check="status", passed=False, detail=detail))
+            actions.append(f"status: {detail}; {_ADVICE['timeout']}")
+        checks = step.expect
+        if not any(check.kind == "exit_code" for check in checks):
+            checks = (_IMPLICIT_EXIT_CODE, *checks)
+        named = [(check.kind, check) for check in checks]
+        named += [
+            (f"criterion[{i}]:{c.check.kind}", c.check)
+            for i, c in enumerate(criteria)
+            if c.check is not None
+        ]
+        for name, check in named:
+            finding = _evaluate(name, check, result)
+            findings.append(finding)
+            if not finding.passed:
+                advice = _ADVICE.get(check.kind, "fix the check or the command")
+                actions.append(f"{name}: {finding.detail}; {advice}")
+        verification = Verification(
+            status="fail" if actions else "pass",
+            findings=tuple(findings),
+            recommended_actions=tuple(actions),
+        )
+        log.info(
+            "step_verified",
+            step_id=step.id,
+            job_id=result.job_id,
+            status=verification.status,
+            failed=len(actions),
+            checks=len(findings),
+        )
+        return verification
+
+
+def _evaluate(name: str, check: Check, result: JobResult) -> Finding:
+    try:
+        passed, detail = _run_check(check, result)
+    except Exception as exc:  # a broken check is a failed finding, never a crash
+        return Finding(check=name, passed=False, detail=f"check could not run: {exc}")
+    return Finding(check=name, passed=passed, detail=detail)
+
+
+def _run_check(check: Check, result: JobResult) -> tuple[bool, str]:
+    kind = check.kind
+    if kind == "exit_code":
+        expected = 0 if check.equals is None else int(check.equals)
+        return (
+            result.exit_code == expected,
+            f"expected exit code {expected}, got {result.exit_code} (status {result.status})",
+        )
+    if kind in ("stdout_contains", "stderr_contains"):
+        stream = "stdout" if kind == "stdout_contains" else "stderr"
+        text = result.stdout if stream == "stdout" else result.stderr
+        return (
+            check.value in text,
+            f"expected {stream} to contain {check.value!r}, got {_shown(text)}",
+        )
+    if kind == "stdout_matches":
+        return (
+            re.search(check.value, result.stdout) is not None,
+            f"expected stdout to match /{check.value}/, got {_shown(result.stdout)}",
+        )
+    if kind == "file_exists":
+        return _file_exists(check.value, result.work_dir)
+    if kind == "json_field_equals":
+        if result.stdout_truncated:
+            return False, "stdout was truncated by the worker, so it cannot be read as JSON"
+        actual = _json_field(json.loads(result.stdout), check.field)
+        return (
+            _json_equal(actual, check.equals),
+            f"expected stdout JSON field {check.field!r} to equal "
+            f"{_clip(json.dumps(check.equals))}, got {_clip(json.dumps(actual))}",
+        )
+    return False, f"unknown check kind {kind!r}"
+
+
+def _file_exists(value: str, work_dir: str | None) -> tuple[bool, str]:
+    path = Path(value)
+    if not path.is_absolute():
+        if work_dir is None:
+            return False, f"expected file {value!r}, but the result has no work directory"
+        if ".." in path.parts:
+            return False, f"refused path {value!r}: relative paths may not leave the work dir"
+        path = Path(work_dir) / path
+    exists = path.exists()
+    return exists, f"expected file {str(path)!r} to exist, {'found' if exists else 'missing'}"
+
+
+def _json_field(document: Any, dotted: str) -> Any:
+    value = document
+    for segment in dotted.split("."):
+        if isinstance(value, list):
+            try:
+                value = value[int(segment)]
+            except (ValueError, IndexError):
+                raise LookupError(f"no list element {segment!r} in field {dotted!r}") from None
+        elif isinstance(value, dict):
+            if segment not in value:
+                raise LookupError(f"no key {segment!r} in field {dotted!r}")
+            value = value[segment]
+        else:
+            raise LookupError(f"cannot take {segment!r} of a {type(value).__name__} in {dotted!r}")
+    return value
+
+
+def _json_equal(actual: Any, expected: Any) -> bool:
+    """Equality as JSON means it: 1 == 1.0, but booleans are not numbers."""
+    if isinstance(actual, bool) or isinstance(expected, bool):
+        return type(actual) is type(expected) and actual == expected
+    if isinstance(actual, int | float) and isinstance(expected, int | float):
+        return actual == expected  # exact across int and float, unlike comparing floats
+    if isinstance(actual, list) and isinstance(expected, list | tuple):
+        return len(actual) == len(expected) and all(
+            _json_equal(a, e) for a, e in zip(actual, expected, strict=True)
+        )
+    if isinstance(actual, dict) and isinstance(expected, dict):
+        return actual.keys() == expected.keys() and all(
+            _json_equal(actual[k], expected[k]) for k in actual
+        )
+    return bool(actual == expected)
+
+
+def _shown(text: str) -> str:
+    """`text` quoted for a finding's detail, cut to its head when long."""
+    if len(text) <= _MAX_SHOWN:
+        return repr(text)
+    return f"{text[:_MAX_SHOWN]!r}... ({len(text)} chars)"
+
+
+def _clip(text: str) -> str:
+    if len(text) <= _MAX_SHOWN:
+        return text
+    return f"{text[:_MAX_SHOWN]}... ({len(text)} chars)"

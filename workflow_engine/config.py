@@ -1,0 +1,89 @@
+"""The engine's settings: one frozen object, read once at start-up and passed down.
+
+Every setting comes from a ``WORKFLOW_ENGINE_*`` environment variable, and the command line may
+override it. No other module reads the environment.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+ENV_PREFIX = "WORKFLOW_ENGINE_"
+
+
+def _default_holder_id() -> str:
+    # Unique per process: a restarted process is a new holder and must wait for its old lease
+    # to expire unless the orchestrator resumes with an explicit, stable holder_id.
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Settings:
+    """What the engine needs to know to run. Defaults suit a single developer machine."""
+
+    #: PostgreSQL connection URL; empty means an embedded server under `data_dir`.
+    database_url: str = ""
+    #: host:port the gRPC server listens on; port 0 picks a free one (logged at start).
+    listen: str = "127.0.0.1:50051"
+    #: Where the embedded database and the local sandbox's job directories live.
+    data_dir: Path = Path(".data")
+    #: Default lease time to live; a running workflow renews it every third of that.
+    lease_ttl_seconds: int = 30
+    #: This process's identity as a lease holder, when a request does not name one.
+    holder_id: str = field(default_factory=_default_holder_id)
+    #: Connection pool bounds.
+    pool_min_size: int = 2
+    pool_max_size: int = 10
+    #: How long SIGTERM waits for running workflows to reach a node boundary.
+    drain_timeout_seconds: float = 20.0
+    #: Largest request the gRPC server accepts, in bytes.
+    max_message_bytes: int = 4 * 1024 * 1024
+    #: Local sandbox: default and maximum job time, and how much output a result keeps.
+    job_timeout_seconds: int = 3600
+    job_output_bytes: int = 64 * 1024
+    #: Log level for the JSON logs on stderr (debug, info, warning, error).
+    log_level: str = "info"
+
+    @property
+    def jobs_dir(self) -> Path:
+        return self.data_dir / "jobs"
+
+    @property
+    def embedded_pgdata(self) -> Path:
+        return self.data_dir / "pgdata"
+
+    def with_overrides(self, **overrides: Any) -> Settings:
+        """A copy with the given fields replaced; `None` values are ignored."""
+        return replace(self, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def settings_from_env(environ: Mapping[str, str] | None = None) -> Settings:
+    """Build `Settings` from ``WORKFLOW_ENGINE_<FIELD>`` variables; unknown ones are ignored."""
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    for f in fields(Settings):
+        raw = environ.get(ENV_PREFIX + f.name.upper())
+        if raw is None or raw == "":
+            continue
+        values[f.name] = _parse(f.name, f.type, raw)
+    return Settings(**values)
+
+
+def _parse(name: str, kind: Any, raw: str) -> Any:
+    kind = str(kind)
+    try:
+        if kind == "int":
+            return int(raw)
+        if kind == "float":
+            return float(raw)
+        if kind == "Path":
+            return Path(raw)
+    except ValueError:
+        raise ValueError(f"{ENV_PREFIX}{name.upper()}: expected {kind}, got {raw!r}") from None
+    return raw

@@ -1,0 +1,91 @@
+"""The engine's one exception hierarchy.
+
+Callers match on type, never on message text. Each class carries the structured fields an
+operator needs (task, holder, field); `workflow_engine.api.errors` maps them to gRPC status codes
+in one place.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+
+class WorkflowEngineError(Exception):
+    """Base class of every error the engine raises on purpose."""
+
+    def __init__(self, message: str, *, task_id: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.task_id = task_id
+
+
+class InvalidArgument(WorkflowEngineError):
+    """A request field is malformed; `field` is its path, e.g. ``task.steps[0].command``."""
+
+    def __init__(self, field: str, problem: str, *, task_id: str | None = None) -> None:
+        super().__init__(f"{field}: {problem}", task_id=task_id)
+        self.field = field
+        self.problem = problem
+
+
+class WorkflowNotFound(WorkflowEngineError):
+    """No workflow is stored for the task."""
+
+    def __init__(self, task_id: str) -> None:
+        super().__init__(f"task_id: no workflow for task {task_id}", task_id=task_id)
+
+
+class WorkflowExists(WorkflowEngineError):
+    """StartWorkflow for a task that already has a workflow under another idempotency key."""
+
+    def __init__(self, task_id: str, status: str) -> None:
+        super().__init__(
+            f"task_id: task {task_id} already has a workflow (status {status}); "
+            "use ResumeWorkflow or GetWorkflow",
+            task_id=task_id,
+        )
+        self.status = status
+
+
+class LeaseHeld(WorkflowEngineError):
+    """Another holder has a live lease on the task."""
+
+    def __init__(self, task_id: str, holder_id: str | None, expires_at: datetime | None) -> None:
+        expiry = expires_at.isoformat() if expires_at else "never"
+        super().__init__(
+            f"task {task_id} is leased by holder {holder_id!r} until {expiry}", task_id=task_id
+        )
+        self.holder_id = holder_id
+        self.expires_at = expires_at
+
+
+class LeaseLost(WorkflowEngineError):
+    """This runner no longer holds the lease it was fenced with; it must stop."""
+
+    def __init__(self, task_id: str, holder_id: str, epoch: int) -> None:
+        super().__init__(
+            f"lease on task {task_id} lost by holder {holder_id!r} (epoch {epoch})",
+            task_id=task_id,
+        )
+        self.holder_id = holder_id
+        self.epoch = epoch
+
+
+class InvalidState(WorkflowEngineError):
+    """The request is well formed but the workflow is not in a state that allows it."""
+
+
+class ShuttingDown(WorkflowEngineError):
+    """This replica is draining and takes no new work; another replica should."""
+
+
+class CheckpointCorrupt(WorkflowEngineError):
+    """A stored checkpoint cannot be read back; nothing is executed from it."""
+
+
+class RunStopped(WorkflowEngineError):
+    """A run was asked to stop (cancel, shutdown) and did so at a node boundary."""
+
+    def __init__(self, task_id: str, reason: str) -> None:
+        super().__init__(f"run of task {task_id} stopped: {reason}", task_id=task_id)
+        self.reason = reason

@@ -1,0 +1,143 @@
+"""Malformed requests get INVALID_ARGUMENT (or NOT_FOUND) naming the field, and change nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+import psycopg
+import pytest
+
+from tests.conftest import RunningEngine
+from tests.helpers import check, new_task_id, step, task, wait_for_status
+from workflow_engine.v1 import workflow_engine_pb2 as pb
+
+UNKNOWN_TASK = "00000000-0000-4000-8000-000000000000"
+GOOD = task(step("s", "echo", "ok"))
+
+
+def start(**kw: Any) -> pb.StartWorkflowRequest:
+    kw.setdefault("task_id", new_task_id())
+    if "task" not in kw:
+        kw["task"] = GOOD
+    elif kw["task"] is None:
+        del kw["task"]
+    return pb.StartWorkflowRequest(**kw)
+
+
+BAD_STARTS = [
+    (start(task_id="not-a-uuid"), "task_id"),
+    (start(task_id=""), "task_id"),
+    (start(idempotency_key="also-not-a-uuid"), "idempotency_key"),
+    (start(task=None), "task"),
+    (start(task=task(step("s"))), "task.steps[0].command"),
+    (start(task=task(step("s", ""))), "task.steps[0].command[0]"),
+    (
+        start(task=task(step("s", "echo", expect=[check("telepathy", "x")]))),
+        "task.steps[0].expect[0].kind",
+    ),
+    (
+        start(task=task(step("s", "echo", expect=[check("stdout_matches", "(")]))),
+        "task.steps[0].expect[0].value",
+    ),
+    (
+        start(task=task(step("s", "echo", expect=[check("exit_code", equals="zero")]))),
+        "task.steps[0].expect[0].equals",
+    ),
+    (
+        start(task=task(step("s", "echo", expect=[check("json_field_equals", equals=1)]))),
+        "task.steps[0].expect[0].field",
+    ),
+    (
+        start(
+            task=task(
+                step("s", "echo"),
+                acceptance_criteria=[pb.AcceptanceCriterion(description="x", check=check("vibes"))],
+            )
+        ),
+        "task.acceptance_criteria[0].check.kind",
+    ),
+    (start(task=task(step("a", "echo"), step("a", "echo"))), "task.steps[1].id"),
+    (start(task=task(step("bad id!", "echo"))), "task.steps[0].id"),
+    (
+        start(task=task(step("a", "echo", depends_on=["b"]), step("b", "echo", depends_on=["a"]))),
+        "task.steps.depends_on",
+    ),
+    (start(task=task(step("a", "echo", depends_on=["ghost"]))), "task.steps[0].depends_on[0]"),
+    (start(task=task(step("a", "echo", env={"BAD NAME": "x"}))), "task.steps[0].env"),
+    (start(task=task(step("a", "echo", timeout_seconds=999_999))), "task.steps[0].timeout_seconds"),
+    (start(task=task(step("a", "echo"), max_attempts_per_step=1000)), "task.max_attempts_per_step"),
+    (start(lease_ttl_seconds=1), "lease_ttl_seconds"),
+    (start(holder_id="x" * 1000), "holder_id"),
+]
+
+
+async def snapshot(db_url: str) -> dict[str, list[Any]]:
+    """Every row of the engine's tables, as text, in a stable order."""
+    tables = ["workflow_checkpoints", "task_workflow_leases", "workflow_tasks", "workflow_events"]
+    out: dict[str, list[Any]] = {}
+    async with await psycopg.AsyncConnection.connect(db_url) as conn:
+        for table in tables:
+            cur = await conn.execute(f"SELECT t::text FROM {table} t ORDER BY 1")
+            out[table] = await cur.fetchall()
+    return out
+
+
+@pytest.fixture
+async def seeded(running: RunningEngine, db_url: str) -> str:
+    """A finished workflow, so the tables are not empty when we check nothing changed."""
+    task_id = new_task_id()
+    await running.stub.StartWorkflow(pb.StartWorkflowRequest(task_id=task_id, task=GOOD))
+    await wait_for_status(running.stub, task_id)
+    return task_id
+
+
+async def expect_error(call: Awaitable[Any], code: grpc.StatusCode, field: str) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await call
+    assert err.value.code() == code, err.value.details()
+    assert (err.value.details() or "").startswith(f"{field}:"), err.value.details()
+
+
+@pytest.mark.parametrize(("request_", "field"), BAD_STARTS, ids=[f for _, f in BAD_STARTS])
+async def test_bad_start_is_invalid_argument_naming_the_field(
+    running: RunningEngine, db_url: str, seeded: str, request_: pb.StartWorkflowRequest, field: str
+) -> None:
+    before = await snapshot(db_url)
+    await expect_error(
+        running.stub.StartWorkflow(request_), grpc.StatusCode.INVALID_ARGUMENT, field
+    )
+    # The same bad task aimed at an existing workflow changes nothing either.
+    if field != "task_id":
+        aimed = pb.StartWorkflowRequest()
+        aimed.CopyFrom(request_)
+        aimed.task_id = seeded
+        await expect_error(
+            running.stub.StartWorkflow(aimed), grpc.StatusCode.INVALID_ARGUMENT, field
+        )
+    assert await snapshot(db_url) == before
+
+
+CallFactory = Callable[[RunningEngine, str], Awaitable[Any]]
+CALLS: dict[str, CallFactory] = {
+    "get": lambda r, t: r.stub.GetWorkflow(pb.GetWorkflowRequest(task_id=t)),
+    "resume": lambda r, t: r.stub.ResumeWorkflow(pb.ResumeWorkflowRequest(task_id=t)),
+    "cancel": lambda r, t: r.stub.CancelWorkflow(pb.CancelWorkflowRequest(task_id=t)),
+    "watch": lambda r, t: _drain(r.stub.WatchWorkflow(pb.WatchWorkflowRequest(task_id=t))),
+}
+
+
+async def _drain(call: Any) -> list[Any]:
+    return [event async for event in call]
+
+
+@pytest.mark.parametrize("rpc", sorted(CALLS))
+async def test_malformed_and_unknown_task_ids(
+    running: RunningEngine, db_url: str, seeded: str, rpc: str
+) -> None:
+    before = await snapshot(db_url)
+    await expect_error(CALLS[rpc](running, "nope"), grpc.StatusCode.INVALID_ARGUMENT, "task_id")
+    await expect_error(CALLS[rpc](running, ""), grpc.StatusCode.INVALID_ARGUMENT, "task_id")
+    await expect_error(CALLS[rpc](running, UNKNOWN_TASK), grpc.StatusCode.NOT_FOUND, "task_id")
+    assert await snapshot(db_url) == before

@@ -1,0 +1,69 @@
+"""Runs the installed `workflow-engine` command as a child process, as an operator would."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO
+
+ENGINE = Path(sys.executable).parent / "workflow-engine"
+
+
+class EngineProcess:
+    """`workflow-engine serve` on a free port; its JSON log lines are kept for the test."""
+
+    def __init__(self, *, db_url: str, data_dir: Path, holder_id: str, ttl: int = 30) -> None:
+        env = {
+            **os.environ,
+            "WORKFLOW_ENGINE_DATABASE_URL": db_url,
+            "WORKFLOW_ENGINE_DATA_DIR": str(data_dir),
+            "WORKFLOW_ENGINE_LISTEN": "127.0.0.1:0",
+            "WORKFLOW_ENGINE_HOLDER_ID": holder_id,
+            "WORKFLOW_ENGINE_LEASE_TTL_SECONDS": str(ttl),
+        }
+        self.proc = subprocess.Popen(
+            [str(ENGINE), "serve"], env=env, stderr=subprocess.PIPE, text=True
+        )
+        self.logs: list[dict[str, object]] = []
+        self._serving = threading.Event()
+        self.address = ""
+        threading.Thread(target=self._read, args=(self.proc.stderr,), daemon=True).start()
+        if not self._serving.wait(60):
+            self.kill()
+            raise RuntimeError(f"engine did not start; logs: {self.logs[-20:]}")
+
+    def _read(self, stream: IO[str] | None) -> None:
+        assert stream is not None
+        for line in stream:
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                entry = {"raw": line.rstrip()}
+            self.logs.append(entry)
+            if entry.get("event") == "serving":
+                self.address = str(entry["address"])
+                self._serving.set()
+
+    def kill(self) -> None:
+        """SIGKILL: no drain, no release, nothing flushed."""
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def terminate(self, timeout: float = 30) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def wait_for_log(self, event: str, timeout: float = 30) -> dict[str, object]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for entry in self.logs:
+                if entry.get("event") == event:
+                    return entry
+            time.sleep(0.05)
+        raise TimeoutError(f"no {event!r} in logs")

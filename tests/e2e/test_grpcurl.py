@@ -1,0 +1,72 @@
+"""An operator's view: grpcurl (from PyPI) finds the service by reflection and starts a task."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from asyncio.subprocess import PIPE
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import RunningEngine
+from tests.helpers import new_task_id, wait_for_status
+
+GRPCURL = Path(sys.executable).parent / "grpcurl"
+pytestmark = pytest.mark.e2e
+
+
+async def grpcurl(*args: str) -> str:
+    # Asynchronously: the server under test runs on this test's event loop.
+    proc = await asyncio.create_subprocess_exec(
+        str(GRPCURL), "-plaintext", *args, stdout=PIPE, stderr=PIPE
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 0, err.decode()
+    return out.decode()
+
+
+async def test_grpcurl_lists_by_reflection_and_starts_a_workflow(running: RunningEngine) -> None:
+    services = (await grpcurl(running.address, "list")).split()
+    assert "workflow_engine.v1.WorkflowEngine" in services
+    assert "grpc.health.v1.Health" in services
+    methods = (await grpcurl(running.address, "list", "workflow_engine.v1.WorkflowEngine")).split()
+    assert "workflow_engine.v1.WorkflowEngine.StartWorkflow" in methods
+
+    task_id = new_task_id()
+    request = {
+        "task_id": task_id,
+        "task": {
+            "prompt": "two steps",
+            "steps": [
+                {"id": "hello", "command": ["echo", "hello"]},
+                {
+                    "id": "check",
+                    "command": ["echo", "world"],
+                    "expect": [{"kind": "stdout_contains", "value": "world"}],
+                },
+            ],
+        },
+    }
+    out = json.loads(
+        await grpcurl(
+            "-d",
+            json.dumps(request),
+            running.address,
+            "workflow_engine.v1.WorkflowEngine/StartWorkflow",
+        )
+    )
+    assert out["status"] == "STARTED" and out["run_id"]
+    await wait_for_status(running.stub, task_id)
+    got = json.loads(
+        await grpcurl(
+            "-d",
+            json.dumps({"task_id": task_id}),
+            running.address,
+            "workflow_engine.v1.WorkflowEngine/GetWorkflow",
+        )
+    )
+    assert got["status"] == "SUCCEEDED" and got["last_node_id"] == "finalize_summary"
+    health = json.loads(await grpcurl(running.address, "grpc.health.v1.Health/Check"))
+    assert health["status"] == "SERVING"

@@ -1,0 +1,77 @@
+"""Small builders and waiters shared by the tests."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+from google.protobuf import json_format, struct_pb2
+
+from workflow_engine.v1 import workflow_engine_pb2 as pb
+from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
+
+TERMINAL = {pb.SUCCEEDED, pb.FAILED, pb.CANCELLED}
+
+
+def new_task_id() -> str:
+    return str(uuid.uuid4())
+
+
+def check(kind: str, value: str = "", field: str = "", equals: Any = None) -> pb.Check:
+    msg = pb.Check(kind=kind, value=value, field=field)
+    if equals is not None:
+        json_format.ParseDict(equals, msg.equals)
+    return msg
+
+
+def step(step_id: str, *command: str, expect: Iterable[pb.Check] = (), **kw: Any) -> pb.Step:
+    return pb.Step(id=step_id, command=list(command), expect=list(expect), **kw)
+
+
+def shell_step(step_id: str, script: str, **kw: Any) -> pb.Step:
+    """A step running `script` with /bin/sh (the step is argv; the shell is our choice here)."""
+    return step(step_id, "/bin/sh", "-c", script, **kw)
+
+
+def task(*steps: pb.Step, **kw: Any) -> pb.TaskSpec:
+    return pb.TaskSpec(prompt=kw.pop("prompt", "test task"), steps=list(steps), **kw)
+
+
+def struct(data: dict[str, Any]) -> struct_pb2.Struct:
+    s = struct_pb2.Struct()
+    json_format.ParseDict(data, s)
+    return s
+
+
+async def wait_for_status(
+    stub: pb_grpc.WorkflowEngineStub,
+    task_id: str,
+    statuses: set[int] = TERMINAL,
+    timeout: float = 60,
+) -> pb.Workflow:
+    """Poll GetWorkflow until the status is one of `statuses`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        wf = await stub.GetWorkflow(pb.GetWorkflowRequest(task_id=task_id))
+        if wf.status in statuses:
+            return wf
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"workflow {task_id} still {pb.WorkflowStatus.Name(wf.status)}")
+        await asyncio.sleep(0.05)
+
+
+async def watch_until_end(
+    stub: pb_grpc.WorkflowEngineStub, task_id: str, from_sequence: int = 0, timeout: float = 60
+) -> list[pb.WorkflowEvent]:
+    """Every event of a watch stream, which ends by itself after a terminal status."""
+
+    async def collect() -> list[pb.WorkflowEvent]:
+        call = stub.WatchWorkflow(
+            pb.WatchWorkflowRequest(task_id=task_id, from_sequence=from_sequence)
+        )
+        return [event async for event in call]
+
+    return await asyncio.wait_for(collect(), timeout)

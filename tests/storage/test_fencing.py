@@ -1,0 +1,140 @@
+"""A runner whose lease was taken over (a zombie) cannot write a checkpoint."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+import pytest
+from langgraph.checkpoint.base import empty_checkpoint
+from psycopg_pool import AsyncConnectionPool
+
+from tests.conftest import RunningEngine
+from tests.helpers import new_task_id, step, task
+from workflow_engine.errors import LeaseLost
+from workflow_engine.graph.state import STATE_KEYS, initial_state
+from workflow_engine.storage.checkpointer import RUN_CONTEXT_KEY, RowCheckpointSaver
+from workflow_engine.storage.leases import Fence
+from workflow_engine.storage.workflows import WorkflowStore
+from workflow_engine.v1 import workflow_engine_pb2 as pb
+
+EXPIRE = "UPDATE task_workflow_leases SET expires_at = now() - interval '1 second'"
+
+
+@dataclass
+class WriterContext:
+    """The run side of the checkpointer's contract: which fence, which node just finished."""
+
+    fence: Fence
+    status: str = "RUNNING"
+    node: str | None = "load_task_context"
+    written: list[str] = field(default_factory=list)
+
+    def take_completed_node(self) -> str | None:
+        node, self.node = self.node, None
+        return node
+
+    def checkpoint_written(self, node: str, status: str) -> None:
+        self.written.append(node)
+
+
+@pytest.fixture
+async def pool(db_url: str) -> AsyncIterator[AsyncConnectionPool[Any]]:
+    async with AsyncConnectionPool(db_url, kwargs={"autocommit": True}, min_size=1) as p:
+        yield p
+
+
+async def put(saver: RowCheckpointSaver, ctx: WriterContext, note: str) -> None:
+    checkpoint = empty_checkpoint()
+    checkpoint["channel_values"] = {**initial_state(ctx.fence.task_id), "summary": note}
+    config: Any = {"configurable": {"thread_id": ctx.fence.task_id, RUN_CONTEXT_KEY: ctx}}
+    await saver.aput(config, checkpoint, {"source": "loop", "step": 1}, {})
+
+
+async def test_zombie_write_is_rejected_after_takeover(
+    pool: AsyncConnectionPool[Any], db_url: str
+) -> None:
+    store = WorkflowStore(pool)
+    saver = RowCheckpointSaver(pool, state_keys=STATE_KEYS)
+    task_id = new_task_id()
+    started = await store.create(
+        task_id=task_id,
+        holder_id="A",
+        idempotency_key=None,
+        ttl_seconds=30,
+        spec={},
+        initial_state=dict(initial_state(task_id)),
+    )
+    a = WriterContext(Fence(task_id, started.run_id, "A", started.lease.epoch))
+    await put(saver, a, "written by A")
+    assert a.written == ["load_task_context"]
+
+    # A stalls past its lease; B takes the task over.
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+        await conn.execute(EXPIRE)
+    claim = await store.claim_for_resume(task_id=task_id, holder_id="B", ttl_seconds=30)
+    assert claim.lease is not None and claim.lease.epoch == started.lease.epoch + 1
+
+    # A wakes up: its write, renewal and release all fail, and change nothing.
+    a.node = "plan_steps"
+    with pytest.raises(LeaseLost):
+        await put(saver, a, "stale write by A")
+    assert await store.renew_lease(a.fence, 30) is None
+    assert await store.release_lease(a.fence) is False
+    record = await store.get(task_id)
+    assert record.state["summary"] == "written by A"
+    assert record.last_node_id == "load_task_context"
+    assert record.lease_holder_id == "B"
+
+    b = WriterContext(Fence(task_id, started.run_id, "B", claim.lease.epoch), node="plan_steps")
+    await put(saver, b, "written by B")
+    assert (await store.get(task_id)).state["summary"] == "written by B"
+
+
+async def test_expired_lease_cannot_write_even_before_a_takeover(
+    pool: AsyncConnectionPool[Any], db_url: str
+) -> None:
+    store = WorkflowStore(pool)
+    saver = RowCheckpointSaver(pool, state_keys=STATE_KEYS)
+    task_id = new_task_id()
+    started = await store.create(
+        task_id=task_id,
+        holder_id="A",
+        idempotency_key=None,
+        ttl_seconds=30,
+        spec={},
+        initial_state=dict(initial_state(task_id)),
+    )
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+        await conn.execute(EXPIRE)
+    a = WriterContext(Fence(task_id, started.run_id, "A", started.lease.epoch))
+    with pytest.raises(LeaseLost):
+        await put(saver, a, "too late")
+
+
+async def test_running_zombie_stops_without_writing(running: RunningEngine, db_url: str) -> None:
+    """A live run loses its lease mid-step: its next checkpoint is refused and it stops."""
+    task_id = new_task_id()
+    await running.stub.StartWorkflow(
+        pb.StartWorkflowRequest(
+            task_id=task_id, task=task(step("slow", "sleep", "1.5"), step("next", "true"))
+        )
+    )
+    run = running.engine.runs.get(task_id)
+    assert run is not None
+    while run.last_node != "dispatch_step":
+        await asyncio.sleep(0.02)
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+        await conn.execute(EXPIRE)
+    claim = await running.engine.store.claim_for_resume(
+        task_id=task_id, holder_id="usurper", ttl_seconds=60
+    )
+    assert claim.lease is not None
+    assert await running.engine.runs.wait(task_id, 10)
+    assert run.outcome == "lease lost"
+    record = await running.engine.store.get(task_id)
+    assert record.last_node_id == "dispatch_step"  # collect_result's write never landed
+    assert record.lease_holder_id == "usurper"

@@ -1,0 +1,43 @@
+"""Settings come from WORKFLOW_ENGINE_* variables, typed, and flags override them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from workflow_engine.cli import _parser, settings_from_args
+from workflow_engine.config import settings_from_env
+
+
+def test_env_is_parsed_by_field_type() -> None:
+    s = settings_from_env(
+        {
+            "WORKFLOW_ENGINE_LISTEN": "0.0.0.0:6000",
+            "WORKFLOW_ENGINE_LEASE_TTL_SECONDS": "12",
+            "WORKFLOW_ENGINE_DATA_DIR": "/var/lib/we",
+            "WORKFLOW_ENGINE_DRAIN_TIMEOUT_SECONDS": "2.5",
+            "UNRELATED": "x",
+        }
+    )
+    assert (s.listen, s.lease_ttl_seconds, s.data_dir, s.drain_timeout_seconds) == (
+        "0.0.0.0:6000",
+        12,
+        Path("/var/lib/we"),
+        2.5,
+    )
+    assert s.database_url == ""  # embedded by default
+
+
+def test_bad_number_names_the_variable() -> None:
+    with pytest.raises(ValueError, match="WORKFLOW_ENGINE_LEASE_TTL_SECONDS"):
+        settings_from_env({"WORKFLOW_ENGINE_LEASE_TTL_SECONDS": "soon"})
+
+
+def test_flags_override_env() -> None:
+    base = settings_from_env(
+        {"WORKFLOW_ENGINE_LISTEN": "1.2.3.4:1", "WORKFLOW_ENGINE_HOLDER_ID": "env"}
+    )
+    args = _parser().parse_args(["serve", "--listen", "127.0.0.1:7"])
+    s = settings_from_args(args, base)
+    assert s.listen == "127.0.0.1:7" and s.holder_id == "env"

@@ -1,0 +1,1 @@
+"""The gRPC surface: request parsing, the servicer, and the exception-to-status mapping."""

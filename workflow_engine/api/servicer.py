@@ -1,0 +1,124 @@
+"""The `workflow_engine.v1.WorkflowEngine` gRPC service: messages in, `WorkflowService` calls out.
+
+Every method parses its request (refusing malformed fields before anything is stored), calls
+the service, and converts the answer. Exceptions become status codes in `api.errors`, here at
+the boundary and nowhere else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import wraps
+from typing import Any, TypeVar
+
+import grpc
+
+from workflow_engine.api import convert
+from workflow_engine.api.errors import status_for
+from workflow_engine.errors import InvalidArgument
+from workflow_engine.service import WorkflowService
+from workflow_engine.v1 import workflow_engine_pb2 as pb
+from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
+
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+Context = grpc.aio.ServicerContext[Any, Any]
+
+
+def _unary(
+    method: Callable[[Any, Req, Context], Awaitable[Resp]],
+) -> Callable[[Any, Req, Context], Awaitable[Resp]]:
+    @wraps(method)
+    async def wrapper(self: Any, request: Req, context: Context) -> Resp:
+        try:
+            return await method(self, request, context)
+        except Exception as exc:
+            code, message = status_for(exc)
+            await context.abort(code, message)
+            raise AssertionError("unreachable: abort raises") from exc
+
+    return wrapper
+
+
+class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
+    """gRPC front end of a `WorkflowService`."""
+
+    def __init__(self, service: WorkflowService) -> None:
+        self._service = service
+
+    @_unary
+    async def StartWorkflow(
+        self, request: pb.StartWorkflowRequest, context: Context
+    ) -> pb.StartWorkflowResponse:
+        task_id = convert.parse_uuid(request.task_id, "task_id")
+        assert task_id is not None
+        holder_id = convert.parse_holder_id(request.holder_id)
+        key = convert.parse_uuid(request.idempotency_key, "idempotency_key", required=False)
+        if not request.HasField("task"):
+            raise InvalidArgument("task", "required")
+        outcome = await self._service.start(
+            task_id=task_id,
+            holder_id=holder_id,
+            idempotency_key=key,
+            task=convert.task_from_proto(request.task),
+            lease_ttl_seconds=request.lease_ttl_seconds,
+        )
+        return pb.StartWorkflowResponse(
+            run_id=outcome.run_id,
+            lease_id=outcome.lease.lease_id,
+            status=pb.StartStatus.Value(outcome.status),
+            task_id=task_id,
+            holder_id=outcome.lease.holder_id or "",
+            lease_expires_at=convert.to_timestamp(outcome.lease.expires_at),
+        )
+
+    @_unary
+    async def ResumeWorkflow(
+        self, request: pb.ResumeWorkflowRequest, context: Context
+    ) -> pb.ResumeWorkflowResponse:
+        task_id = convert.parse_uuid(request.task_id, "task_id")
+        assert task_id is not None
+        outcome = await self._service.resume(
+            task_id=task_id,
+            holder_id=convert.parse_holder_id(request.holder_id),
+            lease_ttl_seconds=request.lease_ttl_seconds,
+        )
+        record = outcome.record
+        return pb.ResumeWorkflowResponse(
+            task_id=record.task_id,
+            run_id=record.run_id or "",
+            state=convert.to_struct(record.state),
+            last_node_id=record.last_node_id or "",
+            updated_at=convert.to_timestamp(record.updated_at),
+            status=convert.status_to_proto(record.status),
+            lease_id=outcome.lease.lease_id if outcome.lease else "",
+            resumed=outcome.resumed,
+        )
+
+    @_unary
+    async def GetWorkflow(self, request: pb.GetWorkflowRequest, context: Context) -> pb.Workflow:
+        task_id = convert.parse_uuid(request.task_id, "task_id")
+        assert task_id is not None
+        return convert.workflow_to_proto(await self._service.get(task_id))
+
+    @_unary
+    async def CancelWorkflow(
+        self, request: pb.CancelWorkflowRequest, context: Context
+    ) -> pb.Workflow:
+        task_id = convert.parse_uuid(request.task_id, "task_id")
+        assert task_id is not None
+        if len(request.reason) > 4096:
+            raise InvalidArgument("reason", "longer than 4096 characters")
+        return convert.workflow_to_proto(await self._service.cancel(task_id, request.reason))
+
+    async def WatchWorkflow(
+        self, request: pb.WatchWorkflowRequest, context: Context
+    ) -> AsyncIterator[pb.WorkflowEvent]:
+        try:
+            task_id = convert.parse_uuid(request.task_id, "task_id")
+            assert task_id is not None
+            async for event in self._service.watch(task_id, request.from_sequence):
+                yield convert.event_to_proto(task_id, event)
+        except Exception as exc:
+            code, message = status_for(exc)
+            await context.abort(code, message)

@@ -1,0 +1,174 @@
+"""Assembles the engine from settings and serves it: pool, migrations, graph, runs, gRPC.
+
+`Engine` is the whole process in one object, so the CLI, the tests and the benchmarks start it
+the same way. `serve` adds what a deployed process needs: signal handling and the drain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import structlog
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer as AsyncHealthServicer
+from grpc_reflection.v1alpha import reflection
+from psycopg_pool import AsyncConnectionPool
+
+from workflow_engine.api.servicer import WorkflowEngineServicer
+from workflow_engine.capabilities.planner import StaticPlanner
+from workflow_engine.capabilities.sandbox import LocalSandboxWorker
+from workflow_engine.capabilities.task_source import InlineTaskSource
+from workflow_engine.capabilities.verifier import MachineVerifier
+from workflow_engine.config import Settings
+from workflow_engine.graph.builder import build_graph
+from workflow_engine.graph.nodes import Capabilities
+from workflow_engine.graph.state import STATE_KEYS
+from workflow_engine.runtime.events import EventHub
+from workflow_engine.runtime.manager import RunManager
+from workflow_engine.service import WorkflowService
+from workflow_engine.storage.checkpointer import RowCheckpointSaver
+from workflow_engine.storage.embedded import start_embedded_postgres
+from workflow_engine.storage.migrations import migrate
+from workflow_engine.storage.workflows import WorkflowStore
+from workflow_engine.v1 import workflow_engine_pb2 as pb
+from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
+
+log = structlog.get_logger(__name__)
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["WorkflowEngine"].full_name
+
+
+def database_url(settings: Settings) -> str:
+    """The configured database, or the embedded one (started on demand) when none is."""
+    if settings.database_url:
+        return settings.database_url
+    return start_embedded_postgres(settings.embedded_pgdata)
+
+
+async def open_pool(url: str, settings: Settings) -> AsyncConnectionPool[Any]:
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+        url,
+        min_size=settings.pool_min_size,
+        max_size=settings.pool_max_size,
+        kwargs={"autocommit": True},
+        open=False,
+        name="workflow-engine",
+    )
+    await pool.open(wait=True, timeout=30)
+    return pool
+
+
+async def run_migrations(pool: AsyncConnectionPool[Any]) -> int:
+    async with pool.connection() as conn:
+        return await migrate(conn)
+
+
+def default_capabilities(settings: Settings, store: WorkflowStore) -> Capabilities:
+    """The embedded capabilities: inline tasks, static planner, local sandbox, machine checks."""
+    return Capabilities(
+        task_source=InlineTaskSource(store),
+        planner=StaticPlanner(),
+        worker=LocalSandboxWorker(
+            jobs_dir=settings.jobs_dir,
+            default_timeout_seconds=settings.job_timeout_seconds,
+            max_output_bytes=settings.job_output_bytes,
+        ),
+        verifier=MachineVerifier(),
+    )
+
+
+@dataclass
+class Engine:
+    """A running engine: everything but the network listener and signal handling."""
+
+    settings: Settings
+    pool: AsyncConnectionPool[Any]
+    store: WorkflowStore
+    runs: RunManager
+    events: EventHub
+    service: WorkflowService
+
+    @classmethod
+    async def start(cls, settings: Settings, *, capabilities: Capabilities | None = None) -> Engine:
+        url = database_url(settings)
+        pool = await open_pool(url, settings)
+        version = await run_migrations(pool)
+        log.info("schema_ready", version=version)
+        store = WorkflowStore(pool)
+        caps = capabilities or default_capabilities(settings, store)
+        graph = build_graph(caps, RowCheckpointSaver(pool, state_keys=STATE_KEYS))
+        runs = RunManager(graph=graph, store=store)
+        events = EventHub(url)
+        events.start()
+        service = WorkflowService(settings=settings, store=store, runs=runs, events=events)
+        return cls(settings, pool, store, runs, events, service)
+
+    async def close(self, *, drain_timeout: float | None = None) -> None:
+        """Drain the runs (see `RunManager.drain`), then close connections."""
+        timeout = self.settings.drain_timeout_seconds if drain_timeout is None else drain_timeout
+        await self.runs.drain(timeout)
+        await self.events.close()
+        await self.pool.close()
+
+
+class GrpcServer:
+    """The engine behind a `grpc.aio` server with health checking and reflection."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        limit = engine.settings.max_message_bytes
+        self.server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", limit),
+                ("grpc.max_send_message_length", 64 * 1024 * 1024),
+                ("grpc.so_reuseport", 0),
+            ]
+        )
+        pb_grpc.add_WorkflowEngineServicer_to_server(
+            WorkflowEngineServicer(engine.service), self.server
+        )
+        self.health = AsyncHealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
+        )
+        self.port = self.server.add_insecure_port(engine.settings.listen)
+        if self.port == 0:
+            raise OSError(f"cannot listen on {engine.settings.listen}")
+
+    @property
+    def address(self) -> str:
+        host = self.engine.settings.listen.rsplit(":", 1)[0]
+        return f"{host}:{self.port}"
+
+    async def start(self) -> None:
+        await self.server.start()
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        log.info("serving", address=self.address, holder_id=self.engine.settings.holder_id)
+
+    async def stop(self, *, drain_timeout: float | None = None) -> None:
+        """Graceful stop: NOT_SERVING first, then drain the runs, then close the listener."""
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self.engine.close(drain_timeout=drain_timeout)
+        await self.server.stop(grace=5)
+        log.info("stopped")
+
+
+async def serve(settings: Settings) -> None:
+    """Run until SIGTERM or SIGINT, then drain and exit."""
+    engine = await Engine.start(settings)
+    server = GrpcServer(engine)
+    await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("shutdown_requested")
+    await server.stop()

@@ -1,0 +1,71 @@
+"""Wakes `WatchWorkflow` streams when a task's events are appended, in any replica.
+
+One dedicated connection per process LISTENs on ``workflow_events`` (a trigger notifies with the
+task id). Watchers still poll every `poll_seconds`, so a notification lost while the listening
+connection was down delays an event by at most that long; it is never missed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import defaultdict
+from collections.abc import Iterator
+
+import psycopg
+import structlog
+
+log = structlog.get_logger(__name__)
+
+
+class EventHub:
+    """Per-task wake-ups from PostgreSQL notifications."""
+
+    def __init__(self, conninfo: str) -> None:
+        self._conninfo = conninfo
+        self._waiters: defaultdict[str, set[asyncio.Event]] = defaultdict(set)
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._listen(), name="event-hub")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    @contextlib.contextmanager
+    def subscribe(self, task_id: str) -> Iterator[asyncio.Event]:
+        """An event set whenever `task_id` gets new workflow events; clear it after each wake."""
+        event = asyncio.Event()
+        self._waiters[task_id].add(event)
+        try:
+            yield event
+        finally:
+            waiters = self._waiters.get(task_id)
+            if waiters is not None:
+                waiters.discard(event)
+                if not waiters:
+                    del self._waiters[task_id]
+
+    async def _listen(self) -> None:
+        delay = 0.1
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(
+                    self._conninfo, autocommit=True
+                ) as conn:
+                    await conn.execute("LISTEN workflow_events")
+                    delay = 0.1
+                    async for note in conn.notifies():
+                        for event in self._waiters.get(note.payload, ()):
+                            event.set()
+            except psycopg.Error as exc:
+                log.warning("event_listener_lost", error=repr(exc), retry_in=delay)
+                # Wake everyone so they poll while we are deaf.
+                for waiters in self._waiters.values():
+                    for event in waiters:
+                        event.set()
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)

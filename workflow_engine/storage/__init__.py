@@ -1,0 +1,1 @@
+"""PostgreSQL: schema migrations, the lease, the row checkpointer, workflow rows, retries."""

@@ -1,0 +1,289 @@
+"""A LangGraph checkpointer whose only checkpoint is the task's `workflow_checkpoints` row.
+
+The orchestrator-visible row *is* the checkpoint LangGraph resumes from, so the two can never
+disagree and state is stored once: the `state` column holds the workflow's state channels as
+plain JSON, the `checkpoint` column holds LangGraph's bookkeeping (ids, channel versions,
+versions seen, internal channel values). Nothing is pickled or msgpack-decoded on load, so a
+tampered row can at worst be refused, never executed.
+
+Each node costs one statement, hence one commit: it checks the lease (holder and epoch, locked
+``FOR SHARE`` so a takeover waits for it or it sees the takeover), upserts the row and appends
+the node's watch events. A runner whose lease has moved on gets `LeaseLost` and nothing lands.
+
+What is deliberately not kept:
+- history: the row holds the latest checkpoint only (that is the contract);
+- the "input" checkpoints LangGraph writes before the first node of a run: the row already
+  holds the input, and a run that dies before its first node simply starts again;
+- intermediate writes (`aput_writes`): every superstep of this graph is one node, whose writes
+  are part of the checkpoint written right after it. A node that dies half-way runs again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Protocol, cast
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    BaseCheckpointSaver,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+)
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+
+from workflow_engine.errors import CheckpointCorrupt, LeaseLost
+from workflow_engine.storage.leases import Fence
+from workflow_engine.storage.retry import with_retry
+
+#: Key in `config["configurable"]` under which a run passes its `RunContext` to the saver.
+RUN_CONTEXT_KEY = "workflow_engine_run"
+
+WRITE_CHECKPOINT = """
+WITH lease AS (
+    SELECT 1 FROM task_workflow_leases
+     WHERE task_id = %(task_id)s AND holder_id = %(holder_id)s AND epoch = %(epoch)s
+       AND expires_at > now()
+       FOR SHARE
+), cp AS (
+    INSERT INTO workflow_checkpoints AS c
+        (task_id, state, last_node_id, updated_at, run_id, status, lease_epoch,
+         checkpoint_id, checkpoint, checkpoint_metadata, event_seq, summary, error)
+    SELECT %(task_id)s, %(state)s, %(node)s, now(), %(run_id)s, %(status)s, %(epoch)s,
+           %(checkpoint_id)s, %(checkpoint)s, %(metadata)s, %(n_events)s, %(summary)s, %(error)s
+      FROM lease
+    ON CONFLICT (task_id) DO UPDATE SET
+        state = EXCLUDED.state,
+        last_node_id = EXCLUDED.last_node_id,
+        updated_at = now(),
+        run_id = EXCLUDED.run_id,
+        status = EXCLUDED.status,
+        lease_epoch = EXCLUDED.lease_epoch,
+        checkpoint_id = EXCLUDED.checkpoint_id,
+        checkpoint = EXCLUDED.checkpoint,
+        checkpoint_metadata = EXCLUDED.checkpoint_metadata,
+        event_seq = c.event_seq + %(n_events)s,
+        summary = EXCLUDED.summary,
+        error = EXCLUDED.error
+    -- A retry after a commit whose answer was lost must not append the events twice.
+    WHERE c.checkpoint_id IS DISTINCT FROM EXCLUDED.checkpoint_id
+    RETURNING c.event_seq, c.updated_at
+), events AS (
+    INSERT INTO workflow_events (task_id, seq, run_id, kind, node_id, status, created_at)
+    SELECT %(task_id)s, cp.event_seq - %(n_events)s + e.ord, %(run_id)s, e.kind, e.node,
+           e.status, cp.updated_at
+      FROM cp,
+           unnest(%(kinds)s::text[], %(nodes)s::text[], %(statuses)s::text[])
+               WITH ORDINALITY AS e(kind, node, status, ord)
+)
+SELECT EXISTS (SELECT 1 FROM lease), (SELECT event_seq FROM cp)
+"""
+
+READ_CHECKPOINT = """
+SELECT state, checkpoint_id, checkpoint, checkpoint_metadata
+  FROM workflow_checkpoints
+ WHERE task_id = %(task_id)s
+"""
+
+DELETE_WORKFLOW = """
+WITH gone AS (DELETE FROM workflow_checkpoints WHERE task_id = %(task_id)s)
+DELETE FROM workflow_events WHERE task_id = %(task_id)s
+"""
+
+
+class RunContext(Protocol):
+    """What a running workflow tells the saver, through the run's config."""
+
+    @property
+    def fence(self) -> Fence: ...
+
+    @property
+    def status(self) -> str:
+        """The workflow status the row had before this write (e.g. ``RUNNING``)."""
+        ...
+
+    def take_completed_node(self) -> str | None:
+        """The node that finished since the last checkpoint, or `None` if none did."""
+        ...
+
+    def checkpoint_written(self, node: str, status: str) -> None:
+        """Called after each durable write; may raise to stop the run at this node boundary."""
+        ...
+
+
+def row_status(state: dict[str, Any]) -> str:
+    """The row's `status` column for a state: its `status` field, upper-cased."""
+    return str(state.get("status") or "running").upper()
+
+
+class RowCheckpointSaver(BaseCheckpointSaver[int]):
+    """`BaseCheckpointSaver` over the single `workflow_checkpoints` row of each task (thread)."""
+
+    def __init__(self, pool: AsyncConnectionPool[Any], *, state_keys: frozenset[str]) -> None:
+        super().__init__()
+        self._pool = pool
+        self._state_keys = state_keys
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        task_id = _thread_id(config)
+        wanted = config.get("configurable", {}).get("checkpoint_id")
+
+        async def read() -> tuple[Any, ...] | None:
+            async with self._pool.connection() as conn:
+                cur = await conn.execute(READ_CHECKPOINT, {"task_id": task_id})
+                row: tuple[Any, ...] | None = await cur.fetchone()
+                return row
+
+        row = await with_retry(read)
+        if row is None or row[1] is None or (wanted and wanted != row[1]):
+            return None
+        state, checkpoint_id, stored, metadata = row
+        checkpoint = _rebuild_checkpoint(task_id, state, checkpoint_id, stored)
+        return CheckpointTuple(
+            config={
+                "configurable": {
+                    "thread_id": task_id,
+                    "checkpoint_ns": "",
+                    "checkpoint_id": checkpoint_id,
+                }
+            },
+            checkpoint=checkpoint,
+            metadata=cast(CheckpointMetadata, metadata if isinstance(metadata, dict) else {}),
+            parent_config=None,
+            pending_writes=[],
+        )
+
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        """Yield the task's one checkpoint; there is no history to list."""
+        if config is None or before is not None or limit == 0:
+            return
+        found = await self.aget_tuple(config)
+        if found is None:
+            return
+        if filter and any(found.metadata.get(k) != v for k, v in filter.items()):
+            return
+        yield found
+
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        configurable = config["configurable"]
+        task_id = str(configurable["thread_id"])
+        next_config: RunnableConfig = {
+            "configurable": {
+                "thread_id": task_id,
+                "checkpoint_ns": configurable.get("checkpoint_ns", ""),
+                "checkpoint_id": checkpoint["id"],
+            }
+        }
+        run: RunContext = configurable[RUN_CONTEXT_KEY]
+        node = run.take_completed_node()
+        if node is None:
+            return next_config  # LangGraph's input bookkeeping; see the module docstring
+
+        values = checkpoint["channel_values"]
+        state = {k: v for k, v in values.items() if k in self._state_keys}
+        internal = {k: v for k, v in values.items() if k not in self._state_keys}
+        bookkeeping = {k: v for k, v in checkpoint.items() if k != "channel_values"}
+        bookkeeping["channel_values"] = internal
+        status = row_status(state)
+        kinds, nodes, statuses = ["node"], [node], [status]
+        if status != run.status:
+            kinds.append("status")
+            nodes.append(None)  # type: ignore[arg-type]
+            statuses.append(status)
+        fence = run.fence
+        params = {
+            "task_id": task_id,
+            "holder_id": fence.holder_id,
+            "epoch": fence.epoch,
+            "run_id": fence.run_id,
+            "state": Jsonb(state),
+            "node": node,
+            "status": status,
+            "checkpoint_id": checkpoint["id"],
+            "checkpoint": Jsonb(bookkeeping),
+            "metadata": Jsonb(_plain_metadata(metadata)),
+            "n_events": len(kinds),
+            "summary": str(state.get("summary") or ""),
+            "error": str(state.get("error") or ""),
+            "kinds": kinds,
+            "nodes": nodes,
+            "statuses": statuses,
+        }
+
+        async def write() -> tuple[Any, ...] | None:
+            async with self._pool.connection() as conn:
+                cur = await conn.execute(WRITE_CHECKPOINT, params)
+                row: tuple[Any, ...] | None = await cur.fetchone()
+                return row
+
+        row = await with_retry(write)
+        if not row or not row[0]:
+            raise LeaseLost(task_id, fence.holder_id, fence.epoch)
+        run.checkpoint_written(node, status)
+        return next_config
+
+    async def aput_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        """Intermediate writes are folded into the next checkpoint; see the module docstring."""
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        """Delete the task's workflow row and its events."""
+        async with self._pool.connection() as conn:
+            await conn.execute(DELETE_WORKFLOW, {"task_id": thread_id})
+
+
+def _thread_id(config: RunnableConfig) -> str:
+    try:
+        return str(config["configurable"]["thread_id"])
+    except KeyError:
+        raise ValueError("the run config needs configurable.thread_id (the task id)") from None
+
+
+def _plain_metadata(metadata: CheckpointMetadata) -> dict[str, Any]:
+    """The JSON-safe part of LangGraph's checkpoint metadata (source, step, parents)."""
+    return {k: v for k, v in metadata.items() if k in ("source", "step", "parents", "run_id")}
+
+
+def _rebuild_checkpoint(task_id: str, state: Any, checkpoint_id: str, stored: Any) -> Checkpoint:
+    """Join the row's columns back into a LangGraph checkpoint, refusing anything malformed."""
+    if not isinstance(state, dict):
+        raise CheckpointCorrupt(f"task {task_id}: state is not a JSON object", task_id=task_id)
+    if not isinstance(stored, dict):
+        raise CheckpointCorrupt(f"task {task_id}: checkpoint is not a JSON object", task_id=task_id)
+    internal = stored.get("channel_values")
+    versions = stored.get("channel_versions")
+    seen = stored.get("versions_seen")
+    if not (
+        isinstance(internal, dict)
+        and isinstance(versions, dict)
+        and isinstance(seen, dict)
+        and all(isinstance(v, dict) for v in seen.values())
+        and stored.get("id") == checkpoint_id
+    ):
+        raise CheckpointCorrupt(
+            f"task {task_id}: checkpoint bookkeeping is malformed", task_id=task_id
+        )
+    checkpoint: dict[str, Any] = dict(stored)
+    checkpoint["channel_values"] = {**internal, **state}
+    checkpoint.setdefault("updated_channels", None)
+    return checkpoint  # type: ignore[return-value]

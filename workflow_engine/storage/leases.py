@@ -1,0 +1,151 @@
+"""The per-task lease: at most one runner makes progress on a task, anywhere.
+
+Every statement runs on the database clock and decides in one step; nothing here reads and
+then writes. `epoch` is the fencing token: it grows whenever the lease changes hands (or is
+revoked), and every checkpoint write checks it in the same statement (see `checkpointer`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from psycopg import AsyncConnection
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """What a runner proves on every write: it is `holder_id` at `epoch` for `task_id`."""
+
+    task_id: str
+    run_id: str
+    holder_id: str
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    task_id: str
+    lease_id: str
+    holder_id: str | None
+    epoch: int
+    expires_at: datetime | None
+    live: bool
+
+
+# Insert the lease, or take it over where it is released or expired (or, for a resume, where
+# the same holder had it: a restarted runner fences out its own older incarnation). No row back
+# means someone else holds it.
+ACQUIRE = """
+INSERT INTO task_workflow_leases AS l (task_id, lease_id, holder_id, expires_at, epoch)
+VALUES (%(task_id)s, %(lease_id)s, %(holder_id)s, now() + make_interval(secs => %(ttl)s), 1)
+ON CONFLICT (task_id) DO UPDATE
+   SET lease_id = EXCLUDED.lease_id,
+       holder_id = EXCLUDED.holder_id,
+       expires_at = EXCLUDED.expires_at,
+       epoch = l.epoch + 1,
+       updated_at = now()
+ WHERE l.holder_id IS NULL
+    OR l.expires_at IS NULL
+    OR l.expires_at <= now()
+    OR (%(take_own)s AND l.holder_id = %(holder_id)s)
+RETURNING task_id::text, lease_id::text, holder_id, epoch, expires_at, true
+"""
+
+CURRENT = """
+SELECT task_id::text, lease_id::text, holder_id, epoch, expires_at,
+       holder_id IS NOT NULL AND expires_at > now()
+  FROM task_workflow_leases
+ WHERE task_id = %(task_id)s
+"""
+
+RENEW = """
+UPDATE task_workflow_leases
+   SET expires_at = now() + make_interval(secs => %(ttl)s), updated_at = now()
+ WHERE task_id = %(task_id)s AND holder_id = %(holder_id)s AND epoch = %(epoch)s
+   AND expires_at > now()
+RETURNING expires_at
+"""
+
+RELEASE = """
+UPDATE task_workflow_leases
+   SET holder_id = NULL, expires_at = NULL, updated_at = now()
+ WHERE task_id = %(task_id)s AND holder_id = %(holder_id)s AND epoch = %(epoch)s
+"""
+
+# Take the lease from whoever has it (cancel): release it and move the epoch on, so the old
+# holder's next fenced write fails.
+REVOKE = """
+UPDATE task_workflow_leases
+   SET holder_id = NULL, expires_at = NULL, epoch = epoch + 1, updated_at = now()
+ WHERE task_id = %(task_id)s
+"""
+
+
+def _lease(row: tuple[Any, ...]) -> Lease:
+    return Lease(
+        task_id=row[0],
+        lease_id=row[1],
+        holder_id=row[2],
+        epoch=int(row[3]),
+        expires_at=row[4],
+        live=bool(row[5]),
+    )
+
+
+async def acquire(
+    conn: AsyncConnection[Any],
+    *,
+    task_id: str,
+    lease_id: str,
+    holder_id: str,
+    ttl_seconds: float,
+    take_own: bool = False,
+) -> Lease | None:
+    """Take the lease in one statement; `None` when another holder has it live."""
+    cur = await conn.execute(
+        ACQUIRE,
+        {
+            "task_id": task_id,
+            "lease_id": lease_id,
+            "holder_id": holder_id,
+            "ttl": ttl_seconds,
+            "take_own": take_own,
+        },
+    )
+    row = await cur.fetchone()
+    return _lease(row) if row else None
+
+
+async def current(conn: AsyncConnection[Any], task_id: str) -> Lease | None:
+    cur = await conn.execute(CURRENT, {"task_id": task_id})
+    row = await cur.fetchone()
+    return _lease(row) if row else None
+
+
+async def renew(conn: AsyncConnection[Any], fence: Fence, ttl_seconds: float) -> datetime | None:
+    """Extend the lease; `None` means it is lost (expired, taken over or revoked)."""
+    cur = await conn.execute(
+        RENEW,
+        {
+            "task_id": fence.task_id,
+            "holder_id": fence.holder_id,
+            "epoch": fence.epoch,
+            "ttl": ttl_seconds,
+        },
+    )
+    row = await cur.fetchone()
+    return row[0] if row else None
+
+
+async def release(conn: AsyncConnection[Any], fence: Fence) -> bool:
+    """Release the lease if this fence still holds it; idempotent."""
+    cur = await conn.execute(
+        RELEASE, {"task_id": fence.task_id, "holder_id": fence.holder_id, "epoch": fence.epoch}
+    )
+    return cur.rowcount == 1
+
+
+async def revoke(conn: AsyncConnection[Any], task_id: str) -> None:
+    await conn.execute(REVOKE, {"task_id": task_id})

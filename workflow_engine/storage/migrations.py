@@ -1,0 +1,124 @@
+"""Versioned schema migrations, owned by the engine.
+
+`MIGRATIONS` is a plain list: the index of an entry is its version. To change the schema, append
+a new entry; never edit or reorder an applied one. `migrate` applies the missing ones in one
+transaction, under an advisory lock, so that replicas starting together do not race.
+
+The two orchestrator tables keep their prescribed columns and names (see
+`shared/reference/orchestrator-contracts.md`). They are created only if absent, so the engine can
+also run against an orchestrator database that already has them; the engine's own columns are
+added with ``ADD COLUMN IF NOT EXISTS`` for the same reason.
+"""
+
+from __future__ import annotations
+
+from typing import Any, LiteralString
+
+import structlog
+from psycopg import AsyncConnection
+
+log = structlog.get_logger(__name__)
+
+# Any fixed 64-bit number unlikely to collide with an application's own advisory locks.
+_MIGRATION_LOCK_KEY = 0x77E6_0001
+
+MIGRATIONS: list[LiteralString] = [
+    # 0: the orchestrator's tables, plus the engine's columns and tables.
+    """
+    CREATE TABLE IF NOT EXISTS task_workflow_leases (
+        id          uuid PRIMARY KEY DEFAULT gen_random_uuid(),
+        task_id     uuid NOT NULL UNIQUE,
+        lease_id    uuid NOT NULL,
+        holder_id   text,
+        expires_at  timestamptz,
+        created_at  timestamptz NOT NULL DEFAULT now(),
+        updated_at  timestamptz NOT NULL DEFAULT now()
+    );
+    CREATE INDEX IF NOT EXISTS task_workflow_leases_expires_at_idx
+        ON task_workflow_leases (expires_at) WHERE expires_at IS NOT NULL;
+    -- Fencing token: grows on every change of holder, never shrinks.
+    ALTER TABLE task_workflow_leases ADD COLUMN IF NOT EXISTS epoch bigint NOT NULL DEFAULT 1;
+
+    CREATE TABLE IF NOT EXISTS workflow_checkpoints (
+        id            uuid PRIMARY KEY DEFAULT gen_random_uuid(),
+        task_id       uuid NOT NULL UNIQUE,
+        state         jsonb NOT NULL,
+        last_node_id  text,
+        updated_at    timestamptz NOT NULL DEFAULT now()
+    );
+    CREATE INDEX IF NOT EXISTS workflow_checkpoints_updated_at_idx
+        ON workflow_checkpoints (updated_at);
+    ALTER TABLE workflow_checkpoints
+        ADD COLUMN IF NOT EXISTS run_id uuid,
+        ADD COLUMN IF NOT EXISTS status text NOT NULL DEFAULT 'RUNNING',
+        ADD COLUMN IF NOT EXISTS lease_epoch bigint NOT NULL DEFAULT 0,
+        ADD COLUMN IF NOT EXISTS idempotency_key uuid,
+        -- LangGraph's bookkeeping for the state in `state`: id, versions, versions seen, and
+        -- the values of its internal channels. Together with `state` it is the checkpoint.
+        ADD COLUMN IF NOT EXISTS checkpoint_id text,
+        ADD COLUMN IF NOT EXISTS checkpoint jsonb,
+        ADD COLUMN IF NOT EXISTS checkpoint_metadata jsonb,
+        ADD COLUMN IF NOT EXISTS event_seq bigint NOT NULL DEFAULT 0,
+        ADD COLUMN IF NOT EXISTS summary text NOT NULL DEFAULT '',
+        ADD COLUMN IF NOT EXISTS error text NOT NULL DEFAULT '',
+        ADD COLUMN IF NOT EXISTS created_at timestamptz NOT NULL DEFAULT now();
+    CREATE INDEX IF NOT EXISTS workflow_checkpoints_status_idx ON workflow_checkpoints (status);
+
+    -- The task as sent with StartWorkflow: what the inline task source loads.
+    CREATE TABLE IF NOT EXISTS workflow_tasks (
+        task_id     uuid PRIMARY KEY,
+        spec        jsonb NOT NULL,
+        created_at  timestamptz NOT NULL DEFAULT now()
+    );
+
+    -- One row per completed node and per status change, for WatchWorkflow.
+    CREATE TABLE IF NOT EXISTS workflow_events (
+        task_id     uuid NOT NULL,
+        seq         bigint NOT NULL,
+        run_id      uuid,
+        kind        text NOT NULL,
+        node_id     text,
+        status      text NOT NULL,
+        created_at  timestamptz NOT NULL DEFAULT now(),
+        PRIMARY KEY (task_id, seq)
+    );
+
+    -- Wake watchers in any replica; the payload is the task id only.
+    CREATE OR REPLACE FUNCTION workflow_events_notify() RETURNS trigger
+    LANGUAGE plpgsql AS $$
+    BEGIN
+        PERFORM pg_notify('workflow_events', NEW.task_id::text);
+        RETURN NULL;
+    END;
+    $$;
+    DROP TRIGGER IF EXISTS workflow_events_notify ON workflow_events;
+    CREATE TRIGGER workflow_events_notify AFTER INSERT ON workflow_events
+        FOR EACH ROW EXECUTE FUNCTION workflow_events_notify();
+    """,
+]
+
+
+async def migrate(conn: AsyncConnection[Any]) -> int:
+    """Apply every migration not yet applied; return the schema version now in place."""
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK_KEY,))
+        await conn.execute(
+            """
+            CREATE TABLE IF NOT EXISTS workflow_engine_migrations (
+                version     integer PRIMARY KEY,
+                applied_at  timestamptz NOT NULL DEFAULT now()
+            )
+            """
+        )
+        cur = await conn.execute(
+            "SELECT coalesce(max(version) + 1, 0) FROM workflow_engine_migrations"
+        )
+        row = await cur.fetchone()
+        current = int(row[0]) if row else 0
+        for version in range(current, len(MIGRATIONS)):
+            await conn.execute(MIGRATIONS[version])
+            await conn.execute(
+                "INSERT INTO workflow_engine_migrations (version) VALUES (%s)", (version,)
+            )
+            log.info("migration_applied", version=version)
+    return len(MIGRATIONS)

@@ -1,0 +1,395 @@
+"""Workflow rows as the API sees them: create with the lease, claim for resume, read, cancel.
+
+Each public method is one transaction. A request that is refused (lease held, workflow exists)
+is decided inside the transaction and rolled back, so it changes nothing that is stored.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from psycopg import AsyncConnection
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+
+from workflow_engine.errors import LeaseHeld, WorkflowExists, WorkflowNotFound
+from workflow_engine.spec import JsonObject
+from workflow_engine.storage import leases
+from workflow_engine.storage.leases import Fence, Lease
+from workflow_engine.storage.retry import with_retry
+
+TERMINAL_STATUSES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
+
+_SELECT_WORKFLOW = """
+SELECT c.task_id::text AS task_id, c.run_id::text AS run_id, c.status, c.last_node_id,
+       c.state, c.updated_at, c.summary, c.error, c.idempotency_key::text AS idempotency_key,
+       c.event_seq, c.checkpoint_id IS NOT NULL AS has_checkpoint,
+       l.holder_id AS lease_holder_id, l.expires_at AS lease_expires_at
+  FROM workflow_checkpoints c
+  LEFT JOIN task_workflow_leases l ON l.task_id = c.task_id
+ WHERE c.task_id = %(task_id)s
+"""
+
+_INSERT_WORKFLOW = """
+INSERT INTO workflow_checkpoints
+    (task_id, state, last_node_id, run_id, status, lease_epoch, idempotency_key, event_seq)
+VALUES (%(task_id)s, %(state)s, NULL, %(run_id)s, 'RUNNING', %(epoch)s, %(idempotency_key)s, 1)
+ON CONFLICT (task_id) DO NOTHING
+RETURNING run_id
+"""
+
+_UPSERT_TASK = """
+INSERT INTO workflow_tasks (task_id, spec) VALUES (%(task_id)s, %(spec)s)
+ON CONFLICT (task_id) DO UPDATE SET spec = EXCLUDED.spec, created_at = now()
+"""
+
+# Every transaction that touches both rows of a task locks the lease row first, as the
+# checkpoint write does (FOR SHARE), so two of them never wait on each other in a cycle.
+_LOCK_LEASE = "SELECT 1 FROM task_workflow_leases WHERE task_id = %(task_id)s FOR UPDATE"
+
+_SELECT_TASK = "SELECT spec FROM workflow_tasks WHERE task_id = %(task_id)s"
+
+_INSERT_STATUS_EVENT = """
+INSERT INTO workflow_events (task_id, seq, run_id, kind, node_id, status)
+VALUES (%(task_id)s, %(seq)s, %(run_id)s, 'status', NULL, %(status)s)
+"""
+
+_SET_STATUS = """
+UPDATE workflow_checkpoints
+   SET status = %(status)s,
+       state = jsonb_set(state, '{status}', to_jsonb(lower(%(status)s))),
+       error = CASE WHEN %(error)s = '' THEN error ELSE %(error)s END,
+       event_seq = event_seq + 1,
+       updated_at = now()
+ WHERE task_id = %(task_id)s
+RETURNING event_seq
+"""
+
+_SELECT_EVENTS = """
+SELECT seq, kind, node_id, status, created_at, run_id::text
+  FROM workflow_events
+ WHERE task_id = %(task_id)s AND seq >= %(from_seq)s
+ ORDER BY seq
+ LIMIT %(limit)s
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowRecord:
+    """A task's workflow row joined with its lease."""
+
+    task_id: str
+    run_id: str
+    status: str
+    last_node_id: str | None
+    state: JsonObject
+    updated_at: datetime
+    summary: str
+    error: str
+    idempotency_key: str | None
+    event_seq: int
+    has_checkpoint: bool
+    lease_holder_id: str | None
+    lease_expires_at: datetime | None
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+
+@dataclass(frozen=True, slots=True)
+class StartOutcome:
+    status: Literal["STARTED", "ALREADY_RUNNING"]
+    run_id: str
+    lease: Lease
+
+
+@dataclass(frozen=True, slots=True)
+class ResumeClaim:
+    """The row a resume continues from, and the lease it now holds (`None`: nothing to run)."""
+
+    record: WorkflowRecord
+    lease: Lease | None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowEventRecord:
+    seq: int
+    kind: str
+    node_id: str | None
+    status: str
+    created_at: datetime
+    run_id: str | None
+
+
+class _Refused(Exception):
+    """Raised inside a transaction to roll it back; carries what to answer instead."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+class WorkflowStore:
+    """The engine's reads and writes of workflow rows, outside the per-node checkpoint."""
+
+    def __init__(self, pool: AsyncConnectionPool[Any]) -> None:
+        self._pool = pool
+
+    async def create(
+        self,
+        *,
+        task_id: str,
+        holder_id: str,
+        idempotency_key: str | None,
+        ttl_seconds: float,
+        spec: JsonObject,
+        initial_state: JsonObject,
+    ) -> StartOutcome:
+        """Take the lease, store the task and its first checkpoint row, in one transaction."""
+        lease_id = idempotency_key or str(uuid.uuid4())
+        run_id = str(uuid.uuid4())
+        for _ in range(3):  # a lease released between refusal and diagnosis is simply retried
+            try:
+                return await with_retry(
+                    lambda: self._create_once(
+                        task_id,
+                        holder_id,
+                        lease_id,
+                        idempotency_key,
+                        ttl_seconds,
+                        spec,
+                        initial_state,
+                        run_id,
+                    )
+                )
+            except _Refused as refused:
+                outcome = await self._explain_refused_start(
+                    refused.reason, task_id, holder_id, idempotency_key
+                )
+                if outcome is not None:
+                    return outcome
+        raise LeaseHeld(task_id, None, None)
+
+    async def _create_once(
+        self,
+        task_id: str,
+        holder_id: str,
+        lease_id: str,
+        idempotency_key: str | None,
+        ttl_seconds: float,
+        spec: JsonObject,
+        initial_state: JsonObject,
+        run_id: str,
+    ) -> StartOutcome:
+        async with self._pool.connection() as conn, conn.transaction():
+            lease = await leases.acquire(
+                conn,
+                task_id=task_id,
+                lease_id=lease_id,
+                holder_id=holder_id,
+                ttl_seconds=ttl_seconds,
+            )
+            if lease is None:
+                raise _Refused("lease")
+            cur = await conn.execute(
+                _INSERT_WORKFLOW,
+                {
+                    "task_id": task_id,
+                    "state": Jsonb(initial_state),
+                    "run_id": run_id,
+                    "epoch": lease.epoch,
+                    "idempotency_key": idempotency_key,
+                },
+            )
+            if await cur.fetchone() is None:
+                raise _Refused("exists")
+            await conn.execute(_UPSERT_TASK, {"task_id": task_id, "spec": Jsonb(spec)})
+            await conn.execute(
+                _INSERT_STATUS_EVENT,
+                {"task_id": task_id, "seq": 1, "run_id": run_id, "status": "RUNNING"},
+            )
+        return StartOutcome(status="STARTED", run_id=run_id, lease=lease)
+
+    async def _explain_refused_start(
+        self, reason: str, task_id: str, holder_id: str, idempotency_key: str | None
+    ) -> StartOutcome | None:
+        """Turn a refused start into ALREADY_RUNNING or an error; `None` means try again."""
+        async with self._pool.connection() as conn:
+            lease = await leases.current(conn, task_id)
+            record = await _select_workflow(conn, task_id)
+        same_start = (
+            idempotency_key is not None
+            and record is not None
+            and record.idempotency_key == idempotency_key
+        )
+        if reason == "lease":
+            if lease is None or not lease.live:
+                return None
+            if same_start and lease.holder_id == holder_id and record is not None:
+                return StartOutcome(status="ALREADY_RUNNING", run_id=record.run_id, lease=lease)
+            raise LeaseHeld(task_id, lease.holder_id, lease.expires_at)
+        assert record is not None
+        if same_start and lease is not None:
+            return StartOutcome(status="ALREADY_RUNNING", run_id=record.run_id, lease=lease)
+        raise WorkflowExists(task_id, record.status)
+
+    async def claim_for_resume(
+        self, *, task_id: str, holder_id: str, ttl_seconds: float
+    ) -> ResumeClaim:
+        """Take the lease of an unfinished workflow; a finished one is returned as it is."""
+        try:
+            return await with_retry(lambda: self._claim_once(task_id, holder_id, ttl_seconds))
+        except _Refused:
+            async with self._pool.connection() as conn:
+                lease = await leases.current(conn, task_id)
+            raise LeaseHeld(
+                task_id, lease.holder_id if lease else None, lease.expires_at if lease else None
+            ) from None
+
+    async def _claim_once(self, task_id: str, holder_id: str, ttl_seconds: float) -> ResumeClaim:
+        async with self._pool.connection() as conn, conn.transaction():
+            await conn.execute(_LOCK_LEASE, {"task_id": task_id})
+            record = await _select_workflow(conn, task_id, lock=True)
+            if record is None:
+                raise WorkflowNotFound(task_id)
+            if record.terminal:
+                return ResumeClaim(record=record, lease=None)
+            lease = await leases.acquire(
+                conn,
+                task_id=task_id,
+                lease_id=str(uuid.uuid4()),
+                holder_id=holder_id,
+                ttl_seconds=ttl_seconds,
+                take_own=True,
+            )
+            if lease is None:
+                raise _Refused("lease")
+            if record.status != "RUNNING":
+                await _set_status(conn, record, "RUNNING", "")
+                record = await _select_workflow(conn, task_id)
+                assert record is not None
+        return ResumeClaim(record=record, lease=lease)
+
+    async def get(self, task_id: str) -> WorkflowRecord:
+        async def read() -> WorkflowRecord | None:
+            async with self._pool.connection() as conn:
+                return await _select_workflow(conn, task_id)
+
+        record = await with_retry(read)
+        if record is None:
+            raise WorkflowNotFound(task_id)
+        return record
+
+    async def exists(self, task_id: str) -> bool:
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT 1 FROM workflow_checkpoints WHERE task_id = %(t)s", {"t": task_id}
+            )
+            return await cur.fetchone() is not None
+
+    async def cancel(self, task_id: str, reason: str) -> WorkflowRecord:
+        """Mark an unfinished workflow cancelled and revoke its lease; finished ones stay as is."""
+
+        async def once() -> WorkflowRecord:
+            async with self._pool.connection() as conn, conn.transaction():
+                await conn.execute(_LOCK_LEASE, {"task_id": task_id})
+                record = await _select_workflow(conn, task_id, lock=True)
+                if record is None:
+                    raise WorkflowNotFound(task_id)
+                if record.terminal:
+                    return record
+                await _set_status(conn, record, "CANCELLED", reason or "cancelled")
+                await leases.revoke(conn, task_id)
+                updated = await _select_workflow(conn, task_id)
+                assert updated is not None
+                return updated
+
+        return await with_retry(once)
+
+    async def set_status(self, fence: Fence, status: str, error: str = "") -> bool:
+        """Set a status from a runner that still holds its lease; False when it does not."""
+
+        async def once() -> bool:
+            async with self._pool.connection() as conn, conn.transaction():
+                await conn.execute(_LOCK_LEASE, {"task_id": fence.task_id})
+                lease = await leases.current(conn, fence.task_id)
+                if (
+                    lease is None
+                    or lease.holder_id != fence.holder_id
+                    or lease.epoch != fence.epoch
+                ):
+                    return False
+                record = await _select_workflow(conn, fence.task_id, lock=True)
+                if record is None or record.status == status:
+                    return record is not None
+                await _set_status(conn, record, status, error)
+                return True
+
+        return await with_retry(once)
+
+    async def load_task(self, task_id: str) -> JsonObject:
+        async def read() -> Any:
+            async with self._pool.connection() as conn:
+                cur = await conn.execute(_SELECT_TASK, {"task_id": task_id})
+                return await cur.fetchone()
+
+        row = await with_retry(read)
+        if row is None:
+            raise WorkflowNotFound(task_id)
+        spec = row[0]
+        assert isinstance(spec, dict)
+        return spec
+
+    async def events(
+        self, task_id: str, from_seq: int, limit: int = 500
+    ) -> list[WorkflowEventRecord]:
+        async def read() -> list[WorkflowEventRecord]:
+            async with self._pool.connection() as conn:
+                cur = await conn.execute(
+                    _SELECT_EVENTS, {"task_id": task_id, "from_seq": from_seq, "limit": limit}
+                )
+                return [WorkflowEventRecord(*row) for row in await cur.fetchall()]
+
+        return await with_retry(read)
+
+    async def renew_lease(self, fence: Fence, ttl_seconds: float) -> datetime | None:
+        async def once() -> datetime | None:
+            async with self._pool.connection() as conn:
+                return await leases.renew(conn, fence, ttl_seconds)
+
+        return await with_retry(once, max_seconds=ttl_seconds / 3)
+
+    async def release_lease(self, fence: Fence) -> bool:
+        async def once() -> bool:
+            async with self._pool.connection() as conn:
+                return await leases.release(conn, fence)
+
+        return await with_retry(once)
+
+
+async def _select_workflow(
+    conn: AsyncConnection[Any], task_id: str, *, lock: bool = False
+) -> WorkflowRecord | None:
+    query = _SELECT_WORKFLOW + (" FOR UPDATE OF c" if lock else "")
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(query, {"task_id": task_id})
+        row = await cur.fetchone()
+    return WorkflowRecord(**row) if row else None
+
+
+async def _set_status(
+    conn: AsyncConnection[Any], record: WorkflowRecord, status: str, error: str
+) -> None:
+    cur = await conn.execute(
+        _SET_STATUS, {"task_id": record.task_id, "status": status, "error": error}
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    await conn.execute(
+        _INSERT_STATUS_EVENT,
+        {"task_id": record.task_id, "seq": row[0], "run_id": record.run_id, "status": status},
+    )

@@ -96,8 +96,8 @@ class Engine:
     async def start(cls, settings: Settings, *, capabilities: Capabilities | None = None) -> Engine:
         url = database_url(settings)
         pool = await open_pool(url, settings)
-        version = await run_migrations(pool)
-        log.info("schema_ready", version=version)
+        applied = await run_migrations(pool)
+        log.info("schema_ready", migrations=applied)
         store = WorkflowStore(pool)
         caps = capabilities or default_capabilities(settings, store)
         graph = build_graph(caps, RowCheckpointSaver(pool, state_keys=STATE_KEYS))

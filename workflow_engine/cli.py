@@ -49,8 +49,8 @@ def settings_from_args(args: argparse.Namespace, base: Settings) -> Settings:
 async def _migrate(settings: Settings) -> None:
     pool = await open_pool(database_url(settings), settings)
     try:
-        version = await run_migrations(pool)
-        log.info("migrated", version=version)
+        applied = await run_migrations(pool)
+        log.info("migrated", migrations=applied)
     finally:
         await pool.close()
 

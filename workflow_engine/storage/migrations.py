@@ -99,7 +99,7 @@ MIGRATIONS: list[LiteralString] = [
 
 
 async def migrate(conn: AsyncConnection[Any]) -> int:
-    """Apply every migration not yet applied; return the schema version now in place."""
+    """Apply every migration not yet applied; return how many the schema now has."""
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK_KEY,))
         await conn.execute(

@@ -1,0 +1,33 @@
+"""The deployment files only set variables the engine reads, and probe what it serves."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import fields
+from pathlib import Path
+
+import yaml
+
+from workflow_engine.config import ENV_PREFIX, Settings
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+KNOWN = {ENV_PREFIX + f.name.upper() for f in fields(Settings)}
+
+
+def test_every_engine_variable_in_deploy_is_a_setting() -> None:
+    used: set[str] = set()
+    for path in DEPLOY.rglob("*"):
+        if path.is_file():
+            used |= set(re.findall(rf"\b{ENV_PREFIX}[A-Z_]+\b", path.read_text()))
+    assert used, "deploy/ sets no engine variables at all?"
+    assert used <= KNOWN, f"unknown settings in deploy/: {sorted(used - KNOWN)}"
+
+
+def test_compose_and_kubernetes_parse_and_point_at_the_grpc_port() -> None:
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    assert {"postgres", "engine-1", "engine-2"} <= set(compose["services"])
+    docs = list(yaml.safe_load_all((DEPLOY / "kubernetes" / "workflow-engine.yaml").read_text()))
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["readinessProbe"]["grpc"]["port"] == 50051
+    assert "EXPOSE 50051" in (DEPLOY / "Dockerfile").read_text()

@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed-stamp
 PROTO_SRC := proto/workflow_engine/v1/workflow_engine.proto
 PROTO_OUT := workflow_engine/v1
 
-.PHONY: install run migrate test lint fmt proto proto-check clean
+.PHONY: install run migrate test lint fmt proto proto-check bench clean
 
 install: $(STAMP)
 
@@ -26,6 +26,10 @@ migrate: install
 
 test: install
 	$(BIN)/pytest
+
+# What one workflow costs: latency, statements and commits per node (exact, from the server log).
+bench: install
+	$(BIN)/python benchmarks/node_cost.py
 
 lint: install proto-check
 	$(BIN)/ruff check .

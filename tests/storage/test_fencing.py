@@ -18,7 +18,7 @@ from workflow_engine.errors import LeaseLost
 from workflow_engine.graph.state import STATE_KEYS, initial_state
 from workflow_engine.storage.checkpointer import RUN_CONTEXT_KEY, RowCheckpointSaver
 from workflow_engine.storage.leases import Fence
-from workflow_engine.storage.workflows import WorkflowStore
+from workflow_engine.storage.workflows import StartOutcome, WorkflowStore
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 EXPIRE = "UPDATE task_workflow_leases SET expires_at = now() - interval '1 second'"
@@ -54,13 +54,9 @@ async def put(saver: RowCheckpointSaver, ctx: WriterContext, note: str) -> None:
     await saver.aput(config, checkpoint, {"source": "loop", "step": 1}, {})
 
 
-async def test_zombie_write_is_rejected_after_takeover(
-    pool: AsyncConnectionPool[Any], db_url: str
-) -> None:
-    store = WorkflowStore(pool)
-    saver = RowCheckpointSaver(pool, state_keys=STATE_KEYS)
+async def create_as_a(store: WorkflowStore) -> StartOutcome:
     task_id = new_task_id()
-    started = await store.create(
+    return await store.create(
         task_id=task_id,
         holder_id="A",
         idempotency_key=None,
@@ -68,6 +64,15 @@ async def test_zombie_write_is_rejected_after_takeover(
         spec={},
         initial_state=dict(initial_state(task_id)),
     )
+
+
+async def test_zombie_write_is_rejected_after_takeover(
+    pool: AsyncConnectionPool[Any], db_url: str
+) -> None:
+    store = WorkflowStore(pool)
+    saver = RowCheckpointSaver(pool, state_keys=STATE_KEYS)
+    started = await create_as_a(store)
+    task_id = started.lease.task_id
     a = WriterContext(Fence(task_id, started.run_id, "A", started.lease.epoch))
     await put(saver, a, "written by A")
     assert a.written == ["load_task_context"]
@@ -99,15 +104,8 @@ async def test_expired_lease_cannot_write_even_before_a_takeover(
 ) -> None:
     store = WorkflowStore(pool)
     saver = RowCheckpointSaver(pool, state_keys=STATE_KEYS)
-    task_id = new_task_id()
-    started = await store.create(
-        task_id=task_id,
-        holder_id="A",
-        idempotency_key=None,
-        ttl_seconds=30,
-        spec={},
-        initial_state=dict(initial_state(task_id)),
-    )
+    started = await create_as_a(store)
+    task_id = started.lease.task_id
     async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
         await conn.execute(EXPIRE)
     a = WriterContext(Fence(task_id, started.run_id, "A", started.lease.epoch))

@@ -39,6 +39,13 @@ def parse_uuid(value: str, field: str, *, required: bool = True) -> str | None:
         raise InvalidArgument(field, f"not a UUID: {value[:64]!r}") from None
 
 
+def parse_task_id(value: str) -> str:
+    """The required `task_id` field, canonical."""
+    task_id = parse_uuid(value, "task_id")
+    assert task_id is not None  # required=True never returns None
+    return task_id
+
+
 def parse_holder_id(value: str) -> str:
     if len(value) > MAX_HOLDER_ID_CHARS:
         raise InvalidArgument("holder_id", f"longer than {MAX_HOLDER_ID_CHARS} characters")

@@ -50,8 +50,7 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
     async def StartWorkflow(
         self, request: pb.StartWorkflowRequest, context: Context
     ) -> pb.StartWorkflowResponse:
-        task_id = convert.parse_uuid(request.task_id, "task_id")
-        assert task_id is not None
+        task_id = convert.parse_task_id(request.task_id)
         holder_id = convert.parse_holder_id(request.holder_id)
         key = convert.parse_uuid(request.idempotency_key, "idempotency_key", required=False)
         if not request.HasField("task"):
@@ -76,8 +75,7 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
     async def ResumeWorkflow(
         self, request: pb.ResumeWorkflowRequest, context: Context
     ) -> pb.ResumeWorkflowResponse:
-        task_id = convert.parse_uuid(request.task_id, "task_id")
-        assert task_id is not None
+        task_id = convert.parse_task_id(request.task_id)
         outcome = await self._service.resume(
             task_id=task_id,
             holder_id=convert.parse_holder_id(request.holder_id),
@@ -97,16 +95,14 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
 
     @_unary
     async def GetWorkflow(self, request: pb.GetWorkflowRequest, context: Context) -> pb.Workflow:
-        task_id = convert.parse_uuid(request.task_id, "task_id")
-        assert task_id is not None
+        task_id = convert.parse_task_id(request.task_id)
         return convert.workflow_to_proto(await self._service.get(task_id))
 
     @_unary
     async def CancelWorkflow(
         self, request: pb.CancelWorkflowRequest, context: Context
     ) -> pb.Workflow:
-        task_id = convert.parse_uuid(request.task_id, "task_id")
-        assert task_id is not None
+        task_id = convert.parse_task_id(request.task_id)
         if len(request.reason) > 4096:
             raise InvalidArgument("reason", "longer than 4096 characters")
         return convert.workflow_to_proto(await self._service.cancel(task_id, request.reason))
@@ -115,8 +111,7 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
         self, request: pb.WatchWorkflowRequest, context: Context
     ) -> AsyncIterator[pb.WorkflowEvent]:
         try:
-            task_id = convert.parse_uuid(request.task_id, "task_id")
-            assert task_id is not None
+            task_id = convert.parse_task_id(request.task_id)
             async for event in self._service.watch(task_id, request.from_sequence):
                 yield convert.event_to_proto(task_id, event)
         except Exception as exc:

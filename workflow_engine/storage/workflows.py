@@ -252,10 +252,7 @@ class WorkflowStore:
 
     async def _claim_once(self, task_id: str, holder_id: str, ttl_seconds: float) -> ResumeClaim:
         async with self._pool.connection() as conn, conn.transaction():
-            await conn.execute(_LOCK_LEASE, {"task_id": task_id})
-            record = await _select_workflow(conn, task_id, lock=True)
-            if record is None:
-                raise WorkflowNotFound(task_id)
+            record = await _lock_workflow(conn, task_id)
             if record.terminal:
                 return ResumeClaim(record=record, lease=None)
             lease = await leases.acquire(
@@ -270,8 +267,7 @@ class WorkflowStore:
                 raise _Refused("lease")
             if record.status != "RUNNING":
                 await _set_status(conn, record, "RUNNING", "")
-                record = await _select_workflow(conn, task_id)
-                assert record is not None
+                record = await _lock_workflow(conn, task_id)
         return ResumeClaim(record=record, lease=lease)
 
     async def get(self, task_id: str) -> WorkflowRecord:
@@ -296,10 +292,7 @@ class WorkflowStore:
 
         async def once() -> WorkflowRecord:
             async with self._pool.connection() as conn, conn.transaction():
-                await conn.execute(_LOCK_LEASE, {"task_id": task_id})
-                record = await _select_workflow(conn, task_id, lock=True)
-                if record is None:
-                    raise WorkflowNotFound(task_id)
+                record = await _lock_workflow(conn, task_id)
                 if record.terminal:
                     return record
                 await _set_status(conn, record, "CANCELLED", reason or "cancelled")
@@ -379,6 +372,15 @@ async def _select_workflow(
         await cur.execute(query, {"task_id": task_id})
         row = await cur.fetchone()
     return WorkflowRecord(**row) if row else None
+
+
+async def _lock_workflow(conn: AsyncConnection[Any], task_id: str) -> WorkflowRecord:
+    """Lock the task's lease row, then its workflow row (that order; see `_LOCK_LEASE`)."""
+    await conn.execute(_LOCK_LEASE, {"task_id": task_id})
+    record = await _select_workflow(conn, task_id, lock=True)
+    if record is None:
+        raise WorkflowNotFound(task_id)
+    return record
 
 
 async def _set_status(

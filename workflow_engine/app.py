@@ -18,6 +18,7 @@ from grpc_health.v1._async import HealthServicer as AsyncHealthServicer
 from grpc_reflection.v1alpha import reflection
 from psycopg_pool import AsyncConnectionPool
 
+from workflow_engine.api.decoding import generic_handler
 from workflow_engine.api.servicer import WorkflowEngineServicer
 from workflow_engine.capabilities.planner import StaticPlanner
 from workflow_engine.capabilities.sandbox import LocalSandboxWorker
@@ -35,11 +36,11 @@ from workflow_engine.storage.embedded import start_embedded_postgres
 from workflow_engine.storage.migrations import migrate
 from workflow_engine.storage.workflows import WorkflowStore
 from workflow_engine.v1 import workflow_engine_pb2 as pb
-from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
 
 log = structlog.get_logger(__name__)
 
-SERVICE_NAME = pb.DESCRIPTOR.services_by_name["WorkflowEngine"].full_name
+SERVICE = pb.DESCRIPTOR.services_by_name["WorkflowEngine"]
+SERVICE_NAME = SERVICE.full_name
 
 
 def database_url(settings: Settings) -> str:
@@ -128,8 +129,8 @@ class GrpcServer:
                 ("grpc.so_reuseport", 0),
             ]
         )
-        pb_grpc.add_WorkflowEngineServicer_to_server(
-            WorkflowEngineServicer(engine.service), self.server
+        self.server.add_generic_rpc_handlers(
+            (generic_handler(SERVICE, WorkflowEngineServicer(engine.service)),)
         )
         self.health = AsyncHealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)

@@ -141,3 +141,39 @@ async def test_malformed_and_unknown_task_ids(
     await expect_error(CALLS[rpc](running, ""), grpc.StatusCode.INVALID_ARGUMENT, "task_id")
     await expect_error(CALLS[rpc](running, UNKNOWN_TASK), grpc.StatusCode.NOT_FOUND, "task_id")
     assert await snapshot(db_url) == before
+
+
+def corrupt(request: pb.StartWorkflowRequest, marker: bytes) -> bytes:
+    """The request's bytes with `marker` replaced by invalid UTF-8 of the same length."""
+    data = request.SerializeToString()
+    assert data.count(marker) == 1
+    return data.replace(marker, b"\xff" * len(marker))
+
+
+UNDECODABLE = [
+    (corrupt(start(task_id="MARKMARK"), b"MARKMARK"), "task_id"),
+    (
+        corrupt(start(task=task(step("a", "echo"), step("b", "MARKMARK"))), b"MARKMARK"),
+        "task.steps[1].command[0]",
+    ),
+    (
+        corrupt(start(task=task(step("a", "echo", env={"K": "MARKMARK"}))), b"MARKMARK"),
+        "task.steps[0].env[0].value",
+    ),
+    (corrupt(start(task=pb.TaskSpec(prompt="MARKMARK")), b"MARKMARK"), "task.prompt"),
+    (start().SerializeToString()[:-3], "task"),  # truncated
+]
+
+
+@pytest.mark.parametrize(("body", "field"), UNDECODABLE, ids=[f for _, f in UNDECODABLE])
+async def test_undecodable_bytes_are_invalid_argument_naming_the_field(
+    running: RunningEngine, db_url: str, seeded: str, body: bytes, field: str
+) -> None:
+    before = await snapshot(db_url)
+    raw = running.channel.unary_unary(
+        "/workflow_engine.v1.WorkflowEngine/StartWorkflow",
+        request_serializer=lambda b: b,
+        response_deserializer=lambda b: b,
+    )
+    await expect_error(raw(body), grpc.StatusCode.INVALID_ARGUMENT, field)
+    assert await snapshot(db_url) == before

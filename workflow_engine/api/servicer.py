@@ -2,7 +2,8 @@
 
 Every method parses its request (refusing malformed fields before anything is stored), calls
 the service, and converts the answer. Exceptions become status codes in `api.errors`, here at
-the boundary and nowhere else.
+the boundary and nowhere else. Requests are decoded by `api.decoding`, which hands over an
+`UndecodableRequest` rather than failing inside grpcio.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any, TypeVar
 import grpc
 
 from workflow_engine.api import convert
+from workflow_engine.api.decoding import UndecodableRequest
 from workflow_engine.api.errors import status_for
 from workflow_engine.errors import InvalidArgument
 from workflow_engine.service import WorkflowService
@@ -31,6 +33,8 @@ def _unary(
     @wraps(method)
     async def wrapper(self: Any, request: Req, context: Context) -> Resp:
         try:
+            if isinstance(request, UndecodableRequest):
+                raise request.error()
             return await method(self, request, context)
         except Exception as exc:
             code, message = status_for(exc)
@@ -111,6 +115,8 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
         self, request: pb.WatchWorkflowRequest, context: Context
     ) -> AsyncIterator[pb.WorkflowEvent]:
         try:
+            if isinstance(request, UndecodableRequest):
+                raise request.error()
             task_id = convert.parse_task_id(request.task_id)
             async for event in self._service.watch(task_id, request.from_sequence):
                 yield convert.event_to_proto(task_id, event)

@@ -85,6 +85,7 @@ def settings(db_url: str, tmp_path: Path) -> Settings:
         drain_timeout_seconds=5,
         pool_min_size=1,
         pool_max_size=8,
+        recovery_interval_seconds=0.3,
     )
 
 

@@ -30,6 +30,7 @@ from workflow_engine.graph.nodes import Capabilities
 from workflow_engine.graph.state import STATE_KEYS
 from workflow_engine.runtime.events import EventHub
 from workflow_engine.runtime.manager import RunManager
+from workflow_engine.runtime.recovery import Recoverer
 from workflow_engine.service import WorkflowService
 from workflow_engine.storage.checkpointer import RowCheckpointSaver
 from workflow_engine.storage.embedded import start_embedded_postgres
@@ -92,6 +93,7 @@ class Engine:
     runs: RunManager
     events: EventHub
     service: WorkflowService
+    recoverer: Recoverer | None
 
     @classmethod
     async def start(cls, settings: Settings, *, capabilities: Capabilities | None = None) -> Engine:
@@ -106,11 +108,22 @@ class Engine:
         events = EventHub(url)
         events.start()
         service = WorkflowService(settings=settings, store=store, runs=runs, events=events)
-        return cls(settings, pool, store, runs, events, service)
+        recoverer = None
+        if settings.recovery_enabled:
+            recoverer = Recoverer(
+                store=store,
+                recover=service.recover,
+                is_live=runs.is_live,
+                interval_seconds=settings.recovery_interval_seconds,
+            )
+            recoverer.start()
+        return cls(settings, pool, store, runs, events, service, recoverer)
 
     async def close(self, *, drain_timeout: float | None = None) -> None:
         """Drain the runs (see `RunManager.drain`), then close connections."""
         timeout = self.settings.drain_timeout_seconds if drain_timeout is None else drain_timeout
+        if self.recoverer is not None:
+            await self.recoverer.close()
         await self.runs.drain(timeout)
         await self.events.close()
         await self.pool.close()

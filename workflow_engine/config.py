@@ -47,6 +47,12 @@ class Settings:
     #: Local sandbox: default and maximum job time, and how much output a result keeps.
     job_timeout_seconds: int = 3600
     job_output_bytes: int = 64 * 1024
+    #: Automatic recovery: adopt RUNNING workflows whose lease was released or expired, every
+    #: `recovery_interval_seconds`; fail one adopted more than `recovery_max_attempts` times
+    #: without progress.
+    recovery_enabled: bool = True
+    recovery_interval_seconds: float = 5.0
+    recovery_max_attempts: int = 5
     #: Log level for the JSON logs on stderr (debug, info, warning, error).
     log_level: str = "info"
 
@@ -84,6 +90,10 @@ def _parse(name: str, kind: Any, raw: str) -> Any:
             return float(raw)
         if kind == "Path":
             return Path(raw)
+        if kind == "bool":
+            if raw.lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+                raise ValueError(raw)
+            return raw.lower() in ("1", "true", "yes", "on")
     except ValueError:
         raise ValueError(f"{ENV_PREFIX}{name.upper()}: expected {kind}, got {raw!r}") from None
     return raw

@@ -114,15 +114,36 @@ class WorkflowService:
         )
         if claim.lease is None:
             return ResumeOutcome(claim.record, None, resumed=False)
-        record = claim.record
+        self._launch_resumed(claim.record, holder, claim.lease, ttl)
+        return ResumeOutcome(claim.record, claim.lease, resumed=True)
+
+    async def recover(self, task_id: str) -> bool:
+        """Adopt an orphaned workflow (automatic recovery); True if it now runs here."""
+        if self._runs.is_live(task_id) or not self._runs.accepting:
+            return False
+        holder = self._settings.holder_id
+        ttl = float(self._settings.lease_ttl_seconds)
+        claim = await self._store.claim_for_resume(
+            task_id=task_id,
+            holder_id=holder,
+            ttl_seconds=ttl,
+            max_recoveries=self._settings.recovery_max_attempts,
+        )
+        if claim.lease is None:
+            return False
+        self._launch_resumed(claim.record, holder, claim.lease, ttl)
+        return True
+
+    def _launch_resumed(
+        self, record: WorkflowRecord, holder: str, lease: Lease, ttl: float
+    ) -> None:
         self._runs.launch(
-            fence=Fence(task_id, record.run_id, holder, claim.lease.epoch),
+            fence=Fence(record.task_id, record.run_id, holder, lease.epoch),
             ttl_seconds=ttl,
             status=record.status,
             # Without a checkpoint the run died before its first node: start from the input.
             initial_input=None if record.has_checkpoint else record.state,  # type: ignore[arg-type]
         )
-        return ResumeOutcome(record, claim.lease, resumed=True)
 
     async def get(self, task_id: str) -> WorkflowRecord:
         return await self._store.get(task_id)

@@ -18,7 +18,15 @@ ENGINE = Path(sys.executable).parent / "workflow-engine"
 class EngineProcess:
     """`workflow-engine serve` on a free port; its JSON log lines are kept for the test."""
 
-    def __init__(self, *, db_url: str, data_dir: Path, holder_id: str, ttl: int = 30) -> None:
+    def __init__(
+        self,
+        *,
+        db_url: str,
+        data_dir: Path,
+        holder_id: str,
+        ttl: int = 30,
+        recovery: bool = True,
+    ) -> None:
         env = {
             **os.environ,
             "WORKFLOW_ENGINE_DATABASE_URL": db_url,
@@ -26,6 +34,8 @@ class EngineProcess:
             "WORKFLOW_ENGINE_LISTEN": "127.0.0.1:0",
             "WORKFLOW_ENGINE_HOLDER_ID": holder_id,
             "WORKFLOW_ENGINE_LEASE_TTL_SECONDS": str(ttl),
+            "WORKFLOW_ENGINE_RECOVERY_ENABLED": "true" if recovery else "false",
+            "WORKFLOW_ENGINE_RECOVERY_INTERVAL_SECONDS": "0.5",
         }
         self.proc = subprocess.Popen(
             [str(ENGINE), "serve"], env=env, stderr=subprocess.PIPE, text=True

@@ -50,7 +50,10 @@ async def test_kill_9_mid_step_then_resume_runs_each_side_effect_once(
             await asyncio.sleep(0.02)
         first.kill()  # step-2's job is still sleeping
 
-    second = EngineProcess(db_url=db_url, data_dir=data_dir, holder_id="engine-2", ttl=3)
+    # Recovery off: this test is about the orchestrator's ResumeWorkflow path.
+    second = EngineProcess(
+        db_url=db_url, data_dir=data_dir, holder_id="engine-2", ttl=3, recovery=False
+    )
     processes.append(second)
     async with grpc.aio.insecure_channel(second.address) as channel:
         stub = pb_grpc.WorkflowEngineStub(channel)
@@ -93,7 +96,9 @@ async def test_sigterm_drains_at_a_node_boundary_and_releases_the_lease(
         assert engine.terminate() == 0
     engine.wait_for_log("drain_finished")
 
-    replica = EngineProcess(db_url=db_url, data_dir=tmp_path / "data", holder_id="next")
+    replica = EngineProcess(
+        db_url=db_url, data_dir=tmp_path / "data", holder_id="next", recovery=False
+    )
     processes.append(replica)
     async with grpc.aio.insecure_channel(replica.address) as channel:
         stub = pb_grpc.WorkflowEngineStub(channel)
@@ -105,3 +110,30 @@ async def test_sigterm_drains_at_a_node_boundary_and_releases_the_lease(
         assert resumed.resumed
         wf = await wait_for_status(stub, task_id)
     assert wf.status == pb.SUCCEEDED
+
+
+async def test_kill_9_then_another_replica_recovers_it_without_being_asked(
+    db_url: str, tmp_path: Path, processes: list[EngineProcess]
+) -> None:
+    side_effects = tmp_path / "side-effects.txt"
+    data_dir = tmp_path / "data"
+    task_id = new_task_id()
+    spec = task(
+        *(shell_step(f"step-{i}", f"echo step-{i} >> {side_effects}; sleep 0.5") for i in (1, 2))
+    )
+    first = EngineProcess(db_url=db_url, data_dir=data_dir, holder_id="doomed", ttl=3)
+    processes.append(first)
+    survivor = EngineProcess(db_url=db_url, data_dir=data_dir, holder_id="survivor", ttl=3)
+    processes.append(survivor)
+    async with grpc.aio.insecure_channel(first.address) as channel:
+        await pb_grpc.WorkflowEngineStub(channel).StartWorkflow(
+            pb.StartWorkflowRequest(task_id=task_id, task=spec)
+        )
+        while not side_effects.exists():
+            await asyncio.sleep(0.02)
+        first.kill()
+    async with grpc.aio.insecure_channel(survivor.address) as channel:
+        wf = await wait_for_status(pb_grpc.WorkflowEngineStub(channel), task_id, timeout=30)
+    assert wf.status == pb.SUCCEEDED
+    assert side_effects.read_text().split() == ["step-1", "step-2"]
+    survivor.wait_for_log("recovered_workflows")

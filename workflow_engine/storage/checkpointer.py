@@ -66,7 +66,8 @@ WITH lease AS (
         checkpoint_metadata = EXCLUDED.checkpoint_metadata,
         event_seq = c.event_seq + %(n_events)s,
         summary = EXCLUDED.summary,
-        error = EXCLUDED.error
+        error = EXCLUDED.error,
+        recovery_attempts = 0
     -- A retry after a commit whose answer was lost must not append the events twice.
     WHERE c.checkpoint_id IS DISTINCT FROM EXCLUDED.checkpoint_id
     RETURNING c.event_seq, c.updated_at

@@ -95,6 +95,14 @@ MIGRATIONS: list[LiteralString] = [
     CREATE TRIGGER workflow_events_notify AFTER INSERT ON workflow_events
         FOR EACH ROW EXECUTE FUNCTION workflow_events_notify();
     """,
+    # 1: automatic recovery. Counts the times replicas took over a RUNNING workflow whose
+    # runner vanished without progress since; a checkpoint write (progress) resets it.
+    """
+    ALTER TABLE workflow_checkpoints
+        ADD COLUMN IF NOT EXISTS recovery_attempts integer NOT NULL DEFAULT 0;
+    CREATE INDEX IF NOT EXISTS workflow_checkpoints_running_idx
+        ON workflow_checkpoints (updated_at) WHERE status = 'RUNNING';
+    """,
 ]
 
 

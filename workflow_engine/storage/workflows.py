@@ -51,6 +51,24 @@ ON CONFLICT (task_id) DO UPDATE SET spec = EXCLUDED.spec, created_at = now()
 # checkpoint write does (FOR SHARE), so two of them never wait on each other in a cycle.
 _LOCK_LEASE = "SELECT 1 FROM task_workflow_leases WHERE task_id = %(task_id)s FOR UPDATE"
 
+# RUNNING workflows nobody is running: their lease was released (drain) or expired (crash).
+_ORPHANS = """
+SELECT c.task_id::text
+  FROM workflow_checkpoints c
+  JOIN task_workflow_leases l ON l.task_id = c.task_id
+ WHERE c.status = 'RUNNING' AND (l.holder_id IS NULL OR l.expires_at <= now())
+ ORDER BY c.updated_at
+ LIMIT %(limit)s
+"""
+
+_COUNT_RECOVERY = """
+UPDATE workflow_checkpoints SET recovery_attempts = recovery_attempts + 1
+ WHERE task_id = %(task_id)s
+RETURNING recovery_attempts
+"""
+
+RECOVERY_EXHAUSTED = "recovery attempts exhausted"
+
 _SELECT_TASK = "SELECT spec FROM workflow_tasks WHERE task_id = %(task_id)s"
 
 _INSERT_STATUS_EVENT = """
@@ -238,11 +256,22 @@ class WorkflowStore:
         raise WorkflowExists(task_id, record.status)
 
     async def claim_for_resume(
-        self, *, task_id: str, holder_id: str, ttl_seconds: float
+        self,
+        *,
+        task_id: str,
+        holder_id: str,
+        ttl_seconds: float,
+        max_recoveries: int | None = None,
     ) -> ResumeClaim:
-        """Take the lease of an unfinished workflow; a finished one is returned as it is."""
+        """Take the lease of an unfinished workflow; a finished one is returned as it is.
+
+        With `max_recoveries`, this is an automatic recovery: it is counted, and the claim that
+        goes over the cap marks the workflow FAILED ("recovery attempts exhausted") instead.
+        """
         try:
-            return await with_retry(lambda: self._claim_once(task_id, holder_id, ttl_seconds))
+            return await with_retry(
+                lambda: self._claim_once(task_id, holder_id, ttl_seconds, max_recoveries)
+            )
         except _Refused:
             async with self._pool.connection() as conn:
                 lease = await leases.current(conn, task_id)
@@ -250,7 +279,9 @@ class WorkflowStore:
                 task_id, lease.holder_id if lease else None, lease.expires_at if lease else None
             ) from None
 
-    async def _claim_once(self, task_id: str, holder_id: str, ttl_seconds: float) -> ResumeClaim:
+    async def _claim_once(
+        self, task_id: str, holder_id: str, ttl_seconds: float, max_recoveries: int | None
+    ) -> ResumeClaim:
         async with self._pool.connection() as conn, conn.transaction():
             record = await _lock_workflow(conn, task_id)
             if record.terminal:
@@ -265,10 +296,29 @@ class WorkflowStore:
             )
             if lease is None:
                 raise _Refused("lease")
+            if max_recoveries is not None:
+                cur = await conn.execute(_COUNT_RECOVERY, {"task_id": task_id})
+                counted = await cur.fetchone()
+                if counted is not None and counted[0] > max_recoveries:
+                    await _set_status(conn, record, "FAILED", RECOVERY_EXHAUSTED)
+                    await leases.release(
+                        conn, Fence(task_id, record.run_id, holder_id, lease.epoch)
+                    )
+                    return ResumeClaim(record=await _lock_workflow(conn, task_id), lease=None)
             if record.status != "RUNNING":
                 await _set_status(conn, record, "RUNNING", "")
                 record = await _lock_workflow(conn, task_id)
         return ResumeClaim(record=record, lease=lease)
+
+    async def orphans(self, limit: int = 100) -> list[str]:
+        """Task ids of RUNNING workflows whose lease was released or has expired."""
+
+        async def read() -> list[str]:
+            async with self._pool.connection() as conn:
+                cur = await conn.execute(_ORPHANS, {"limit": limit})
+                return [row[0] for row in await cur.fetchall()]
+
+        return await with_retry(read)
 
     async def get(self, task_id: str) -> WorkflowRecord:
         async def read() -> WorkflowRecord | None:

@@ -29,6 +29,7 @@ from workflow_engine.graph.builder import build_graph
 from workflow_engine.graph.nodes import Capabilities
 from workflow_engine.graph.state import STATE_KEYS
 from workflow_engine.runtime.events import EventHub
+from workflow_engine.runtime.faults import FaultPlan
 from workflow_engine.runtime.manager import RunManager
 from workflow_engine.runtime.recovery import Recoverer
 from workflow_engine.service import WorkflowService
@@ -103,8 +104,12 @@ class Engine:
         log.info("schema_ready", migrations=applied)
         store = WorkflowStore(pool)
         caps = capabilities or default_capabilities(settings, store)
-        graph = build_graph(caps, RowCheckpointSaver(pool, state_keys=STATE_KEYS))
-        runs = RunManager(graph=graph, store=store)
+        faults = FaultPlan.parse(settings.faults)
+        if faults:
+            log.warning("fault_injection_enabled", faults=settings.faults)
+        saver = RowCheckpointSaver(pool, state_keys=STATE_KEYS, faults=faults)
+        graph = build_graph(caps, saver)
+        runs = RunManager(graph=graph, store=store, faults=faults)
         events = EventHub(url)
         events.start()
         service = WorkflowService(settings=settings, store=store, runs=runs, events=events)

@@ -53,6 +53,8 @@ class Settings:
     recovery_enabled: bool = True
     recovery_interval_seconds: float = 5.0
     recovery_max_attempts: int = 5
+    #: Fault injection for the fault suite only; see `workflow_engine.runtime.faults`.
+    faults: str = ""
     #: Log level for the JSON logs on stderr (debug, info, warning, error).
     log_level: str = "info"
 

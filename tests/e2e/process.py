@@ -26,6 +26,7 @@ class EngineProcess:
         holder_id: str,
         ttl: int = 30,
         recovery: bool = True,
+        faults: str = "",
     ) -> None:
         env = {
             **os.environ,
@@ -36,6 +37,7 @@ class EngineProcess:
             "WORKFLOW_ENGINE_LEASE_TTL_SECONDS": str(ttl),
             "WORKFLOW_ENGINE_RECOVERY_ENABLED": "true" if recovery else "false",
             "WORKFLOW_ENGINE_RECOVERY_INTERVAL_SECONDS": "0.5",
+            "WORKFLOW_ENGINE_FAULTS": faults,
         }
         self.proc = subprocess.Popen(
             [str(ENGINE), "serve"], env=env, stderr=subprocess.PIPE, text=True
@@ -59,6 +61,9 @@ class EngineProcess:
             if entry.get("event") == "serving":
                 self.address = str(entry["address"])
                 self._serving.set()
+
+    def count(self, event: str) -> int:
+        return sum(1 for entry in self.logs if entry.get("event") == event)
 
     def kill(self) -> None:
         """SIGKILL: no drain, no release, nothing flushed."""

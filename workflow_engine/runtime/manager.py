@@ -15,6 +15,7 @@ import structlog
 from langgraph.graph.state import CompiledStateGraph
 
 from workflow_engine.graph.state import WorkflowState
+from workflow_engine.runtime.faults import FaultPlan
 from workflow_engine.runtime.run import Run
 from workflow_engine.storage.leases import Fence
 from workflow_engine.storage.workflows import WorkflowStore
@@ -26,10 +27,15 @@ class RunManager:
     """The live runs of this process, by task id."""
 
     def __init__(
-        self, *, graph: CompiledStateGraph[Any, Any, Any, Any], store: WorkflowStore
+        self,
+        *,
+        graph: CompiledStateGraph[Any, Any, Any, Any],
+        store: WorkflowStore,
+        faults: FaultPlan | None = None,
     ) -> None:
         self._graph = graph
         self._store = store
+        self._faults = faults
         self._runs: dict[str, tuple[Run, asyncio.Task[str]]] = {}
         self._accepting = True
 
@@ -63,6 +69,7 @@ class RunManager:
             graph=self._graph,
             store=self._store,
             initial_input=initial_input,
+            faults=self._faults,
         )
         task = asyncio.create_task(run.execute(), name=f"run-{fence.task_id}")
         self._runs[fence.task_id] = (run, task)

@@ -19,6 +19,7 @@ from langgraph.graph.state import CompiledStateGraph
 
 from workflow_engine.errors import CheckpointCorrupt, LeaseLost, RunStopped
 from workflow_engine.graph.state import WorkflowState
+from workflow_engine.runtime.faults import FaultPlan
 from workflow_engine.storage.checkpointer import RUN_CONTEXT_KEY
 from workflow_engine.storage.leases import Fence
 from workflow_engine.storage.workflows import TERMINAL_STATUSES, WorkflowStore
@@ -38,7 +39,9 @@ class Run:
         graph: CompiledStateGraph[Any, Any, Any, Any],
         store: WorkflowStore,
         initial_input: WorkflowState | None,
+        faults: FaultPlan | None = None,
     ) -> None:
+        self._faults = faults or FaultPlan()
         self._fence = fence
         self._ttl = ttl_seconds
         self._status = status
@@ -148,6 +151,7 @@ class Run:
         while True:
             await asyncio.sleep(interval)
             try:
+                self._faults.at("renew", "*")
                 expires = await self._store.renew_lease(self._fence, self._ttl)
             except psycopg.Error as exc:
                 log.warning("lease_renew_failed", error=repr(exc))

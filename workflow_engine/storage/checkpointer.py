@@ -35,6 +35,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from workflow_engine.errors import CheckpointCorrupt, LeaseLost
+from workflow_engine.runtime.faults import FaultPlan
 from workflow_engine.storage.leases import Fence
 from workflow_engine.storage.retry import with_retry
 
@@ -122,10 +123,17 @@ def row_status(state: dict[str, Any]) -> str:
 class RowCheckpointSaver(BaseCheckpointSaver[int]):
     """`BaseCheckpointSaver` over the single `workflow_checkpoints` row of each task (thread)."""
 
-    def __init__(self, pool: AsyncConnectionPool[Any], *, state_keys: frozenset[str]) -> None:
+    def __init__(
+        self,
+        pool: AsyncConnectionPool[Any],
+        *,
+        state_keys: frozenset[str],
+        faults: FaultPlan | None = None,
+    ) -> None:
         super().__init__()
         self._pool = pool
         self._state_keys = state_keys
+        self._faults = faults or FaultPlan()
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         task_id = _thread_id(config)
@@ -227,10 +235,12 @@ class RowCheckpointSaver(BaseCheckpointSaver[int]):
         }
 
         async def write() -> tuple[Any, ...] | None:
+            self._faults.at("before", node)
             async with self._pool.connection() as conn:
                 cur = await conn.execute(WRITE_CHECKPOINT, params)
                 row: tuple[Any, ...] | None = await cur.fetchone()
-                return row
+            self._faults.at("after", node)  # committed, but the answer may be "lost"
+            return row
 
         row = await with_retry(write)
         if not row or not row[0]:

@@ -99,9 +99,11 @@ def _struct(msg: struct_pb2.Struct) -> dict[str, Any]:
     return json_format.MessageToDict(msg)
 
 
-def to_struct(data: dict[str, Any]) -> struct_pb2.Struct:
+def to_struct(data: Any) -> struct_pb2.Struct:
+    """A JSON object as a Struct; anything else (a hand-edited row) as an empty one."""
     struct = struct_pb2.Struct()
-    json_format.ParseDict(data, struct)
+    if isinstance(data, dict):
+        json_format.ParseDict(data, struct)
     return struct
 
 

@@ -294,7 +294,41 @@ def _rebuild_checkpoint(task_id: str, state: Any, checkpoint_id: str, stored: An
         raise CheckpointCorrupt(
             f"task {task_id}: checkpoint bookkeeping is malformed", task_id=task_id
         )
+    marker = _object_marker(state) or _object_marker(stored)
+    if marker:
+        raise CheckpointCorrupt(
+            f"task {task_id}: checkpoint holds a serialised object ({marker}); refused",
+            task_id=task_id,
+        )
     checkpoint: dict[str, Any] = dict(stored)
     checkpoint["channel_values"] = {**internal, **state}
     checkpoint.setdefault("updated_channels", None)
     return checkpoint  # type: ignore[return-value]
+
+
+# Keys by which serialisation formats mark an object to rebuild. The engine's state is plain
+# JSON and never contains them, so a row that does was edited by hand: refuse it.
+_OBJECT_KEYS = ("__type__", "__class__", "py/object", "py/reduce", "$type")
+_MAX_DEPTH = 64
+
+
+def _object_marker(value: Any, depth: int = 0) -> str | None:
+    """The first object-serialisation marker inside `value`, or None."""
+    if depth > _MAX_DEPTH:
+        return "nesting deeper than 64 levels"
+    if isinstance(value, dict):
+        if "lc" in value and value.get("type") in ("constructor", "secret", "not_implemented"):
+            return "a LangChain constructor"
+        for key in _OBJECT_KEYS:
+            if key in value:
+                return f"key {key!r}"
+        values: Any = value.values()
+    elif isinstance(value, list):
+        values = value
+    else:
+        return None
+    for item in values:
+        found = _object_marker(item, depth + 1)
+        if found:
+            return found
+    return None

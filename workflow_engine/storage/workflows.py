@@ -79,7 +79,9 @@ VALUES (%(task_id)s, %(seq)s, %(run_id)s, 'status', NULL, %(status)s)
 _SET_STATUS = """
 UPDATE workflow_checkpoints
    SET status = %(status)s,
-       state = jsonb_set(state, '{status}', to_jsonb(lower(%(status)s))),
+       state = CASE WHEN jsonb_typeof(state) = 'object'  -- a hand-edited row may hold anything
+                    THEN jsonb_set(state, '{status}', to_jsonb(lower(%(status)s)))
+                    ELSE state END,
        error = CASE WHEN %(error)s = '' THEN error ELSE %(error)s END,
        event_seq = event_seq + 1,
        updated_at = now()

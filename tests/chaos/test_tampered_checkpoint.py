@@ -1,0 +1,64 @@
+"""Case 9: a checkpoint edited to garbage or to an object payload is refused, never executed."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from tests.chaos.conftest import record
+from tests.conftest import start_engine, stop_engine
+from tests.helpers import new_task_id, step, task, wait_for_status
+from workflow_engine.config import Settings
+from workflow_engine.v1 import workflow_engine_pb2 as pb
+
+PICKLE = "gASVKAAAAAAAAACMBXBvc2l4lIwGc3lzdGVtlJOUjAJpZJSFlFKULg=="  # os.system('id')
+TAMPERING = {
+    "state is a string": "state = to_jsonb('garbage'::text)",
+    "state is an array": "state = '[1, 2, 3]'::jsonb",
+    "checkpoint is junk": "checkpoint = '{\"junk\": true}'::jsonb",
+    "checkpoint is a pickle": f"checkpoint = to_jsonb('{PICKLE}'::text)",
+    "versions_seen wrong type": "checkpoint = jsonb_set(checkpoint, '{versions_seen}', '\"x\"')",
+    "LangChain constructor in state": (
+        "state = jsonb_set(state, '{plan,assumptions}', "
+        '\'[{"lc": 1, "type": "constructor", "id": ["os", "system"], "kwargs": {}}]\')'
+    ),
+    "jsonpickle object in bookkeeping": (
+        "checkpoint = jsonb_set(checkpoint, '{channel_values,x}', "
+        '\'{"py/object": "subprocess.Popen"}\')'
+    ),
+}
+_refused: list[str] = []
+
+
+@pytest.mark.parametrize("edit", sorted(TAMPERING), ids=sorted(TAMPERING))
+async def test_tampered_checkpoint_is_refused_and_fails_the_workflow(
+    settings: Settings, db_url: str, tmp_path: Path, edit: str
+) -> None:
+    marker = tmp_path / "second-step-ran"
+    task_id = new_task_id()
+    spec = task(step("first", "sleep", "0.3"), step("second", "touch", str(marker)))
+    first = await start_engine(settings.with_overrides(recovery_enabled=False))
+    await first.stub.StartWorkflow(pb.StartWorkflowRequest(task_id=task_id, task=spec))
+    run = first.engine.runs.get(task_id)
+    while run is not None and run.last_node != "dispatch_step":
+        await asyncio.sleep(0.01)
+    await stop_engine(first)  # drained at a node boundary: RUNNING, lease released
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+        cur = await conn.execute("SELECT status, last_node_id FROM workflow_checkpoints")
+        status, last_node = await cur.fetchone()
+        assert status == "RUNNING" and last_node is not None
+        await conn.execute(f"UPDATE workflow_checkpoints SET {TAMPERING[edit]}")
+
+    adopter = await start_engine(settings.with_overrides(holder_id="adopter"))
+    try:
+        wf = await wait_for_status(adopter.stub, task_id, timeout=20)
+    finally:
+        await stop_engine(adopter)
+    assert wf.status == pb.FAILED
+    assert "task " + task_id in wf.error and ("checkpoint" in wf.error or "state" in wf.error)
+    assert not marker.exists()  # nothing ran from the tampered checkpoint
+    _refused.append(edit)
+    record("9 tampered checkpoint", variants_refused=len(_refused), executed_from_tampered=0)

@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed-stamp
 PROTO_SRC := proto/workflow_engine/v1/workflow_engine.proto
 PROTO_OUT := workflow_engine/v1
 
-.PHONY: install run migrate test lint fmt proto proto-check bench clean
+.PHONY: install run migrate test chaos lint fmt proto proto-check bench clean
 
 install: $(STAMP)
 
@@ -26,6 +26,11 @@ migrate: install
 
 test: install
 	$(BIN)/pytest
+
+# The fault suite at full size: every case, with its figures as a table and JSON
+# (also in chaos-results.json). `make test` runs the fast variants.
+chaos: install
+	CHAOS_SCALE=full $(BIN)/pytest tests/chaos -v -p no:cacheprovider
 
 # What one workflow costs: latency, statements and commits per node (exact, from the server log).
 bench: install

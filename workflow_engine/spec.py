@@ -7,6 +7,7 @@ raises `InvalidArgument` naming the offending field, whichever task source the t
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -248,12 +249,8 @@ def validate_check(check: Check, where: str) -> None:
             f"unknown check kind {check.kind[:64]!r}; expected one of {sorted(CHECK_KINDS)}",
         )
     if check.kind == "exit_code":
-        if check.equals is not None and (
-            isinstance(check.equals, bool)
-            or not isinstance(check.equals, int | float)
-            or int(check.equals) != check.equals
-        ):
-            raise InvalidArgument(f"{where}.equals", "exit_code needs an integer")
+        if check.equals is not None and not _is_exit_code(check.equals):
+            raise InvalidArgument(f"{where}.equals", "exit_code needs an integer from -255 to 255")
     elif check.kind == "json_field_equals":
         if not check.field:
             raise InvalidArgument(f"{where}.field", "json_field_equals needs a field path")
@@ -264,6 +261,13 @@ def validate_check(check: Check, where: str) -> None:
             re.compile(check.value)
         except re.error as exc:
             raise InvalidArgument(f"{where}.value", f"invalid regular expression: {exc}") from None
+
+
+def _is_exit_code(value: Any) -> bool:
+    # JSON numbers arrive as floats (and may be inf or nan): accept whole numbers only.
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return math.isfinite(value) and value == int(value) and -255 <= value <= 255
 
 
 def _validate_command(command: Sequence[str], where: str) -> None:

@@ -61,6 +61,14 @@ def test_too_deep_preferences_are_refused() -> None:
     assert err.value.field == "task.preferences[0]"
 
 
+@pytest.mark.parametrize("equals", [float("inf"), float("nan"), 1.5, True, "0", 1e300, 256])
+def test_exit_code_check_needs_a_small_whole_number(equals: object) -> None:
+    step = Step(id="a", command=("true",), expect=(Check("exit_code", equals=equals),))
+    with pytest.raises(InvalidArgument) as err:
+        validate_task(TaskSpec(steps=(step,)))
+    assert err.value.field == "task.steps[0].expect[0].equals"
+
+
 def test_job_ids_are_deterministic_per_task_step_and_attempt() -> None:
     a = job_id_for("t", "s", 1)
     assert a == job_id_for("t", "s", 1)

@@ -66,6 +66,11 @@ class FaultPlan:
     def __bool__(self) -> bool:
         return bool(self.faults)
 
+    @property
+    def fired(self) -> int:
+        """How many of the planned faults have been injected so far."""
+        return len(self._fired)
+
     def at(self, point: str, node: str) -> None:
         """Called at each fault point; fires the matching fault, if any."""
         if not self.faults:

@@ -50,6 +50,10 @@ class RunManager:
         return entry[0] if entry else None
 
     @property
+    def faults(self) -> FaultPlan | None:
+        return self._faults
+
+    @property
     def accepting(self) -> bool:
         return self._accepting
 

@@ -195,7 +195,7 @@ def validate_task(task: TaskSpec, *, prefix: str = "task") -> None:
         if criterion.check is not None:
             validate_check(criterion.check, f"{prefix}.acceptance_criteria[{i}].check")
     for i, layer in enumerate(task.preferences):
-        _check_depth(layer, f"{prefix}.preferences[{i}]", MAX_PREFERENCE_DEPTH)
+        _check_json(layer, f"{prefix}.preferences[{i}]", MAX_PREFERENCE_DEPTH)
     validate_steps(task.steps, prefix=f"{prefix}.steps")
 
 
@@ -254,6 +254,7 @@ def validate_check(check: Check, where: str) -> None:
     elif check.kind == "json_field_equals":
         if not check.field:
             raise InvalidArgument(f"{where}.field", "json_field_equals needs a field path")
+        _check_json(check.equals, f"{where}.equals", MAX_PREFERENCE_DEPTH)
     elif not check.value:
         raise InvalidArgument(f"{where}.value", f"{check.kind} needs a value")
     if check.kind == "stdout_matches":
@@ -284,15 +285,18 @@ def _validate_command(command: Sequence[str], where: str) -> None:
             raise InvalidArgument(f"{where}[{k}]", f"longer than {MAX_ARG_CHARS} characters")
 
 
-def _check_depth(value: Any, where: str, budget: int) -> None:
+def _check_json(value: Any, where: str, budget: int) -> None:
+    """Bounded nesting, and only finite numbers: PostgreSQL's JSON has no Infinity or NaN."""
     if budget < 0:
         raise InvalidArgument(where, f"nested deeper than {MAX_PREFERENCE_DEPTH} levels")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InvalidArgument(where, "numbers must be finite (no Infinity or NaN)")
     if isinstance(value, Mapping):
         for item in value.values():
-            _check_depth(item, where, budget - 1)
+            _check_json(item, where, budget - 1)
     elif isinstance(value, list | tuple):
         for item in value:
-            _check_depth(item, where, budget - 1)
+            _check_json(item, where, budget - 1)
 
 
 def _find_cycle(steps: Sequence[Step]) -> list[str]:

@@ -8,6 +8,7 @@ from typing import Any
 import grpc
 import psycopg
 import pytest
+from google.protobuf import struct_pb2
 
 from tests.conftest import RunningEngine
 from tests.helpers import check, new_task_id, step, task, wait_for_status
@@ -26,7 +27,17 @@ def start(**kw: Any) -> pb.StartWorkflowRequest:
     return pb.StartWorkflowRequest(**kw)
 
 
+def infinite_preference() -> struct_pb2.Struct:
+    layer = struct_pb2.Struct()
+    layer.fields["budget"].number_value = float("inf")
+    return layer
+
+
 BAD_STARTS = [
+    (
+        start(task=task(step("s", "echo"), preferences=[infinite_preference()])),
+        "task.preferences[0]",
+    ),
     (start(task_id="not-a-uuid"), "task_id"),
     (start(task_id=""), "task_id"),
     (start(idempotency_key="also-not-a-uuid"), "idempotency_key"),

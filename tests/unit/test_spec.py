@@ -69,6 +69,19 @@ def test_exit_code_check_needs_a_small_whole_number(equals: object) -> None:
     assert err.value.field == "task.steps[0].expect[0].equals"
 
 
+@pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan")])
+def test_non_finite_numbers_are_refused_where_json_is_stored(bad: float) -> None:
+    with pytest.raises(InvalidArgument) as err:
+        validate_task(TaskSpec(preferences=({"a": [1, {"b": bad}]},)))
+    assert err.value.field == "task.preferences[0]"
+    step = Step(
+        id="a", command=("true",), expect=(Check("json_field_equals", field="x", equals=bad),)
+    )
+    with pytest.raises(InvalidArgument) as err:
+        validate_task(TaskSpec(steps=(step,)))
+    assert err.value.field == "task.steps[0].expect[0].equals"
+
+
 def test_job_ids_are_deterministic_per_task_step_and_attempt() -> None:
     a = job_id_for("t", "s", 1)
     assert a == job_id_for("t", "s", 1)

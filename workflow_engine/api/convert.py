@@ -61,12 +61,18 @@ def task_from_proto(msg: pb.TaskSpec) -> TaskSpec:
         acceptance_criteria=tuple(
             AcceptanceCriterion(
                 description=c.description,
-                check=_check(c.check) if c.HasField("check") else None,
+                check=(
+                    _check(c.check, f"task.acceptance_criteria[{i}].check")
+                    if c.HasField("check")
+                    else None
+                ),
             )
-            for c in msg.acceptance_criteria
+            for i, c in enumerate(msg.acceptance_criteria)
         ),
         steps=tuple(_step(s, i) for i, s in enumerate(msg.steps)),
-        preferences=tuple(_struct(layer) for layer in msg.preferences),
+        preferences=tuple(
+            _to_json(layer, f"task.preferences[{i}]") for i, layer in enumerate(msg.preferences)
+        ),
         metadata=TaskMetadata(
             user_id=msg.metadata.user_id,
             project_id=msg.metadata.project_id,
@@ -85,18 +91,24 @@ def _step(msg: pb.Step, index: int) -> Step:
         timeout_seconds=msg.timeout_seconds,
         depends_on=tuple(msg.depends_on),
         requires_approval=msg.requires_approval,
-        expect=tuple(_check(c) for c in msg.expect),
+        expect=tuple(
+            _check(c, f"task.steps[{index}].expect[{j}]") for j, c in enumerate(msg.expect)
+        ),
         image=msg.image,
     )
 
 
-def _check(msg: pb.Check) -> Check:
-    equals: Any = json_format.MessageToDict(msg.equals) if msg.HasField("equals") else None
+def _check(msg: pb.Check, where: str) -> Check:
+    equals = _to_json(msg.equals, f"{where}.equals") if msg.HasField("equals") else None
     return Check(kind=msg.kind, value=msg.value, field=msg.field, equals=equals)
 
 
-def _struct(msg: struct_pb2.Struct) -> dict[str, Any]:
-    return json_format.MessageToDict(msg)
+def _to_json(msg: Any, where: str) -> Any:
+    """A Struct or Value as plain JSON; protobuf refuses Infinity and NaN, and so do we."""
+    try:
+        return json_format.MessageToDict(msg)
+    except ValueError:
+        raise InvalidArgument(where, "numbers must be finite (no Infinity or NaN)") from None
 
 
 def to_struct(data: Any) -> struct_pb2.Struct:

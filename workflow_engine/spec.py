@@ -185,6 +185,9 @@ class TaskSpec:
 
 def validate_task(task: TaskSpec, *, prefix: str = "task") -> None:
     """Raise `InvalidArgument` naming the first field of `task` that cannot run."""
+    nul = find_nul(task.to_json(), prefix)
+    if nul:
+        raise InvalidArgument(nul, "contains a NUL character, which cannot be stored")
     if len(task.prompt) > MAX_PROMPT_CHARS:
         raise InvalidArgument(f"{prefix}.prompt", f"longer than {MAX_PROMPT_CHARS} characters")
     if not 1 <= task.max_attempts_per_step <= MAX_ATTEMPTS:
@@ -262,6 +265,23 @@ def validate_check(check: Check, where: str) -> None:
             re.compile(check.value)
         except re.error as exc:
             raise InvalidArgument(f"{where}.value", f"invalid regular expression: {exc}") from None
+
+
+def find_nul(value: Any, path: str) -> str | None:
+    """The path of the first string (or key) holding NUL; PostgreSQL text and jsonb refuse it."""
+    if isinstance(value, str):
+        return path if "\x00" in value else None
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            found = (path if "\x00" in str(key) else None) or find_nul(item, f"{path}.{key}")
+            if found:
+                return found
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            found = find_nul(item, f"{path}[{i}]")
+            if found:
+                return found
+    return None
 
 
 def _is_exit_code(value: Any) -> bool:

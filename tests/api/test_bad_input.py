@@ -35,6 +35,14 @@ def infinite_preference() -> struct_pb2.Struct:
 
 BAD_STARTS = [
     (
+        start(task=task(step("s", "echo", expect=[check("stdout_contains", "a\x00b")]))),
+        "task.steps[0].expect[0].value",
+    ),
+    (
+        start(task=pb.TaskSpec(prompt="p", metadata=pb.TaskMetadata(labels={"k": "\x00"}))),
+        "task.metadata.labels.k",
+    ),
+    (
         start(task=task(step("s", "echo"), preferences=[infinite_preference()])),
         "task.preferences[0]",
     ),

@@ -21,7 +21,7 @@ from google.protobuf import json_format
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.chaos.conftest import record, scale
+from tests.chaos.conftest import FULL, record, scale
 from tests.e2e.process import EngineProcess
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
@@ -184,6 +184,8 @@ def snapshot(db_url: str, task_id: str) -> list[Any]:
 
 FUZZ = settings(
     max_examples=scale(60, 1500),
+    # `make test` replays the same examples every run; `make chaos` explores new ones.
+    derandomize=not FULL,
     deadline=None,
     database=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],

@@ -109,6 +109,8 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
         task_id = convert.parse_task_id(request.task_id)
         if len(request.reason) > 4096:
             raise InvalidArgument("reason", "longer than 4096 characters")
+        if "\x00" in request.reason:
+            raise InvalidArgument("reason", "contains a NUL character")
         return convert.workflow_to_proto(await self._service.cancel(task_id, request.reason))
 
     async def WatchWorkflow(

@@ -32,8 +32,10 @@ test: install
 chaos: install
 	CHAOS_SCALE=full $(BIN)/pytest tests/chaos -v -p no:cacheprovider
 
-# What one workflow costs: latency, statements and commits per node (exact, from the server log).
+# Durability's cost side by side with the peers (table, JSON, bench-results/throughput.png),
+# then what one workflow costs in statements and commits (exact, from the server log).
 bench: install
+	$(BIN)/python benchmarks/compare.py
 	$(BIN)/python benchmarks/node_cost.py
 
 lint: install proto-check

@@ -20,8 +20,10 @@ from psycopg_pool import AsyncConnectionPool
 
 from workflow_engine.api.decoding import generic_handler
 from workflow_engine.api.servicer import WorkflowEngineServicer
+from workflow_engine.capabilities.base import Worker
 from workflow_engine.capabilities.planner import StaticPlanner
 from workflow_engine.capabilities.sandbox import LocalSandboxWorker
+from workflow_engine.capabilities.simulated import SimulatedWorker
 from workflow_engine.capabilities.task_source import InlineTaskSource
 from workflow_engine.capabilities.verifier import MachineVerifier
 from workflow_engine.config import Settings
@@ -71,15 +73,22 @@ async def run_migrations(pool: AsyncConnectionPool[Any]) -> int:
 
 
 def default_capabilities(settings: Settings, store: WorkflowStore) -> Capabilities:
-    """The embedded capabilities: inline tasks, static planner, local sandbox, machine checks."""
-    return Capabilities(
-        task_source=InlineTaskSource(store),
-        planner=StaticPlanner(),
-        worker=LocalSandboxWorker(
+    """The embedded capabilities: inline tasks, static planner, the configured worker, checks."""
+    worker: Worker
+    if settings.worker == "simulated":
+        worker = SimulatedWorker()
+    elif settings.worker == "sandbox":
+        worker = LocalSandboxWorker(
             jobs_dir=settings.jobs_dir,
             default_timeout_seconds=settings.job_timeout_seconds,
             max_output_bytes=settings.job_output_bytes,
-        ),
+        )
+    else:
+        raise ValueError(f"WORKFLOW_ENGINE_WORKER: unknown worker {settings.worker!r}")
+    return Capabilities(
+        task_source=InlineTaskSource(store),
+        planner=StaticPlanner(),
+        worker=worker,
         verifier=MachineVerifier(),
     )
 

@@ -55,6 +55,9 @@ class Settings:
     recovery_max_attempts: int = 5
     #: Fault injection for the fault suite only; see `workflow_engine.runtime.faults`.
     faults: str = ""
+    #: Which worker runs jobs: "sandbox" (local processes) or "simulated" (in-process true /
+    #: echo / sleep, for benchmarks and dry runs).
+    worker: str = "sandbox"
     #: Log level for the JSON logs on stderr (debug, info, warning, error).
     log_level: str = "info"
 

@@ -1,0 +1,199 @@
+"""`make bench`: what durability costs, side by side, in one run on one PostgreSQL.
+
+Every contender runs the same 12-node workflow shape at each concurrency; each point gets a
+fresh database on the same embedded server. Per point: workflows/s, node transitions/s,
+p50/p99 workflow latency, CPU seconds per workflow (benchmark process, plus the server
+process for the gRPC contender), commits per node (pg_stat_database.xact_commit, read after
+the contender's connections closed so their statistics are flushed) and WAL bytes per node
+(pg_current_wal_lsn before and after). Prints a table and a JSON line, writes
+bench-results/compare.json and a PNG of throughput against concurrency.
+
+    .venv/bin/python benchmarks/compare.py [--smoke] [--concurrency 1 20 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psutil
+import psycopg
+from psycopg.conninfo import make_conninfo
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from contenders import (
+    NODES,
+    EngineGrpc,
+    EngineInProcess,
+    LangGraphNoPersistence,
+    LangGraphPostgres,
+    RawUpserts,
+)
+
+from workflow_engine.logs import configure_logging
+from workflow_engine.storage.embedded import start_embedded_postgres
+
+ROOT = Path(__file__).resolve().parent.parent
+PGDATA = ROOT / ".data" / "bench-pgdata"
+OUT = ROOT / "bench-results"
+
+
+async def measure(
+    contender: Any, server_url: str, concurrency: int, workflows: int
+) -> dict[str, Any]:
+    db = f"bench_{uuid.uuid4().hex[:8]}"
+    async with await psycopg.AsyncConnection.connect(server_url, autocommit=True) as admin:
+        await admin.execute(f"CREATE DATABASE {db}")
+    url = make_conninfo(server_url, dbname=db)
+    await contender.open(url, concurrency)
+    await asyncio.gather(*(contender.run(-1) for _ in range(min(concurrency, 5))))  # warm up
+
+    async def stats() -> tuple[int, int]:
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            await asyncio.sleep(0.6)  # other backends flush their statistics about every second
+            cur = await conn.execute(
+                "SELECT xact_commit, pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint"
+                " FROM pg_stat_database WHERE datname = current_database()"
+            )
+            row = await cur.fetchone()
+            assert row is not None
+            return int(row[0]), int(row[1])
+
+    commits0, wal0 = await stats()
+    server = psutil.Process(contender.server_pid()) if hasattr(contender, "server_pid") else None
+    cpu0 = time.process_time() + (sum(server.cpu_times()[:2]) if server else 0.0)
+    latencies: list[float] = []
+    queue = iter(range(workflows))
+
+    async def lane() -> None:
+        for i in queue:
+            t0 = time.perf_counter()
+            await contender.run(i)
+            latencies.append(time.perf_counter() - t0)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(lane() for _ in range(concurrency)))
+    wall = time.perf_counter() - t0
+    cpu = time.process_time() + (sum(server.cpu_times()[:2]) if server else 0.0) - cpu0
+    await contender.close()  # closing flushes the backends' statistics
+    commits1, wal1 = await stats()
+    nodes = workflows * NODES
+    latencies.sort()
+    async with await psycopg.AsyncConnection.connect(server_url, autocommit=True) as admin:
+        await admin.execute(f"DROP DATABASE {db} WITH (FORCE)")
+    return {
+        "contender": contender.name,
+        "concurrency": concurrency,
+        "workflows": workflows,
+        "workflows_per_s": round(workflows / wall, 1),
+        "nodes_per_s": round(nodes / wall, 1),
+        "p50_ms": round(statistics.median(latencies) * 1000, 1),
+        "p99_ms": round(latencies[int(0.99 * (len(latencies) - 1))] * 1000, 1),
+        "cpu_ms_per_workflow": round(cpu / workflows * 1000, 2),
+        # The stats query itself commits once per reading; it is not the contender's.
+        "commits_per_node": round((commits1 - commits0 - 1) / nodes, 2),
+        "wal_bytes_per_node": round((wal1 - wal0) / nodes),
+    }
+
+
+def contenders(data_dir: Path) -> list[Any]:
+    return [
+        LangGraphPostgres(),
+        EngineInProcess(data_dir),
+        EngineGrpc(data_dir),
+        LangGraphNoPersistence(),
+        RawUpserts(),
+    ]
+
+
+async def run(concurrencies: list[int], smoke: bool) -> list[dict[str, Any]]:
+    server_url = start_embedded_postgres(PGDATA)
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for concurrency in concurrencies:
+            for contender in contenders(Path(tmp)):
+                workflows = 4 if smoke else max(60, concurrency * 6)
+                print(
+                    f"  {contender.name} at concurrency {concurrency} ...",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                results.append(await measure(contender, server_url, concurrency, workflows))
+    return results
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    cols = list(results[0])
+    widths = {c: max(len(c), *(len(str(r[c])) for r in results)) for c in cols}
+    lines = ["  ".join(c.ljust(widths[c]) for c in cols)]
+    lines += ["  ".join(str(r[c]).ljust(widths[c]) for c in cols) for r in results]
+    return "\n".join(lines)
+
+
+def ratios(results: list[dict[str, Any]]) -> dict[str, float]:
+    """Throughput of each contender over contender 1's, per concurrency."""
+    out = {}
+    base = {
+        r["concurrency"]: r["workflows_per_s"]
+        for r in results
+        if r["contender"].startswith("langgraph+")
+    }
+    for r in results:
+        if not r["contender"].startswith("langgraph+") and base.get(r["concurrency"]):
+            out[f"{r['contender']} / langgraph+saver @ c={r['concurrency']}"] = round(
+                r["workflows_per_s"] / base[r["concurrency"]], 2
+            )
+    return out
+
+
+def plot(results: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name in dict.fromkeys(r["contender"] for r in results):
+        points = [
+            (r["concurrency"], r["workflows_per_s"]) for r in results if r["contender"] == name
+        ]
+        ax.plot(*zip(*points, strict=True), marker="o", label=name)
+    ax.set_xscale("log")
+    ax.set_xlabel("concurrent workflows")
+    ax.set_ylabel("workflows / s (12 nodes each)")
+    ax.set_title("Throughput against concurrency, same PostgreSQL, same run")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="a few workflows per contender")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 20, 100])
+    args = parser.parse_args()
+    configure_logging("warning")
+    results = asyncio.run(run(args.concurrency, args.smoke))
+    print(table(results))
+    for name, value in ratios(results).items():
+        print(f"{name}: {value}x")
+    OUT.mkdir(exist_ok=True)
+    payload = {"results": results, "ratios": ratios(results)}
+    (OUT / "compare.json").write_text(json.dumps(payload, indent=2) + "\n")
+    if not args.smoke:
+        plot(results, OUT / "throughput.png")
+        print(f"plot: {OUT / 'throughput.png'}")
+    print(json.dumps(payload))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,282 @@
+"""The contenders of `make bench`, each running the same 12-node workflow shape.
+
+Shape: load, plan, then dispatch/collect/verify for each of 3 steps, finalize. Work in each
+node is trivial, so what is measured is the cost of durability itself. Every contender exposes
+`async run(workflow_index) -> None` (one whole workflow) and `async close()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import uuid
+from pathlib import Path
+from typing import Any, TypedDict
+
+import grpc
+from langgraph.graph import END, START, StateGraph
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+
+from workflow_engine.app import Engine
+from workflow_engine.config import Settings
+from workflow_engine.v1 import workflow_engine_pb2 as pb
+from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
+
+STEPS = 3
+NODES = 3 + 3 * STEPS  # load, plan, finalize + dispatch/collect/verify per step
+ENGINE_TASK = pb.TaskSpec(steps=[pb.Step(id=f"s{i}", command=["true"]) for i in range(STEPS)])
+
+# The contract row every contender must keep current after each node.
+CONTRACT_TABLE = """
+CREATE TABLE IF NOT EXISTS workflow_checkpoints (
+    id uuid PRIMARY KEY DEFAULT gen_random_uuid(), task_id uuid NOT NULL UNIQUE,
+    state jsonb NOT NULL, last_node_id text, updated_at timestamptz NOT NULL DEFAULT now()
+)
+"""
+UPSERT = """
+INSERT INTO workflow_checkpoints (task_id, state, last_node_id, updated_at)
+VALUES (%(task_id)s, %(state)s, %(node)s, now())
+ON CONFLICT (task_id) DO UPDATE
+   SET state = EXCLUDED.state, last_node_id = EXCLUDED.last_node_id, updated_at = now()
+"""
+
+
+class BareState(TypedDict, total=False):
+    task_id: str
+    current_step_index: int
+    attempts_by_step: dict[str, int]
+    last_result: dict[str, Any]
+    status: str
+
+
+def bare_graph(upsert_pool: AsyncConnectionPool[Any] | None) -> StateGraph[Any, Any, Any, Any]:
+    """The same node names and routing as the engine's graph, with trivial node bodies."""
+
+    def node(name: str, update: Any) -> Any:
+        async def run(state: BareState) -> BareState:
+            changes: BareState = update(state)
+            if upsert_pool is not None:
+                async with upsert_pool.connection() as conn:
+                    await conn.execute(
+                        UPSERT,
+                        {
+                            "task_id": state["task_id"],
+                            "state": Jsonb({**state, **changes}),
+                            "node": name,
+                        },
+                    )
+            return changes
+
+        return run
+
+    def verify(state: BareState) -> BareState:
+        return {"current_step_index": state.get("current_step_index", 0) + 1}
+
+    def dispatch(state: BareState) -> BareState:
+        step = f"s{state.get('current_step_index', 0)}"
+        return {"attempts_by_step": {**state.get("attempts_by_step", {}), step: 1}}
+
+    graph: StateGraph[Any, Any, Any, Any] = StateGraph(BareState)
+    graph.add_node("load_task_context", node("load_task_context", lambda s: {"status": "running"}))
+    graph.add_node("plan_steps", node("plan_steps", lambda s: {"current_step_index": 0}))
+    graph.add_node("dispatch_step", node("dispatch_step", dispatch))
+    graph.add_node(
+        "collect_result", node("collect_result", lambda s: {"last_result": {"exit_code": 0}})
+    )
+    graph.add_node("verify_step_result", node("verify_step_result", verify))
+    graph.add_node("finalize_summary", node("finalize_summary", lambda s: {"status": "succeeded"}))
+    graph.add_edge(START, "load_task_context")
+    graph.add_edge("load_task_context", "plan_steps")
+    graph.add_edge("plan_steps", "dispatch_step")
+    graph.add_edge("dispatch_step", "collect_result")
+    graph.add_edge("collect_result", "verify_step_result")
+    graph.add_conditional_edges(
+        "verify_step_result",
+        lambda s: "finalize_summary" if s["current_step_index"] >= STEPS else "dispatch_step",
+        ["dispatch_step", "finalize_summary"],
+    )
+    graph.add_edge("finalize_summary", END)
+    return graph
+
+
+class LangGraphPostgres:
+    """Contender 1: LangGraph + AsyncPostgresSaver (durability sync) + the contract upsert."""
+
+    name = "langgraph+AsyncPostgresSaver"
+
+    async def open(self, url: str, concurrency: int) -> None:
+        from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+        from psycopg.rows import dict_row
+
+        self.pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+            url,
+            min_size=1,
+            max_size=min(concurrency, 20) + 1,
+            open=False,
+            kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
+        )
+        await self.pool.open(wait=True)
+        async with self.pool.connection() as conn:
+            await conn.execute(CONTRACT_TABLE)
+        self.saver = AsyncPostgresSaver(self.pool)  # type: ignore[arg-type]
+        await self.saver.setup()
+        self.graph = bare_graph(self.pool).compile(checkpointer=self.saver)
+
+    async def run(self, i: int) -> None:
+        task_id = str(uuid.uuid4())
+        await self.graph.ainvoke(
+            {"task_id": task_id}, {"configurable": {"thread_id": task_id}}, durability="sync"
+        )
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+
+class LangGraphNoPersistence:
+    """Floor: the same graph with no persistence at all."""
+
+    name = "langgraph, no persistence"
+
+    async def open(self, url: str, concurrency: int) -> None:
+        self.graph = bare_graph(None).compile()
+
+    async def run(self, i: int) -> None:
+        await self.graph.ainvoke({"task_id": str(uuid.uuid4())})
+
+    async def close(self) -> None:
+        pass
+
+
+class RawUpserts:
+    """Floor: one contract-row upsert per node through psycopg, nothing else."""
+
+    name = "raw upserts (12 per workflow)"
+
+    async def open(self, url: str, concurrency: int) -> None:
+        self.pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+            url, min_size=1, max_size=min(concurrency, 20), open=False, kwargs={"autocommit": True}
+        )
+        await self.pool.open(wait=True)
+        async with self.pool.connection() as conn:
+            await conn.execute(CONTRACT_TABLE)
+
+    async def run(self, i: int) -> None:
+        task_id = str(uuid.uuid4())
+        for n in range(NODES):
+            async with self.pool.connection() as conn:
+                await conn.execute(
+                    UPSERT, {"task_id": task_id, "state": Jsonb({"n": n}), "node": "x"}
+                )
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+
+def engine_settings(url: str, data_dir: Path, concurrency: int) -> Settings:
+    return Settings(
+        database_url=url,
+        listen="127.0.0.1:0",
+        data_dir=data_dir,
+        worker="simulated",
+        recovery_enabled=False,
+        pool_min_size=1,
+        pool_max_size=min(concurrency, 20) + 2,
+        lease_ttl_seconds=60,
+        log_level="warning",
+    )
+
+
+class EngineInProcess:
+    """Contender 3: this engine's run manager, lease, fenced checkpoint and graph; no gRPC."""
+
+    name = "engine in-process"
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+
+    async def open(self, url: str, concurrency: int) -> None:
+        self.engine = await Engine.start(engine_settings(url, self.data_dir, concurrency))
+
+    async def run(self, i: int) -> None:
+        from workflow_engine.api.convert import task_from_proto
+
+        task_id = str(uuid.uuid4())
+        await self.engine.service.start(
+            task_id=task_id, holder_id="", idempotency_key=None, task=task_from_proto(ENGINE_TASK)
+        )
+        await self.engine.runs.wait(task_id, 600)
+
+    async def close(self) -> None:
+        await self.engine.close()
+
+
+class EngineGrpc:
+    """Contender 4: this engine as `workflow-engine serve`, driven by a gRPC client here."""
+
+    name = "engine via gRPC"
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+
+    async def open(self, url: str, concurrency: int) -> None:
+        import json
+        import os
+
+        settings = engine_settings(url, self.data_dir, concurrency)
+        env = {
+            **os.environ,
+            **{
+                f"WORKFLOW_ENGINE_{k.upper()}": str(v)
+                for k, v in {
+                    "database_url": url,
+                    "listen": settings.listen,
+                    "data_dir": settings.data_dir,
+                    "worker": "simulated",
+                    "recovery_enabled": "false",
+                    "log_level": "info",
+                    "pool_max_size": settings.pool_max_size,
+                }.items()
+            },
+        }
+        self.proc = await asyncio.create_subprocess_exec(
+            str(Path(sys.executable).parent / "workflow-engine"),
+            "serve",
+            env=env,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        assert self.proc.stderr is not None
+        while True:
+            line = await self.proc.stderr.readline()
+            if not line:
+                raise RuntimeError("engine exited before serving")
+            entry = json.loads(line)
+            if entry.get("event") == "serving":
+                self.address = entry["address"]
+                break
+        self._drain = asyncio.create_task(self._read_rest())
+        self.channel = grpc.aio.insecure_channel(self.address)
+        self.stub = pb_grpc.WorkflowEngineStub(self.channel)
+
+    async def _read_rest(self) -> None:
+        assert self.proc.stderr is not None
+        while await self.proc.stderr.readline():
+            pass
+
+    async def run(self, i: int) -> None:
+        task_id = str(uuid.uuid4())
+        await self.stub.StartWorkflow(pb.StartWorkflowRequest(task_id=task_id, task=ENGINE_TASK))
+        events = [
+            e async for e in self.stub.WatchWorkflow(pb.WatchWorkflowRequest(task_id=task_id))
+        ]
+        if events[-1].status != pb.SUCCEEDED:
+            raise RuntimeError(f"workflow ended {events[-1].status}")
+
+    def server_pid(self) -> int:
+        return self.proc.pid
+
+    async def close(self) -> None:
+        await self.channel.close()
+        self.proc.terminate()
+        await self.proc.wait()
+        self._drain.cancel()

@@ -1,0 +1,27 @@
+"""The benchmarks still run: a few workflows per contender, no targets asserted."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.e2e
+
+
+def test_compare_smoke() -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "compare.py"), "--smoke", "--concurrency", "2"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    payload = json.loads(done.stdout.strip().splitlines()[-1])
+    names = {r["contender"] for r in payload["results"]}
+    assert {"engine in-process", "engine via gRPC", "langgraph+AsyncPostgresSaver"} <= names
+    assert all(r["workflows_per_s"] > 0 for r in payload["results"])

@@ -1,0 +1,58 @@
+"""A worker that simulates jobs in-process, for benchmarks and dry runs (no processes, no disk).
+
+It understands three argv shapes: ``true`` (exit 0), ``echo ...`` (prints its arguments) and
+``sleep <seconds>`` (waits without blocking the event loop, like a job that takes that long).
+Anything else fails with exit code 127, as a missing program would. Results have the Worker
+API's shape, so the graph cannot tell it from a real worker; re-running a job id returns the
+first result, as a real worker's deduplication would (within this process's lifetime).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+
+from workflow_engine.capabilities.base import JobRequest, JobResult
+
+
+class SimulatedWorker:
+    """`Worker` for measuring the engine's own cost; see the module docstring."""
+
+    def __init__(self, *, max_remembered: int = 100_000) -> None:
+        self._results: dict[str, JobResult] = {}
+        self._max = max_remembered
+
+    async def select_target(self, job: JobRequest) -> str:
+        return "simulated"
+
+    async def run(self, target: str, job: JobRequest) -> JobResult:
+        done = self._results.get(job.job_id)
+        if done is not None:
+            return done
+        started = datetime.now(UTC).isoformat()
+        program, *args = job.command
+        exit_code, stdout, stderr = 0, "", ""
+        if program == "sleep" and len(args) == 1:
+            try:
+                await asyncio.sleep(float(args[0]))
+            except ValueError:
+                exit_code, stderr = 1, f"sleep: invalid time interval {args[0]!r}"
+        elif program == "echo":
+            stdout = " ".join(args) + "\n"
+        elif program != "true":
+            exit_code, stderr = 127, f"{program}: not simulated"
+        result = JobResult(
+            task_id=job.task_id,
+            job_id=job.job_id,
+            status="completed" if exit_code == 0 else "failed",
+            exit_code=exit_code,
+            stdout=stdout,
+            stderr=stderr,
+            started_at=started,
+            ended_at=datetime.now(UTC).isoformat(),
+            target=target,
+        )
+        if len(self._results) >= self._max:
+            self._results.pop(next(iter(self._results)))
+        self._results[job.job_id] = result
+        return result

@@ -104,6 +104,7 @@ class Engine:
     events: EventHub
     service: WorkflowService
     recoverer: Recoverer | None
+    saver: RowCheckpointSaver
 
     @classmethod
     async def start(cls, settings: Settings, *, capabilities: Capabilities | None = None) -> Engine:
@@ -131,7 +132,7 @@ class Engine:
                 interval_seconds=settings.recovery_interval_seconds,
             )
             recoverer.start()
-        return cls(settings, pool, store, runs, events, service, recoverer)
+        return cls(settings, pool, store, runs, events, service, recoverer, saver)
 
     async def close(self, *, drain_timeout: float | None = None) -> None:
         """Drain the runs (see `RunManager.drain`), then close connections."""
@@ -139,6 +140,7 @@ class Engine:
         if self.recoverer is not None:
             await self.recoverer.close()
         await self.runs.drain(timeout)
+        await self.saver.close()
         await self.events.close()
         await self.pool.close()
 

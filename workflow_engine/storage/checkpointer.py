@@ -6,9 +6,10 @@ plain JSON, the `checkpoint` column holds LangGraph's bookkeeping (ids, channel 
 versions seen, internal channel values). Nothing is pickled or msgpack-decoded on load, so a
 tampered row can at worst be refused, never executed.
 
-Each node costs one statement, hence one commit: it checks the lease (holder and epoch, locked
-``FOR SHARE`` so a takeover waits for it or it sees the takeover), upserts the row and appends
-the node's watch events. A runner whose lease has moved on gets `LeaseLost` and nothing lands.
+Each node's write is one fenced upsert: it checks the lease (holder and epoch, locked ``FOR
+SHARE`` so a takeover waits for it or it sees the takeover), upserts the row and appends the
+node's watch events, in one statement. Writes of concurrent runs share that statement and its
+commit (`group_commit`). A runner whose lease has moved on gets `LeaseLost`; nothing lands.
 
 What is deliberately not kept:
 - history: the row holds the latest checkpoint only (that is the contract);
@@ -31,57 +32,16 @@ from langgraph.checkpoint.base import (
     CheckpointMetadata,
     CheckpointTuple,
 )
-from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from workflow_engine.errors import CheckpointCorrupt, LeaseLost
 from workflow_engine.runtime.faults import FaultPlan
+from workflow_engine.storage.group_commit import CheckpointRow, GroupCommitter
 from workflow_engine.storage.leases import Fence
 from workflow_engine.storage.retry import with_retry
 
 #: Key in `config["configurable"]` under which a run passes its `RunContext` to the saver.
 RUN_CONTEXT_KEY = "workflow_engine_run"
-
-WRITE_CHECKPOINT = """
-WITH lease AS (
-    SELECT 1 FROM task_workflow_leases
-     WHERE task_id = %(task_id)s AND holder_id = %(holder_id)s AND epoch = %(epoch)s
-       AND expires_at > now()
-       FOR SHARE
-), cp AS (
-    INSERT INTO workflow_checkpoints AS c
-        (task_id, state, last_node_id, updated_at, run_id, status, lease_epoch,
-         checkpoint_id, checkpoint, checkpoint_metadata, event_seq, summary, error)
-    SELECT %(task_id)s, %(state)s, %(node)s, now(), %(run_id)s, %(status)s, %(epoch)s,
-           %(checkpoint_id)s, %(checkpoint)s, %(metadata)s, %(n_events)s, %(summary)s, %(error)s
-      FROM lease
-    ON CONFLICT (task_id) DO UPDATE SET
-        state = EXCLUDED.state,
-        last_node_id = EXCLUDED.last_node_id,
-        updated_at = now(),
-        run_id = EXCLUDED.run_id,
-        status = EXCLUDED.status,
-        lease_epoch = EXCLUDED.lease_epoch,
-        checkpoint_id = EXCLUDED.checkpoint_id,
-        checkpoint = EXCLUDED.checkpoint,
-        checkpoint_metadata = EXCLUDED.checkpoint_metadata,
-        event_seq = c.event_seq + %(n_events)s,
-        summary = EXCLUDED.summary,
-        error = EXCLUDED.error,
-        recovery_attempts = 0
-    -- A retry after a commit whose answer was lost must not append the events twice.
-    WHERE c.checkpoint_id IS DISTINCT FROM EXCLUDED.checkpoint_id
-    RETURNING c.event_seq, c.updated_at
-), events AS (
-    INSERT INTO workflow_events (task_id, seq, run_id, kind, node_id, status, created_at)
-    SELECT %(task_id)s, cp.event_seq - %(n_events)s + e.ord, %(run_id)s, e.kind, e.node,
-           e.status, cp.updated_at
-      FROM cp,
-           unnest(%(kinds)s::text[], %(nodes)s::text[], %(statuses)s::text[])
-               WITH ORDINALITY AS e(kind, node, status, ord)
-)
-SELECT EXISTS (SELECT 1 FROM lease), (SELECT event_seq FROM cp)
-"""
 
 READ_CHECKPOINT = """
 SELECT state, checkpoint_id, checkpoint, checkpoint_metadata
@@ -134,6 +94,11 @@ class RowCheckpointSaver(BaseCheckpointSaver[int]):
         self._pool = pool
         self._state_keys = state_keys
         self._faults = faults or FaultPlan()
+        self._committer = GroupCommitter(pool)
+
+    async def close(self) -> None:
+        """Stop the group committer's flushers."""
+        await self._committer.close()
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         task_id = _thread_id(config)
@@ -209,41 +174,30 @@ class RowCheckpointSaver(BaseCheckpointSaver[int]):
         bookkeeping = {k: v for k, v in checkpoint.items() if k != "channel_values"}
         bookkeeping["channel_values"] = internal
         status = row_status(state)
-        kinds, nodes, statuses = ["node"], [node], [status]
-        if status != run.status:
-            kinds.append("status")
-            nodes.append(None)  # type: ignore[arg-type]
-            statuses.append(status)
         fence = run.fence
-        params = {
-            "task_id": task_id,
-            "holder_id": fence.holder_id,
-            "epoch": fence.epoch,
-            "run_id": fence.run_id,
-            "state": Jsonb(state),
-            "node": node,
-            "status": status,
-            "checkpoint_id": checkpoint["id"],
-            "checkpoint": Jsonb(bookkeeping),
-            "metadata": Jsonb(_plain_metadata(metadata)),
-            "n_events": len(kinds),
-            "summary": str(state.get("summary") or ""),
-            "error": str(state.get("error") or ""),
-            "kinds": kinds,
-            "nodes": nodes,
-            "statuses": statuses,
-        }
+        row = CheckpointRow(
+            task_id=task_id,
+            holder_id=fence.holder_id,
+            epoch=fence.epoch,
+            run_id=fence.run_id,
+            state=state,
+            node=node,
+            status=status,
+            checkpoint_id=checkpoint["id"],
+            checkpoint=bookkeeping,
+            metadata=_plain_metadata(metadata),
+            status_changed=status != run.status,
+            summary=str(state.get("summary") or ""),
+            error=str(state.get("error") or ""),
+        )
 
-        async def write() -> tuple[Any, ...] | None:
+        async def write() -> bool:
             self._faults.at("before", node)
-            async with self._pool.connection() as conn:
-                cur = await conn.execute(WRITE_CHECKPOINT, params)
-                row: tuple[Any, ...] | None = await cur.fetchone()
+            held = await self._committer.write(row)
             self._faults.at("after", node)  # committed, but the answer may be "lost"
-            return row
+            return held
 
-        row = await with_retry(write)
-        if not row or not row[0]:
+        if not await with_retry(write):
             raise LeaseLost(task_id, fence.holder_id, fence.epoch)
         run.checkpoint_written(node, status)
         return next_config

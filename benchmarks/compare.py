@@ -33,6 +33,7 @@ from contenders import (
     NODES,
     EngineGrpc,
     EngineInProcess,
+    LangGraphInMemorySaver,
     LangGraphNoPersistence,
     LangGraphPostgres,
     RawUpserts,
@@ -41,6 +42,7 @@ from contenders import (
 from workflow_engine.logs import configure_logging
 from workflow_engine.storage.embedded import start_embedded_postgres
 
+BASELINE = LangGraphPostgres.name  # contender 1: what the targets are ratios of
 ROOT = Path(__file__).resolve().parent.parent
 PGDATA = ROOT / ".data" / "bench-pgdata"
 OUT = ROOT / "bench-results"
@@ -110,6 +112,7 @@ def contenders(data_dir: Path) -> list[Any]:
         EngineInProcess(data_dir),
         EngineGrpc(data_dir),
         LangGraphNoPersistence(),
+        LangGraphInMemorySaver(),
         RawUpserts(),
     ]
 
@@ -141,13 +144,9 @@ def table(results: list[dict[str, Any]]) -> str:
 def ratios(results: list[dict[str, Any]]) -> dict[str, float]:
     """Throughput of each contender over contender 1's, per concurrency."""
     out = {}
-    base = {
-        r["concurrency"]: r["workflows_per_s"]
-        for r in results
-        if r["contender"].startswith("langgraph+")
-    }
+    base = {r["concurrency"]: r["workflows_per_s"] for r in results if r["contender"] == BASELINE}
     for r in results:
-        if not r["contender"].startswith("langgraph+") and base.get(r["concurrency"]):
+        if r["contender"] != BASELINE and base.get(r["concurrency"]):
             out[f"{r['contender']} / langgraph+saver @ c={r['concurrency']}"] = round(
                 r["workflows_per_s"] / base[r["concurrency"]], 2
             )

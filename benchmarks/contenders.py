@@ -148,6 +148,26 @@ class LangGraphNoPersistence:
         pass
 
 
+class LangGraphInMemorySaver:
+    """Floor for any checkpointer design: LangGraph's own machinery with an in-memory saver."""
+
+    name = "langgraph+InMemorySaver"
+
+    async def open(self, url: str, concurrency: int) -> None:
+        from langgraph.checkpoint.memory import InMemorySaver
+
+        self.graph = bare_graph(None).compile(checkpointer=InMemorySaver())
+
+    async def run(self, i: int) -> None:
+        task_id = str(uuid.uuid4())
+        await self.graph.ainvoke(
+            {"task_id": task_id}, {"configurable": {"thread_id": task_id}}, durability="sync"
+        )
+
+    async def close(self) -> None:
+        pass
+
+
 class RawUpserts:
     """Floor: one contract-row upsert per node through psycopg, nothing else."""
 

@@ -7,7 +7,7 @@ happens lives here or below, so the same calls serve tests, benchmarks and other
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from workflow_engine.config import Settings
@@ -47,12 +47,14 @@ class WorkflowService:
         runs: RunManager,
         events: EventHub,
         watch_poll_seconds: float = 1.0,
+        on_task_stored: Callable[[str, TaskSpec], None] | None = None,
     ) -> None:
         self._settings = settings
         self._store = store
         self._runs = runs
         self._events = events
         self._watch_poll = watch_poll_seconds
+        self._on_task_stored = on_task_stored
 
     def _ttl(self, requested: int) -> float:
         if requested == 0:
@@ -92,6 +94,8 @@ class WorkflowService:
             initial_state=dict(state),
         )
         if outcome.status == "STARTED":
+            if self._on_task_stored is not None:
+                self._on_task_stored(task_id, task)
             self._runs.launch(
                 fence=Fence(task_id, outcome.run_id, holder, outcome.lease.epoch),
                 ttl_seconds=ttl,

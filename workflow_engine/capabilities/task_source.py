@@ -16,13 +16,17 @@ class InlineTaskSource:
         self._cache: OrderedDict[str, TaskSpec] = OrderedDict()
         self._cache_size = cache_size
 
+    def remember(self, task_id: str, spec: TaskSpec) -> None:
+        """Cache a task just stored (StartWorkflow), so its first load needs no read."""
+        self._cache[task_id] = spec
+        if len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+
     async def load(self, task_id: str) -> TaskSpec:
         cached = self._cache.get(task_id)
         if cached is not None:
             self._cache.move_to_end(task_id)
             return cached
         spec = TaskSpec.from_json(await self._store.load_task(task_id))
-        self._cache[task_id] = spec
-        if len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
+        self.remember(task_id, spec)
         return spec

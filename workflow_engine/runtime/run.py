@@ -63,6 +63,10 @@ class Run:
     def status(self) -> str:
         return self._status
 
+    @property
+    def fresh(self) -> bool:
+        return self._input is not None
+
     def node_started(self, node: str) -> None:
         if self._stop_reason is not None:
             raise RunStopped(self._fence.task_id, self._stop_reason)

@@ -66,6 +66,11 @@ class RunContext(Protocol):
         """The workflow status the row had before this write (e.g. ``RUNNING``)."""
         ...
 
+    @property
+    def fresh(self) -> bool:
+        """True when the run starts from its input: there is no checkpoint to read."""
+        ...
+
     def take_completed_node(self) -> str | None:
         """The node that finished since the last checkpoint, or `None` if none did."""
         ...
@@ -102,7 +107,11 @@ class RowCheckpointSaver(BaseCheckpointSaver[int]):
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         task_id = _thread_id(config)
-        wanted = config.get("configurable", {}).get("checkpoint_id")
+        configurable = config.get("configurable", {})
+        run: RunContext | None = configurable.get(RUN_CONTEXT_KEY)
+        if run is not None and run.fresh:
+            return None  # saves a round trip per started workflow
+        wanted = configurable.get("checkpoint_id")
 
         async def read() -> tuple[Any, ...] | None:
             async with self._pool.connection() as conn:

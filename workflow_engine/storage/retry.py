@@ -49,9 +49,13 @@ def is_transient(exc: BaseException) -> bool:
     return sqlstate[:2] in RETRYABLE_SQLSTATE_CLASSES
 
 
+def _log_first_failure(exc: BaseException) -> None:
+    log.warning("db_retry", attempt=1, error=repr(exc))
+
+
 def _log_retry(state: RetryCallState) -> None:
     exc = state.outcome.exception() if state.outcome else None
-    log.warning("db_retry", attempt=state.attempt_number, error=repr(exc))
+    log.warning("db_retry", attempt=state.attempt_number + 1, error=repr(exc))
 
 
 async def with_retry(
@@ -60,6 +64,12 @@ async def with_retry(
     max_seconds: float = 30.0,
 ) -> T:
     """Run `operation`; retry transient failures with jittered backoff for up to `max_seconds`."""
+    try:  # the common case pays nothing for the retry machinery
+        return await operation()
+    except Exception as exc:
+        if not is_transient(exc):
+            raise
+        _log_first_failure(exc)
     async for attempt in AsyncRetrying(
         retry=retry_if_exception(is_transient),
         wait=wait_exponential_jitter(multiplier=0.05, max=2.0, jitter=0.05),

@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -175,6 +176,19 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def run_inflight(workflows: int) -> dict[str, Any]:
+    """benchmarks/inflight.py in its own process, so its peak RSS is the engine's alone."""
+    print(f"  engine with {workflows} workflows in flight ...", file=sys.stderr, flush=True)
+    done = subprocess.run(
+        [sys.executable, str(Path(__file__).parent / "inflight.py"), "--workflows", str(workflows)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="a few workflows per contender")
@@ -185,8 +199,10 @@ def main() -> None:
     print(table(results))
     for name, value in ratios(results).items():
         print(f"{name}: {value}x")
+    inflight = run_inflight(20 if args.smoke else 1000)
+    print(f"1,000-in-flight run: {inflight}")
     OUT.mkdir(exist_ok=True)
-    payload = {"results": results, "ratios": ratios(results)}
+    payload = {"results": results, "ratios": ratios(results), "inflight": inflight}
     (OUT / "compare.json").write_text(json.dumps(payload, indent=2) + "\n")
     if not args.smoke:
         plot(results, OUT / "throughput.png")

@@ -32,6 +32,7 @@ from psycopg.conninfo import make_conninfo
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from contenders import (
     NODES,
+    DBOSWorkflow,
     EngineGrpc,
     EngineInProcess,
     LangGraphInMemorySaver,
@@ -110,6 +111,7 @@ async def measure(
 def contenders(data_dir: Path) -> list[Any]:
     return [
         LangGraphPostgres(),
+        DBOSWorkflow(),
         EngineInProcess(data_dir),
         EngineGrpc(data_dir),
         LangGraphNoPersistence(),

@@ -133,6 +133,79 @@ class LangGraphPostgres:
         await self.pool.close()
 
 
+NODE_NAMES = [
+    "load_task_context",
+    "plan_steps",
+    *[n for _ in range(STEPS) for n in ("dispatch_step", "collect_result", "verify_step_result")],
+    "finalize_summary",
+]
+
+
+class DBOSWorkflow:
+    """Contender 2: the same nodes as DBOS steps in one DBOS workflow, the same upsert in each."""
+
+    name = "DBOS"
+
+    async def open(self, url: str, concurrency: int) -> None:
+        from dbos import DBOS
+        from psycopg.conninfo import conninfo_to_dict
+
+        parts = conninfo_to_dict(url)
+        system_url = (
+            f"postgresql://{parts.get('user', 'postgres')}@/{parts['dbname']}?host={parts['host']}"
+        )
+        self.pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+            url,
+            min_size=1,
+            max_size=min(concurrency, 20) + 1,
+            open=False,
+            kwargs={"autocommit": True},
+        )
+        await self.pool.open(wait=True)
+        async with self.pool.connection() as conn:
+            await conn.execute(CONTRACT_TABLE)
+        pool = self.pool
+
+        @DBOS.step(name=f"node-{id(self)}")
+        async def node(task_id: str, name: str, index: int) -> dict[str, Any]:
+            state = {"task_id": task_id, "node": name, "index": index}
+            async with pool.connection() as conn:
+                await conn.execute(
+                    UPSERT, {"task_id": task_id, "state": Jsonb(state), "node": name}
+                )
+            return state
+
+        @DBOS.workflow(name=f"workflow-{id(self)}")
+        async def workflow(task_id: str) -> None:
+            for index, name in enumerate(NODE_NAMES):
+                await node(task_id, name, index)
+
+        self.workflow = workflow
+        DBOS(
+            config={
+                "name": "workflow-engine-bench",
+                "system_database_url": system_url,
+                "sys_db_pool_size": min(concurrency, 20) + 2,
+                "log_level": "WARNING",
+            }
+        )
+        DBOS.launch()
+
+    async def run(self, i: int) -> None:
+        await self.workflow(str(uuid.uuid4()))
+
+    async def close(self) -> None:
+        from dbos import DBOS
+
+        DBOS.destroy(destroy_registry=True)
+        # DBOS made its executor the loop's default and has just shut it down; the next
+        # contender (LangGraph runs sync callables there) needs a working one.
+        from concurrent.futures import ThreadPoolExecutor
+
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor())
+        await self.pool.close()
+
+
 class LangGraphNoPersistence:
     """Floor: the same graph with no persistence at all."""
 

@@ -63,6 +63,17 @@ def _wrap(name: str, fn: NodeFn) -> WrappedNode:
     return node
 
 
+def _async(route: Callable[[WorkflowState], str]) -> Callable[[WorkflowState], Awaitable[str]]:
+    """The same router as a coroutine: LangGraph runs plain functions in a thread pool, which
+    costs a thread hop per routing decision for what is a dictionary lookup."""
+
+    async def routed(state: WorkflowState) -> str:
+        return route(state)
+
+    routed.__name__ = route.__name__
+    return routed
+
+
 def build_graph(
     capabilities: Capabilities,
     checkpointer: BaseCheckpointSaver[Any] | None,
@@ -74,13 +85,15 @@ def build_graph(
     builder.add_edge(START, "load_task_context")
     builder.add_edge("load_task_context", "plan_steps")
     builder.add_conditional_edges(
-        "plan_steps", routing.after_plan, ["dispatch_step", "finalize_summary", "mark_failed"]
+        "plan_steps",
+        _async(routing.after_plan),
+        ["dispatch_step", "finalize_summary", "mark_failed"],
     )
     builder.add_edge("dispatch_step", "collect_result")
     builder.add_edge("collect_result", "verify_step_result")
     builder.add_conditional_edges(
         "verify_step_result",
-        routing.after_verify,
+        _async(routing.after_verify),
         ["dispatch_step", "finalize_summary", "mark_failed"],
     )
     builder.add_edge("finalize_summary", END)

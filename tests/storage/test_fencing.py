@@ -54,6 +54,18 @@ async def put(saver: RowCheckpointSaver, ctx: WriterContext, note: str) -> None:
     await saver.aput(config, checkpoint, {"source": "loop", "step": 1}, {})
 
 
+@pytest.fixture
+def store(pool: AsyncConnectionPool[Any]) -> WorkflowStore:
+    return WorkflowStore(pool)
+
+
+@pytest.fixture
+async def saver(pool: AsyncConnectionPool[Any]) -> AsyncIterator[RowCheckpointSaver]:
+    saver = RowCheckpointSaver(pool, state_keys=STATE_KEYS)
+    yield saver
+    await saver.close()  # stop its group-commit flushers
+
+
 async def create_as_a(store: WorkflowStore) -> StartOutcome:
     task_id = new_task_id()
     return await store.create(
@@ -67,10 +79,8 @@ async def create_as_a(store: WorkflowStore) -> StartOutcome:
 
 
 async def test_zombie_write_is_rejected_after_takeover(
-    pool: AsyncConnectionPool[Any], db_url: str
+    store: WorkflowStore, saver: RowCheckpointSaver, db_url: str
 ) -> None:
-    store = WorkflowStore(pool)
-    saver = RowCheckpointSaver(pool, state_keys=STATE_KEYS)
     started = await create_as_a(store)
     task_id = started.lease.task_id
     a = WriterContext(Fence(task_id, started.run_id, "A", started.lease.epoch))
@@ -100,10 +110,8 @@ async def test_zombie_write_is_rejected_after_takeover(
 
 
 async def test_expired_lease_cannot_write_even_before_a_takeover(
-    pool: AsyncConnectionPool[Any], db_url: str
+    store: WorkflowStore, saver: RowCheckpointSaver, db_url: str
 ) -> None:
-    store = WorkflowStore(pool)
-    saver = RowCheckpointSaver(pool, state_keys=STATE_KEYS)
     started = await create_as_a(store)
     task_id = started.lease.task_id
     async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:

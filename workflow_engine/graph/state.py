@@ -6,19 +6,9 @@ orchestrator's state model; the rest are the engine's own.
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypedDict
+from typing import TypedDict
 
 from workflow_engine.spec import JsonObject
-
-NodeName = Literal[
-    "load_task_context",
-    "plan_steps",
-    "dispatch_step",
-    "collect_result",
-    "verify_step_result",
-    "finalize_summary",
-    "mark_failed",
-]
 
 
 class WorkflowState(TypedDict, total=False):
@@ -62,7 +52,3 @@ def initial_state(task_id: str) -> WorkflowState:
         "summary": "",
         "error": "",
     }
-
-
-def as_json(state: WorkflowState) -> dict[str, Any]:
-    return dict(state)

@@ -92,10 +92,6 @@ class Run:
             self._stop_reason = reason
             log.info("run_stop_requested", reason=reason)
 
-    @property
-    def stop_reason(self) -> str | None:
-        return self._stop_reason
-
     async def execute(self) -> str:
         """Drive the graph to its end or to a stop; return how it ended, for logs and tests."""
         structlog.contextvars.bind_contextvars(

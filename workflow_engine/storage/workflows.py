@@ -332,13 +332,6 @@ class WorkflowStore:
             raise WorkflowNotFound(task_id)
         return record
 
-    async def exists(self, task_id: str) -> bool:
-        async with self._pool.connection() as conn:
-            cur = await conn.execute(
-                "SELECT 1 FROM workflow_checkpoints WHERE task_id = %(t)s", {"t": task_id}
-            )
-            return await cur.fetchone() is not None
-
     async def cancel(self, task_id: str, reason: str) -> WorkflowRecord:
         """Mark an unfinished workflow cancelled and revoke its lease; finished ones stay as is."""
 

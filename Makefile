@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed-stamp
 PROTO_SRC := proto/workflow_engine/v1/workflow_engine.proto
 PROTO_OUT := workflow_engine/v1
 
-.PHONY: install run migrate test chaos lint fmt proto proto-check bench clean
+.PHONY: install run migrate test chaos lint fmt proto proto-check bench profile clean
 
 install: $(STAMP)
 
@@ -37,6 +37,10 @@ chaos: install
 bench: install
 	$(BIN)/python benchmarks/compare.py
 	$(BIN)/python benchmarks/node_cost.py
+
+# Where the in-process engine's CPU goes (py-spy samples, summed by layer).
+profile: install
+	$(BIN)/python benchmarks/profile.py
 
 lint: install proto-check
 	$(BIN)/ruff check .

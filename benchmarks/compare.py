@@ -8,7 +8,7 @@ the contender's connections closed so their statistics are flushed) and WAL byte
 (pg_current_wal_lsn before and after). Prints a table and a JSON line, writes
 bench-results/compare.json and a PNG of throughput against concurrency.
 
-    .venv/bin/python benchmarks/compare.py [--smoke] [--concurrency 1 20 100]
+    .venv/bin/python benchmarks/compare.py [--smoke] [--concurrency 1 20 100] [--only WORD ...]
 """
 
 from __future__ import annotations
@@ -120,13 +120,20 @@ def contenders(data_dir: Path) -> list[Any]:
     ]
 
 
-async def run(concurrencies: list[int], smoke: bool) -> list[dict[str, Any]]:
+async def run(
+    concurrencies: list[int],
+    smoke: bool,
+    only: list[str] | None = None,
+    workflows_per_point: int | None = None,
+) -> list[dict[str, Any]]:
     server_url = start_embedded_postgres(PGDATA)
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for concurrency in concurrencies:
             for contender in contenders(Path(tmp)):
-                workflows = 4 if smoke else max(60, concurrency * 6)
+                if only and not any(word in contender.name for word in only):
+                    continue
+                workflows = workflows_per_point or (4 if smoke else max(60, concurrency * 6))
                 print(
                     f"  {contender.name} at concurrency {concurrency} ...",
                     file=sys.stderr,
@@ -195,12 +202,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="a few workflows per contender")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 20, 100])
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        metavar="WORD",
+        help="run just the contenders whose name contains a WORD (e.g. to profile one); "
+        "skips the in-flight run, the files and the plot",
+    )
+    parser.add_argument(
+        "--workflows", type=int, help="workflows per point (default 6 x concurrency)"
+    )
     args = parser.parse_args()
     configure_logging("warning")
-    results = asyncio.run(run(args.concurrency, args.smoke))
+    results = asyncio.run(run(args.concurrency, args.smoke, args.only, args.workflows))
     print(table(results))
     for name, value in ratios(results).items():
         print(f"{name}: {value}x")
+    if args.only:
+        return
     inflight = run_inflight(20 if args.smoke else 1000)
     print(f"1,000-in-flight run: {inflight}")
     OUT.mkdir(exist_ok=True)

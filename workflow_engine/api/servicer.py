@@ -125,3 +125,15 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
         except Exception as exc:
             code, message = status_for(exc)
             await context.abort(code, message)
+
+    async def ListWorkflows(
+        self, request: pb.ListWorkflowsRequest, context: Context
+    ) -> pb.ListWorkflowsResponse:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "ListWorkflows: not built yet")
+        raise AssertionError("unreachable: abort raises")
+
+    async def UpdateWorkflow(
+        self, request: pb.UpdateWorkflowRequest, context: Context
+    ) -> pb.Workflow:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "UpdateWorkflow: not built yet")
+        raise AssertionError("unreachable: abort raises")

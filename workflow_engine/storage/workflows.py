@@ -36,8 +36,10 @@ SELECT c.task_id::text AS task_id, c.run_id::text AS run_id, c.status, c.last_no
 
 _INSERT_WORKFLOW = """
 INSERT INTO workflow_checkpoints
-    (task_id, state, last_node_id, run_id, status, lease_epoch, idempotency_key, event_seq)
-VALUES (%(task_id)s, %(state)s, NULL, %(run_id)s, 'RUNNING', %(epoch)s, %(idempotency_key)s, 1)
+    (task_id, state, last_node_id, run_id, status, lease_epoch, idempotency_key, event_seq,
+     user_id, project_id)
+VALUES (%(task_id)s, %(state)s, NULL, %(run_id)s, 'RUNNING', %(epoch)s, %(idempotency_key)s, 1,
+        %(user_id)s, %(project_id)s)
 ON CONFLICT (task_id) DO NOTHING
 RETURNING run_id
 """
@@ -205,6 +207,7 @@ class WorkflowStore:
         initial_state: JsonObject,
         run_id: str,
     ) -> StartOutcome:
+        metadata = spec.get("metadata") or {}
         async with self._pool.connection() as conn, conn.transaction():
             lease = await leases.acquire(
                 conn,
@@ -223,6 +226,8 @@ class WorkflowStore:
                     "run_id": run_id,
                     "epoch": lease.epoch,
                     "idempotency_key": idempotency_key,
+                    "user_id": str(metadata.get("user_id") or ""),
+                    "project_id": str(metadata.get("project_id") or ""),
                 },
             )
             if await cur.fetchone() is None:

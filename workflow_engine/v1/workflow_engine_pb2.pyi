@@ -71,6 +71,48 @@ ALREADY_RUNNING: StartStatus.ValueType  # 2
 """The same holder already started this task with the same idempotency key; nothing new ran."""
 Global___StartStatus: _TypeAlias = StartStatus  # noqa: Y015
 
+class _Verdict:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _VerdictEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Verdict.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    VERDICT_UNSPECIFIED: _Verdict.ValueType  # 0
+    APPROVE: _Verdict.ValueType  # 1
+    """Run the step as planned."""
+    REJECT: _Verdict.ValueType  # 2
+    """Do not run it: the step fails with `reason`, and so does the workflow."""
+    EDIT: _Verdict.ValueType  # 3
+    """Run it with `command` and/or `env` replaced."""
+
+class Verdict(_Verdict, metaclass=_VerdictEnumTypeWrapper): ...
+
+VERDICT_UNSPECIFIED: Verdict.ValueType  # 0
+APPROVE: Verdict.ValueType  # 1
+"""Run the step as planned."""
+REJECT: Verdict.ValueType  # 2
+"""Do not run it: the step fails with `reason`, and so does the workflow."""
+EDIT: Verdict.ValueType  # 3
+"""Run it with `command` and/or `env` replaced."""
+Global___Verdict: _TypeAlias = Verdict  # noqa: Y015
+
+class _Branch:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _BranchEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Branch.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    BRANCH_UNSPECIFIED: _Branch.ValueType  # 0
+    FINALIZE_SUMMARY: _Branch.ValueType  # 1
+    MARK_FAILED: _Branch.ValueType  # 2
+
+class Branch(_Branch, metaclass=_BranchEnumTypeWrapper): ...
+
+BRANCH_UNSPECIFIED: Branch.ValueType  # 0
+FINALIZE_SUMMARY: Branch.ValueType  # 1
+MARK_FAILED: Branch.ValueType  # 2
+Global___Branch: _TypeAlias = Branch  # noqa: Y015
+
 class _EventKind:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -80,12 +122,24 @@ class _EventKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_EventKind.V
     EVENT_KIND_UNSPECIFIED: _EventKind.ValueType  # 0
     NODE_COMPLETED: _EventKind.ValueType  # 1
     STATUS_CHANGED: _EventKind.ValueType  # 2
+    APPROVAL_REQUESTED: _EventKind.ValueType  # 3
+    """A step asks for approval; see Workflow.pending_approval."""
+    APPROVAL_DECIDED: _EventKind.ValueType  # 4
+    """ResumeWorkflow answered it; detail says how, actor who."""
+    OVERRIDDEN: _EventKind.ValueType  # 5
+    """An UpdateWorkflow override; detail says what, actor who."""
 
 class EventKind(_EventKind, metaclass=_EventKindEnumTypeWrapper): ...
 
 EVENT_KIND_UNSPECIFIED: EventKind.ValueType  # 0
 NODE_COMPLETED: EventKind.ValueType  # 1
 STATUS_CHANGED: EventKind.ValueType  # 2
+APPROVAL_REQUESTED: EventKind.ValueType  # 3
+"""A step asks for approval; see Workflow.pending_approval."""
+APPROVAL_DECIDED: EventKind.ValueType  # 4
+"""ResumeWorkflow answered it; detail says how, actor who."""
+OVERRIDDEN: EventKind.ValueType  # 5
+"""An UpdateWorkflow override; detail says what, actor who."""
 Global___EventKind: _TypeAlias = EventKind  # noqa: Y015
 
 @_typing.final
@@ -170,6 +224,8 @@ class ResumeWorkflowRequest(_message.Message):
     TASK_ID_FIELD_NUMBER: _builtins.int
     HOLDER_ID_FIELD_NUMBER: _builtins.int
     LEASE_TTL_SECONDS_FIELD_NUMBER: _builtins.int
+    DECISION_FIELD_NUMBER: _builtins.int
+    BUDGET_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     holder_id: _builtins.str
     """Identity of the runner taking the lease. Defaults to this process's own holder id. A holder
@@ -177,20 +233,129 @@ class ResumeWorkflowRequest(_message.Message):
     to be released or to expire.
     """
     lease_ttl_seconds: _builtins.int
+    @_builtins.property
+    def decision(self) -> Global___ApprovalDecision:
+        """The answer to the pending approval request of a WAITING_FOR_APPROVAL workflow. Required
+        then; a decision that matches no pending request is refused (FAILED_PRECONDITION).
+        """
+
+    @_builtins.property
+    def budget(self) -> Global___Budget:
+        """New limits, e.g. to continue a SUSPENDED workflow: each field set (non-zero) replaces the
+        stored one.
+        """
+
     def __init__(
         self,
         *,
         task_id: _builtins.str = ...,
         holder_id: _builtins.str = ...,
         lease_ttl_seconds: _builtins.int = ...,
+        decision: Global___ApprovalDecision | None = ...,
+        budget: Global___Budget | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "decision", b"decision"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["holder_id", b"holder_id", "lease_ttl_seconds", b"lease_ttl_seconds", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "decision", b"decision", "holder_id", b"holder_id", "lease_ttl_seconds", b"lease_ttl_seconds", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ResumeWorkflowRequest: _TypeAlias = ResumeWorkflowRequest  # noqa: Y015
+
+@_typing.final
+class ApprovalDecision(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class EnvEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    STEP_ID_FIELD_NUMBER: _builtins.int
+    VERDICT_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    COMMAND_FIELD_NUMBER: _builtins.int
+    ENV_FIELD_NUMBER: _builtins.int
+    DECIDED_BY_FIELD_NUMBER: _builtins.int
+    step_id: _builtins.str
+    """The step the pending request is for (Workflow.pending_approval.step_id). Required."""
+    verdict: Global___Verdict.ValueType
+    reason: _builtins.str
+    """Why; required for REJECT, recorded for all."""
+    decided_by: _builtins.str
+    """Who decided; recorded in the history."""
+    @_builtins.property
+    def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """EDIT: the step's new argv (replaces it when non-empty)."""
+
+    @_builtins.property
+    def env(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """EDIT: variables to set or replace in the step's environment."""
+
+    def __init__(
+        self,
+        *,
+        step_id: _builtins.str = ...,
+        verdict: Global___Verdict.ValueType = ...,
+        reason: _builtins.str = ...,
+        command: _abc.Iterable[_builtins.str] | None = ...,
+        env: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        decided_by: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "decided_by", b"decided_by", "env", b"env", "reason", b"reason", "step_id", b"step_id", "verdict", b"verdict"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ApprovalDecision: _TypeAlias = ApprovalDecision  # noqa: Y015
+
+@_typing.final
+class Budget(_message.Message):
+    """Per-workflow limits. Hitting one ends the run SUSPENDED, with a summary of what was done and
+    what remains; ResumeWorkflow with a raised budget continues it. 0 means no limit.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MAX_DISPATCHES_FIELD_NUMBER: _builtins.int
+    MAX_CONSECUTIVE_ATTEMPTS_FIELD_NUMBER: _builtins.int
+    DEADLINE_SECONDS_FIELD_NUMBER: _builtins.int
+    max_dispatches: _builtins.int
+    """Jobs dispatched in total, all steps and attempts."""
+    max_consecutive_attempts: _builtins.int
+    """Attempts in a row at one step."""
+    deadline_seconds: _builtins.int
+    """Seconds from the workflow's first start."""
+    def __init__(
+        self,
+        *,
+        max_dispatches: _builtins.int = ...,
+        max_consecutive_attempts: _builtins.int = ...,
+        deadline_seconds: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deadline_seconds", b"deadline_seconds", "max_consecutive_attempts", b"max_consecutive_attempts", "max_dispatches", b"max_dispatches"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Budget: _TypeAlias = Budget  # noqa: Y015
 
 @_typing.final
 class ResumeWorkflowResponse(_message.Message):
@@ -260,6 +425,137 @@ class GetWorkflowRequest(_message.Message):
 Global___GetWorkflowRequest: _TypeAlias = GetWorkflowRequest  # noqa: Y015
 
 @_typing.final
+class ListWorkflowsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATUSES_FIELD_NUMBER: _builtins.int
+    USER_ID_FIELD_NUMBER: _builtins.int
+    PROJECT_ID_FIELD_NUMBER: _builtins.int
+    UPDATED_AFTER_FIELD_NUMBER: _builtins.int
+    UPDATED_BEFORE_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    user_id: _builtins.str
+    """TaskSpec.metadata filters; empty means any."""
+    project_id: _builtins.str
+    page_size: _builtins.int
+    """1 to 500; 0 means 50."""
+    page_token: _builtins.str
+    """next_page_token of the previous page; empty for the first."""
+    @_builtins.property
+    def statuses(self) -> _containers.RepeatedScalarFieldContainer[Global___WorkflowStatus.ValueType]:
+        """Any of these statuses; empty means all."""
+
+    @_builtins.property
+    def updated_after(self) -> _timestamp_pb2.Timestamp:
+        """Updated at or after / strictly before these times, when set."""
+
+    @_builtins.property
+    def updated_before(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        statuses: _abc.Iterable[Global___WorkflowStatus.ValueType] | None = ...,
+        user_id: _builtins.str = ...,
+        project_id: _builtins.str = ...,
+        updated_after: _timestamp_pb2.Timestamp | None = ...,
+        updated_before: _timestamp_pb2.Timestamp | None = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["updated_after", b"updated_after", "updated_before", b"updated_before"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token", "project_id", b"project_id", "statuses", b"statuses", "updated_after", b"updated_after", "updated_before", b"updated_before", "user_id", b"user_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListWorkflowsRequest: _TypeAlias = ListWorkflowsRequest  # noqa: Y015
+
+@_typing.final
+class ListWorkflowsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKFLOWS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Empty on the last page."""
+    @_builtins.property
+    def workflows(self) -> _containers.RepeatedCompositeFieldContainer[Global___Workflow]: ...
+    def __init__(
+        self,
+        *,
+        workflows: _abc.Iterable[Global___Workflow] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_page_token", b"next_page_token", "workflows", b"workflows"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListWorkflowsResponse: _TypeAlias = ListWorkflowsResponse  # noqa: Y015
+
+@_typing.final
+class RejectLastResult(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RejectLastResult: _TypeAlias = RejectLastResult  # noqa: Y015
+
+@_typing.final
+class UpdateWorkflowRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    OPERATOR_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    SET_STATE_FIELD_NUMBER: _builtins.int
+    REJECT_LAST_RESULT_FIELD_NUMBER: _builtins.int
+    FORCE_BRANCH_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.str
+    operator: _builtins.str
+    """Who makes the override; recorded in the history. Required."""
+    reason: _builtins.str
+    """Why; recorded in the history."""
+    force_branch: Global___Branch.ValueType
+    """Go to this node next."""
+    @_builtins.property
+    def set_state(self) -> _struct_pb2.Struct:
+        """State fields to replace (top level keys); only the editable ones are accepted."""
+
+    @_builtins.property
+    def reject_last_result(self) -> Global___RejectLastResult:
+        """Treat the last result as failed verification: the step gets one more attempt."""
+
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.str = ...,
+        operator: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        set_state: _struct_pb2.Struct | None = ...,
+        reject_last_result: Global___RejectLastResult | None = ...,
+        force_branch: Global___Branch.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "force_branch", b"force_branch", "reject_last_result", b"reject_last_result", "set_state", b"set_state"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "force_branch", b"force_branch", "operator", b"operator", "reason", b"reason", "reject_last_result", b"reject_last_result", "set_state", b"set_state", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_action: _TypeAlias = _typing.Literal["set_state", "reject_last_result", "force_branch"]  # noqa: Y015
+    _WhichOneofArgType_action: _TypeAlias = _typing.Literal["action", b"action"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_action) -> _WhichOneofReturnType_action | None: ...
+
+Global___UpdateWorkflowRequest: _TypeAlias = UpdateWorkflowRequest  # noqa: Y015
+
+@_typing.final
 class CancelWorkflowRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -319,6 +615,8 @@ class Workflow(_message.Message):
     LEASE_EXPIRES_AT_FIELD_NUMBER: _builtins.int
     SUMMARY_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
+    HISTORY_FIELD_NUMBER: _builtins.int
+    PENDING_APPROVAL_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     run_id: _builtins.str
     status: Global___WorkflowStatus.ValueType
@@ -332,6 +630,14 @@ class Workflow(_message.Message):
     def updated_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
     def lease_expires_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def history(self) -> _containers.RepeatedCompositeFieldContainer[Global___WorkflowEvent]:
+        """What happened so far, oldest first (GetWorkflow only)."""
+
+    @_builtins.property
+    def pending_approval(self) -> Global___ApprovalRequest:
+        """Set while WAITING_FOR_APPROVAL."""
+
     def __init__(
         self,
         *,
@@ -345,14 +651,75 @@ class Workflow(_message.Message):
         lease_expires_at: _timestamp_pb2.Timestamp | None = ...,
         summary: _builtins.str = ...,
         error: _builtins.str = ...,
+        history: _abc.Iterable[Global___WorkflowEvent] | None = ...,
+        pending_approval: Global___ApprovalRequest | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["lease_expires_at", b"lease_expires_at", "state", b"state", "updated_at", b"updated_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["lease_expires_at", b"lease_expires_at", "pending_approval", b"pending_approval", "state", b"state", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "last_node_id", b"last_node_id", "lease_expires_at", b"lease_expires_at", "lease_holder_id", b"lease_holder_id", "run_id", b"run_id", "state", b"state", "status", b"status", "summary", b"summary", "task_id", b"task_id", "updated_at", b"updated_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "history", b"history", "last_node_id", b"last_node_id", "lease_expires_at", b"lease_expires_at", "lease_holder_id", b"lease_holder_id", "pending_approval", b"pending_approval", "run_id", b"run_id", "state", b"state", "status", b"status", "summary", b"summary", "task_id", b"task_id", "updated_at", b"updated_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Workflow: _TypeAlias = Workflow  # noqa: Y015
+
+@_typing.final
+class ApprovalRequest(_message.Message):
+    """What a step that requires approval will run, and why it is asking."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class EnvEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    STEP_ID_FIELD_NUMBER: _builtins.int
+    DESCRIPTION_FIELD_NUMBER: _builtins.int
+    COMMAND_FIELD_NUMBER: _builtins.int
+    ENV_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    REQUESTED_AT_FIELD_NUMBER: _builtins.int
+    step_id: _builtins.str
+    description: _builtins.str
+    reason: _builtins.str
+    @_builtins.property
+    def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def env(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    @_builtins.property
+    def requested_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        step_id: _builtins.str = ...,
+        description: _builtins.str = ...,
+        command: _abc.Iterable[_builtins.str] | None = ...,
+        env: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        reason: _builtins.str = ...,
+        requested_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["requested_at", b"requested_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "description", b"description", "env", b"env", "reason", b"reason", "requested_at", b"requested_at", "step_id", b"step_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ApprovalRequest: _TypeAlias = ApprovalRequest  # noqa: Y015
 
 @_typing.final
 class WorkflowEvent(_message.Message):
@@ -365,6 +732,8 @@ class WorkflowEvent(_message.Message):
     STATUS_FIELD_NUMBER: _builtins.int
     TIME_FIELD_NUMBER: _builtins.int
     RUN_ID_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
+    ACTOR_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     sequence: _builtins.int
     """Per task, starting at 1, without gaps."""
@@ -374,6 +743,10 @@ class WorkflowEvent(_message.Message):
     status: Global___WorkflowStatus.ValueType
     """The workflow's status after the event."""
     run_id: _builtins.str
+    detail: _builtins.str
+    """What came of it: e.g. a verification's pass/fail, a decision, an override."""
+    actor: _builtins.str
+    """Who caused it, for decisions and overrides."""
     @_builtins.property
     def time(self) -> _timestamp_pb2.Timestamp: ...
     def __init__(
@@ -386,10 +759,12 @@ class WorkflowEvent(_message.Message):
         status: Global___WorkflowStatus.ValueType = ...,
         time: _timestamp_pb2.Timestamp | None = ...,
         run_id: _builtins.str = ...,
+        detail: _builtins.str = ...,
+        actor: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["time", b"time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["kind", b"kind", "node_id", b"node_id", "run_id", b"run_id", "sequence", b"sequence", "status", b"status", "task_id", b"task_id", "time", b"time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor", "detail", b"detail", "kind", b"kind", "node_id", b"node_id", "run_id", b"run_id", "sequence", b"sequence", "status", b"status", "task_id", b"task_id", "time", b"time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -407,9 +782,15 @@ class TaskSpec(_message.Message):
     PREFERENCES_FIELD_NUMBER: _builtins.int
     METADATA_FIELD_NUMBER: _builtins.int
     MAX_ATTEMPTS_PER_STEP_FIELD_NUMBER: _builtins.int
+    BUDGET_FIELD_NUMBER: _builtins.int
+    MAX_PARALLEL_STEPS_FIELD_NUMBER: _builtins.int
     prompt: _builtins.str
     max_attempts_per_step: _builtins.int
     """Attempts allowed for each step before the workflow fails; 0 means the default (3)."""
+    max_parallel_steps: _builtins.int
+    """Steps run at the same time, at most; 0 means the default (4). Steps run in parallel only
+    when the plan uses depends_on; a plan without it runs its steps in order.
+    """
     @_builtins.property
     def acceptance_criteria(self) -> _containers.RepeatedCompositeFieldContainer[Global___AcceptanceCriterion]: ...
     @_builtins.property
@@ -422,6 +803,10 @@ class TaskSpec(_message.Message):
 
     @_builtins.property
     def metadata(self) -> Global___TaskMetadata: ...
+    @_builtins.property
+    def budget(self) -> Global___Budget:
+        """Limits whose end suspends the workflow; unset means none."""
+
     def __init__(
         self,
         *,
@@ -431,10 +816,12 @@ class TaskSpec(_message.Message):
         preferences: _abc.Iterable[_struct_pb2.Struct] | None = ...,
         metadata: Global___TaskMetadata | None = ...,
         max_attempts_per_step: _builtins.int = ...,
+        budget: Global___Budget | None = ...,
+        max_parallel_steps: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["metadata", b"metadata"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "metadata", b"metadata"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acceptance_criteria", b"acceptance_criteria", "max_attempts_per_step", b"max_attempts_per_step", "metadata", b"metadata", "preferences", b"preferences", "prompt", b"prompt", "steps", b"steps"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acceptance_criteria", b"acceptance_criteria", "budget", b"budget", "max_attempts_per_step", b"max_attempts_per_step", "max_parallel_steps", b"max_parallel_steps", "metadata", b"metadata", "preferences", b"preferences", "prompt", b"prompt", "steps", b"steps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -504,6 +891,7 @@ class Step(_message.Message):
     timeout_seconds: _builtins.int
     """0 means the engine's default job timeout."""
     requires_approval: _builtins.bool
+    """Pause before dispatch, WAITING_FOR_APPROVAL, until ResumeWorkflow brings a decision."""
     image: _builtins.str
     """OCI image for a container worker; the local sandbox ignores it."""
     @_builtins.property
@@ -513,7 +901,11 @@ class Step(_message.Message):
     @_builtins.property
     def env(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
     @_builtins.property
-    def depends_on(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def depends_on(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Ids of steps that must pass first. When any step names one, the steps form a graph and
+        independent steps run at the same time; otherwise each step follows the one before.
+        """
+
     @_builtins.property
     def expect(self) -> _containers.RepeatedCompositeFieldContainer[Global___Check]:
         """Checks the step's result must pass. With none, the step must exit 0."""

@@ -59,6 +59,16 @@ class WorkflowEngineStub:
                 request_serializer=workflow__engine_dot_v1_dot_workflow__engine__pb2.WatchWorkflowRequest.SerializeToString,
                 response_deserializer=workflow__engine_dot_v1_dot_workflow__engine__pb2.WorkflowEvent.FromString,
                 _registered_method=True)
+        self.ListWorkflows = channel.unary_unary(
+                '/workflow_engine.v1.WorkflowEngine/ListWorkflows',
+                request_serializer=workflow__engine_dot_v1_dot_workflow__engine__pb2.ListWorkflowsRequest.SerializeToString,
+                response_deserializer=workflow__engine_dot_v1_dot_workflow__engine__pb2.ListWorkflowsResponse.FromString,
+                _registered_method=True)
+        self.UpdateWorkflow = channel.unary_unary(
+                '/workflow_engine.v1.WorkflowEngine/UpdateWorkflow',
+                request_serializer=workflow__engine_dot_v1_dot_workflow__engine__pb2.UpdateWorkflowRequest.SerializeToString,
+                response_deserializer=workflow__engine_dot_v1_dot_workflow__engine__pb2.Workflow.FromString,
+                _registered_method=True)
 
 
 class WorkflowEngineServicer:
@@ -101,6 +111,23 @@ class WorkflowEngineServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListWorkflows(self, request, context):
+        """Workflows filtered by status, metadata and update time, newest update first, paginated.
+        Items carry no state or history; GetWorkflow has them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateWorkflow(self, request, context):
+        """An operator's override on a workflow that is paused or between nodes: edit state fields,
+        reject the last result (one more attempt) or force finalize_summary / mark_failed. Fenced by
+        the lease, validated, and recorded in the history with who made it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkflowEngineServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -128,6 +155,16 @@ def add_WorkflowEngineServicer_to_server(servicer, server):
                     servicer.WatchWorkflow,
                     request_deserializer=workflow__engine_dot_v1_dot_workflow__engine__pb2.WatchWorkflowRequest.FromString,
                     response_serializer=workflow__engine_dot_v1_dot_workflow__engine__pb2.WorkflowEvent.SerializeToString,
+            ),
+            'ListWorkflows': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListWorkflows,
+                    request_deserializer=workflow__engine_dot_v1_dot_workflow__engine__pb2.ListWorkflowsRequest.FromString,
+                    response_serializer=workflow__engine_dot_v1_dot_workflow__engine__pb2.ListWorkflowsResponse.SerializeToString,
+            ),
+            'UpdateWorkflow': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateWorkflow,
+                    request_deserializer=workflow__engine_dot_v1_dot_workflow__engine__pb2.UpdateWorkflowRequest.FromString,
+                    response_serializer=workflow__engine_dot_v1_dot_workflow__engine__pb2.Workflow.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -265,6 +302,60 @@ class WorkflowEngine:
             '/workflow_engine.v1.WorkflowEngine/WatchWorkflow',
             workflow__engine_dot_v1_dot_workflow__engine__pb2.WatchWorkflowRequest.SerializeToString,
             workflow__engine_dot_v1_dot_workflow__engine__pb2.WorkflowEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListWorkflows(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/workflow_engine.v1.WorkflowEngine/ListWorkflows',
+            workflow__engine_dot_v1_dot_workflow__engine__pb2.ListWorkflowsRequest.SerializeToString,
+            workflow__engine_dot_v1_dot_workflow__engine__pb2.ListWorkflowsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateWorkflow(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/workflow_engine.v1.WorkflowEngine/UpdateWorkflow',
+            workflow__engine_dot_v1_dot_workflow__engine__pb2.UpdateWorkflowRequest.SerializeToString,
+            workflow__engine_dot_v1_dot_workflow__engine__pb2.Workflow.FromString,
             options,
             channel_credentials,
             insecure,

@@ -49,6 +49,15 @@ class WorkflowEngineStub:
     """One event per completed node and per status change, from a sequence number on. The stream
     ends after the event that moves the workflow to SUCCEEDED, FAILED or CANCELLED.
     """
+    ListWorkflows: _grpc.UnaryUnaryMultiCallable[_workflow_engine_pb2.ListWorkflowsRequest, _workflow_engine_pb2.ListWorkflowsResponse]
+    """Workflows filtered by status, metadata and update time, newest update first, paginated.
+    Items carry no state or history; GetWorkflow has them.
+    """
+    UpdateWorkflow: _grpc.UnaryUnaryMultiCallable[_workflow_engine_pb2.UpdateWorkflowRequest, _workflow_engine_pb2.Workflow]
+    """An operator's override on a workflow that is paused or between nodes: edit state fields,
+    reject the last result (one more attempt) or force finalize_summary / mark_failed. Fenced by
+    the lease, validated, and recorded in the history with who made it.
+    """
 
 @_typing.type_check_only
 class WorkflowEngineAsyncStub(WorkflowEngineStub):
@@ -66,6 +75,15 @@ class WorkflowEngineAsyncStub(WorkflowEngineStub):
     WatchWorkflow: _aio.UnaryStreamMultiCallable[_workflow_engine_pb2.WatchWorkflowRequest, _workflow_engine_pb2.WorkflowEvent]  # type: ignore[assignment]
     """One event per completed node and per status change, from a sequence number on. The stream
     ends after the event that moves the workflow to SUCCEEDED, FAILED or CANCELLED.
+    """
+    ListWorkflows: _aio.UnaryUnaryMultiCallable[_workflow_engine_pb2.ListWorkflowsRequest, _workflow_engine_pb2.ListWorkflowsResponse]  # type: ignore[assignment]
+    """Workflows filtered by status, metadata and update time, newest update first, paginated.
+    Items carry no state or history; GetWorkflow has them.
+    """
+    UpdateWorkflow: _aio.UnaryUnaryMultiCallable[_workflow_engine_pb2.UpdateWorkflowRequest, _workflow_engine_pb2.Workflow]  # type: ignore[assignment]
+    """An operator's override on a workflow that is paused or between nodes: edit state fields,
+    reject the last result (one more attempt) or force finalize_summary / mark_failed. Fenced by
+    the lease, validated, and recorded in the history with who made it.
     """
 
 class WorkflowEngineServicer(metaclass=_abc_1.ABCMeta):
@@ -111,6 +129,27 @@ class WorkflowEngineServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_abc.Iterator[_workflow_engine_pb2.WorkflowEvent], _abc.AsyncIterator[_workflow_engine_pb2.WorkflowEvent]]:
         """One event per completed node and per status change, from a sequence number on. The stream
         ends after the event that moves the workflow to SUCCEEDED, FAILED or CANCELLED.
+        """
+
+    @_abc_1.abstractmethod
+    def ListWorkflows(
+        self,
+        request: _workflow_engine_pb2.ListWorkflowsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_workflow_engine_pb2.ListWorkflowsResponse, _abc.Awaitable[_workflow_engine_pb2.ListWorkflowsResponse]]:
+        """Workflows filtered by status, metadata and update time, newest update first, paginated.
+        Items carry no state or history; GetWorkflow has them.
+        """
+
+    @_abc_1.abstractmethod
+    def UpdateWorkflow(
+        self,
+        request: _workflow_engine_pb2.UpdateWorkflowRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_workflow_engine_pb2.Workflow, _abc.Awaitable[_workflow_engine_pb2.Workflow]]:
+        """An operator's override on a workflow that is paused or between nodes: edit state fields,
+        reject the last result (one more attempt) or force finalize_summary / mark_failed. Fenced by
+        the lease, validated, and recorded in the history with who made it.
         """
 
 def add_WorkflowEngineServicer_to_server(servicer: WorkflowEngineServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

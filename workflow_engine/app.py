@@ -23,6 +23,7 @@ from psycopg_pool import AsyncConnectionPool
 from workflow_engine.api.decoding import generic_handler
 from workflow_engine.api.servicer import WorkflowEngineServicer
 from workflow_engine.capabilities.base import Worker
+from workflow_engine.capabilities.jobs import JobTracker
 from workflow_engine.capabilities.planner import StaticPlanner
 from workflow_engine.capabilities.sandbox import LocalSandboxWorker
 from workflow_engine.capabilities.simulated import SimulatedWorker
@@ -98,6 +99,8 @@ def default_capabilities(settings: Settings, store: WorkflowStore) -> Capabiliti
         planner=StaticPlanner(),
         worker=worker,
         verifier=MachineVerifier(),
+        context_budget_chars=settings.context_budget_chars,
+        max_running_jobs=settings.max_running_jobs,
     )
 
 
@@ -126,8 +129,9 @@ class Engine:
         if faults:
             log.warning("fault_injection_enabled", faults=settings.faults)
         saver = RowCheckpointSaver(pool, state_keys=STATE_KEYS, faults=faults)
-        graph = build_graph(caps, saver)
-        runs = RunManager(graph=graph, store=store, faults=faults)
+        jobs = JobTracker(caps.worker, max_running=caps.max_running_jobs)
+        graph = build_graph(caps, saver, jobs=jobs)
+        runs = RunManager(graph=graph, store=store, faults=faults, on_run_end=jobs.forget)
         events = EventHub(url)
         events.start()
         source = caps.task_source

@@ -47,6 +47,11 @@ class Settings:
     #: Local sandbox: default and maximum job time, and how much output a result keeps.
     job_timeout_seconds: int = 3600
     job_output_bytes: int = 64 * 1024
+    #: Jobs running at once in this process, across all workflows (each workflow is also bounded
+    #: by its task's max_parallel_steps).
+    max_running_jobs: int = 64
+    #: Characters of earlier steps' output handed to each dispatch as context, at most.
+    context_budget_chars: int = 8000
     #: Automatic recovery: adopt RUNNING workflows whose lease was released or expired, every
     #: `recovery_interval_seconds`; fail one adopted more than `recovery_max_attempts` times
     #: without progress.

@@ -39,6 +39,9 @@ MAX_ENV = 256
 MAX_CHECKS = 64
 MAX_TIMEOUT_SECONDS = 10_800  # the Worker API's node maximum
 MAX_ATTEMPTS = 100
+DEFAULT_MAX_PARALLEL = 4
+MAX_PARALLEL = 64
+MAX_BUDGET_VALUE = 10_000_000
 MAX_PREFERENCE_DEPTH = 32
 _STEP_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
@@ -149,6 +152,45 @@ class TaskMetadata:
 
 
 @dataclass(frozen=True, slots=True)
+class Budget:
+    """Per-workflow limits whose end suspends the workflow; 0 means no limit."""
+
+    max_dispatches: int = 0
+    max_consecutive_attempts: int = 0
+    deadline_seconds: int = 0
+
+    def to_json(self) -> JsonObject:
+        return {
+            "max_dispatches": self.max_dispatches,
+            "max_consecutive_attempts": self.max_consecutive_attempts,
+            "deadline_seconds": self.deadline_seconds,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Budget:
+        return cls(
+            max_dispatches=int(data.get("max_dispatches") or 0),
+            max_consecutive_attempts=int(data.get("max_consecutive_attempts") or 0),
+            deadline_seconds=int(data.get("deadline_seconds") or 0),
+        )
+
+    def raised_by(self, other: Budget) -> Budget:
+        """This budget with every limit `other` sets (non-zero) replaced by `other`'s."""
+        return Budget(
+            max_dispatches=other.max_dispatches or self.max_dispatches,
+            max_consecutive_attempts=other.max_consecutive_attempts
+            or self.max_consecutive_attempts,
+            deadline_seconds=other.deadline_seconds or self.deadline_seconds,
+        )
+
+
+def validate_budget(budget: Budget, prefix: str) -> None:
+    for name, value in budget.to_json().items():
+        if not 0 <= int(value) <= MAX_BUDGET_VALUE:
+            raise InvalidArgument(f"{prefix}.{name}", f"must be between 0 and {MAX_BUDGET_VALUE}")
+
+
+@dataclass(frozen=True, slots=True)
 class TaskSpec:
     """A task as sent inline with StartWorkflow."""
 
@@ -158,6 +200,8 @@ class TaskSpec:
     preferences: tuple[JsonObject, ...] = ()
     metadata: TaskMetadata = field(default_factory=TaskMetadata)
     max_attempts_per_step: int = DEFAULT_MAX_ATTEMPTS
+    budget: Budget = field(default_factory=Budget)
+    max_parallel_steps: int = DEFAULT_MAX_PARALLEL
 
     def to_json(self) -> JsonObject:
         return {
@@ -167,6 +211,8 @@ class TaskSpec:
             "preferences": [dict(layer) for layer in self.preferences],
             "metadata": self.metadata.to_json(),
             "max_attempts_per_step": self.max_attempts_per_step,
+            "budget": self.budget.to_json(),
+            "max_parallel_steps": self.max_parallel_steps,
         }
 
     @classmethod
@@ -180,6 +226,8 @@ class TaskSpec:
             preferences=tuple(dict(layer) for layer in data.get("preferences") or ()),
             metadata=TaskMetadata.from_json(data.get("metadata") or {}),
             max_attempts_per_step=int(data.get("max_attempts_per_step") or DEFAULT_MAX_ATTEMPTS),
+            budget=Budget.from_json(data.get("budget") or {}),
+            max_parallel_steps=int(data.get("max_parallel_steps") or DEFAULT_MAX_PARALLEL),
         )
 
 
@@ -194,6 +242,11 @@ def validate_task(task: TaskSpec, *, prefix: str = "task") -> None:
         raise InvalidArgument(
             f"{prefix}.max_attempts_per_step", f"must be between 1 and {MAX_ATTEMPTS}"
         )
+    if not 1 <= task.max_parallel_steps <= MAX_PARALLEL:
+        raise InvalidArgument(
+            f"{prefix}.max_parallel_steps", f"must be between 1 and {MAX_PARALLEL}"
+        )
+    validate_budget(task.budget, f"{prefix}.budget")
     for i, criterion in enumerate(task.acceptance_criteria):
         if criterion.check is not None:
             validate_check(criterion.check, f"{prefix}.acceptance_criteria[{i}].check")

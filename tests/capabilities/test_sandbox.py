@@ -165,6 +165,7 @@ def test_job_env_is_built_only_from_the_request(
         "WORKFLOW_ENGINE_JOB_ID",
         "WORKFLOW_ENGINE_ATTEMPT",
         "WORKFLOW_ENGINE_REMEDIATION",
+        "WORKFLOW_ENGINE_CONTEXT",
     }
     assert env["PATH"] == "/opt/bin"  # the step may choose its own PATH
     assert env["WORKFLOW_ENGINE_REMEDIATION"] == "[]"

@@ -16,7 +16,7 @@ from tests.conftest import RunningEngine
 from tests.helpers import new_task_id, step, task
 from workflow_engine.errors import LeaseLost
 from workflow_engine.graph.state import STATE_KEYS, initial_state
-from workflow_engine.storage.checkpointer import RUN_CONTEXT_KEY, RowCheckpointSaver
+from workflow_engine.storage.checkpointer import RUN_CONTEXT_KEY, NodeEvent, RowCheckpointSaver
 from workflow_engine.storage.leases import Fence
 from workflow_engine.storage.workflows import StartOutcome, WorkflowStore
 from workflow_engine.v1 import workflow_engine_pb2 as pb
@@ -33,9 +33,9 @@ class WriterContext:
     node: str | None = "load_task_context"
     written: list[str] = field(default_factory=list)
 
-    def take_completed_node(self) -> str | None:
+    def take_completed_node(self) -> NodeEvent | None:
         node, self.node = self.node, None
-        return node
+        return NodeEvent(node) if node else None
 
     def checkpoint_written(self, node: str, status: str) -> None:
         self.written.append(node)

@@ -15,7 +15,9 @@ from google.protobuf import json_format, struct_pb2, timestamp_pb2
 from workflow_engine.errors import InvalidArgument
 from workflow_engine.spec import (
     DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_MAX_PARALLEL,
     AcceptanceCriterion,
+    Budget,
     Check,
     Step,
     TaskMetadata,
@@ -79,6 +81,16 @@ def task_from_proto(msg: pb.TaskSpec) -> TaskSpec:
             labels=dict(msg.metadata.labels),
         ),
         max_attempts_per_step=msg.max_attempts_per_step or DEFAULT_MAX_ATTEMPTS,
+        budget=budget_from_proto(msg.budget),
+        max_parallel_steps=msg.max_parallel_steps or DEFAULT_MAX_PARALLEL,
+    )
+
+
+def budget_from_proto(msg: pb.Budget) -> Budget:
+    return Budget(
+        max_dispatches=msg.max_dispatches,
+        max_consecutive_attempts=msg.max_consecutive_attempts,
+        deadline_seconds=msg.deadline_seconds,
     )
 
 

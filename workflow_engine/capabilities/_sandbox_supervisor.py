@@ -87,6 +87,7 @@ def job_env(request: dict[str, Any], work_dir: Path) -> dict[str, str]:
     env["WORKFLOW_ENGINE_JOB_ID"] = str(request["job_id"])
     env["WORKFLOW_ENGINE_ATTEMPT"] = str(request.get("attempt") or 1)
     env["WORKFLOW_ENGINE_REMEDIATION"] = json.dumps(list(request.get("remediation") or ()))
+    env["WORKFLOW_ENGINE_CONTEXT"] = json.dumps(list(request.get("context") or ()))
     return env
 
 

@@ -52,9 +52,12 @@ class JobRequest:
     attempt: int = 1
     step_id: str = ""
     remediation: tuple[str, ...] = ()
+    #: Results of earlier steps (what this step depends on), compressed to a budget; the local
+    #: sandbox hands it to the command as ``WORKFLOW_ENGINE_CONTEXT`` (JSON).
+    context: tuple[JsonObject, ...] = ()
 
     def to_json(self) -> JsonObject:
-        """The Worker API request body, plus the engine's `attempt`/`step_id`/`remediation`."""
+        """The Worker API request body, plus the engine's attempt, step, remediation, context."""
         return {
             "version": WORKER_API_VERSION,
             "task_id": self.task_id,
@@ -69,6 +72,7 @@ class JobRequest:
             "attempt": self.attempt,
             "step_id": self.step_id,
             "remediation": list(self.remediation),
+            "context": [dict(entry) for entry in self.context],
         }
 
     @classmethod
@@ -85,6 +89,7 @@ class JobRequest:
             attempt=int(data.get("attempt") or 1),
             step_id=str(data.get("step_id") or ""),
             remediation=tuple(str(r) for r in data.get("remediation") or ()),
+            context=tuple(dict(entry) for entry in data.get("context") or ()),
         )
 
 
@@ -216,4 +221,12 @@ class Verifier(Protocol):
         criteria: Sequence[AcceptanceCriterion],
     ) -> Verification:
         """Check `result` against the step's checks and, when given, the task's criteria."""
+        ...
+
+
+class ContextCompressor(Protocol):
+    """Keeps the context handed to a dispatch within a budget (seed 001's accumulated context)."""
+
+    async def compress(self, entries: Sequence[JsonObject], budget_chars: int) -> list[JsonObject]:
+        """`entries` (oldest first, each ``{"step_id", "output", ...}``) within `budget_chars`."""
         ...

@@ -1,11 +1,17 @@
 """Wires the nodes into the LangGraph state machine.
 
     load_task_context -> plan_steps -> dispatch_step -> collect_result -> verify_step_result
-        -> (dispatch_step: next step or retry | finalize_summary | mark_failed)
+        -> (dispatch_step: next steps, retries, or collect what runs
+            | finalize_summary | mark_failed | suspend_workflow: a budget is used up)
+
+`dispatch_step` also ends the graph while a step waits for approval (WAITING_FOR_APPROVAL);
+decisions, raised budgets and operator overrides continue it from `verify_step_result`'s
+router (see `workflow_engine.graph.commands`).
 
 Every node is wrapped so that the run driving it can stop it at a node boundary (cancel, lost
-lease, shutdown) and learns which node just completed, which the checkpointer writes as
-`last_node_id`.
+lease, shutdown) and learns which node just completed and what came of it, which the
+checkpointer writes as `last_node_id` and the node's event. An exception a node does not handle
+itself ends the workflow in `mark_failed` with the exception as its error: never silently.
 """
 
 from __future__ import annotations
@@ -20,8 +26,9 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 
+from workflow_engine.capabilities.jobs import JobTracker
 from workflow_engine.graph import routing
-from workflow_engine.graph.nodes import Capabilities, Nodes, node_functions
+from workflow_engine.graph.nodes import Capabilities, Nodes, is_control, node_functions
 from workflow_engine.graph.state import WorkflowState
 from workflow_engine.storage.checkpointer import RUN_CONTEXT_KEY
 
@@ -43,7 +50,7 @@ class NodeHooks(Protocol):
         """Raise to keep the node from starting (the run must stop)."""
         ...
 
-    def node_finished(self, node: str) -> None: ...
+    def node_finished(self, node: str, kind: str, detail: str) -> None: ...
 
 
 def _wrap(name: str, fn: NodeFn) -> WrappedNode:
@@ -53,14 +60,45 @@ def _wrap(name: str, fn: NodeFn) -> WrappedNode:
             hooks.node_started(name)
         started = time.perf_counter()
         with structlog.contextvars.bound_contextvars(node=name):
-            update = await fn(state)
+            try:
+                update = await fn(state)
+            except Exception as exc:
+                if is_control(exc):
+                    raise
+                log.exception("node_raised")
+                update = {"error": f"node {name} raised {exc!r}", "forced_next": "mark_failed"}
             log.debug("node_completed", seconds=round(time.perf_counter() - started, 4))
         if hooks is not None:
-            hooks.node_finished(name)
+            kind, detail = describe(name, update)
+            hooks.node_finished(name, kind, detail)
         return update
 
     node.__name__ = name
     return node
+
+
+def describe(node: str, update: WorkflowState) -> tuple[str, str]:
+    """The event kind and the one-line outcome a node's update is recorded with."""
+    request = update.get("pending_approval")
+    if node == "dispatch_step" and request:
+        return "approval_requested", str(request.get("reason", ""))
+    steps = update.get("steps") or {}
+    if node == "dispatch_step":
+        sent = [sid for sid, s in steps.items() if s.get("status") == "dispatched"]
+        return "node", f"dispatched {', '.join(sent)}" if sent else "nothing to dispatch"
+    if node == "collect_result":
+        got = [sid for sid, s in steps.items() if s.get("status") == "collected"]
+        return "node", f"collected {', '.join(got)}" if got else "nothing collected"
+    if node == "verify_step_result":
+        verdicts = [
+            f"{sid}: {s['status']}"
+            for sid, s in steps.items()
+            if s.get("status") in ("passed", "failed", "pending") and s.get("verification")
+        ]
+        return "node", "; ".join(verdicts)
+    if update.get("error"):
+        return "node", str(update["error"])[:500]
+    return "node", str(update.get("status") or "")
 
 
 def _async(route: Callable[[WorkflowState], str]) -> Callable[[WorkflowState], Awaitable[str]]:
@@ -77,10 +115,15 @@ def _async(route: Callable[[WorkflowState], str]) -> Callable[[WorkflowState], A
 def build_graph(
     capabilities: Capabilities,
     checkpointer: BaseCheckpointSaver[Any] | None,
+    *,
+    jobs: JobTracker | None = None,
 ) -> CompiledStateGraph[Any, Any, Any, Any]:
-    """Compile the workflow graph over `checkpointer` (None: no persistence, for tests)."""
+    """Compile the workflow graph over `checkpointer` (None: no persistence, for tests).
+
+    `jobs` runs the dispatched jobs; pass it to let the run manager forget a stopped run's jobs.
+    """
     builder: StateGraph[Any, Any, Any, Any] = StateGraph(WorkflowState)
-    for name, fn in node_functions(Nodes(capabilities)).items():
+    for name, fn in node_functions(Nodes(capabilities, jobs)).items():
         builder.add_node(name, _wrap(name, fn))
     builder.add_edge(START, "load_task_context")
     builder.add_edge("load_task_context", "plan_steps")
@@ -89,13 +132,18 @@ def build_graph(
         _async(routing.after_plan),
         ["dispatch_step", "finalize_summary", "mark_failed"],
     )
-    builder.add_edge("dispatch_step", "collect_result")
+    builder.add_conditional_edges(
+        "dispatch_step",
+        _async(routing.after_dispatch),
+        ["collect_result", "finalize_summary", "mark_failed", END],
+    )
     builder.add_edge("collect_result", "verify_step_result")
     builder.add_conditional_edges(
         "verify_step_result",
-        _async(routing.after_verify),
-        ["dispatch_step", "finalize_summary", "mark_failed"],
+        _async(lambda state: routing.after_verify(state, time.time())),
+        ["dispatch_step", "finalize_summary", "mark_failed", "suspend_workflow"],
     )
     builder.add_edge("finalize_summary", END)
     builder.add_edge("mark_failed", END)
+    builder.add_edge("suspend_workflow", END)
     return builder.compile(checkpointer=checkpointer)

@@ -8,8 +8,9 @@ safe to run again: a node that was running when the process died runs again on r
 
 from __future__ import annotations
 
+import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -17,17 +18,23 @@ import psycopg
 import structlog
 
 from workflow_engine.capabilities.base import (
+    ContextCompressor,
+    Finding,
     JobRequest,
     JobResult,
     Planner,
     TaskSource,
+    Verification,
     Verifier,
     Worker,
 )
+from workflow_engine.capabilities.context import TruncatingCompressor
+from workflow_engine.capabilities.jobs import JobTracker
 from workflow_engine.capabilities.preferences import merge_preferences
 from workflow_engine.errors import InvalidArgument, WorkflowEngineError
-from workflow_engine.graph.state import WorkflowState
-from workflow_engine.spec import AcceptanceCriterion, Step, validate_steps
+from workflow_engine.graph import routing
+from workflow_engine.graph.state import StepState, StepStatus, WorkflowState
+from workflow_engine.spec import AcceptanceCriterion, JsonObject, Step, validate_steps
 
 log = structlog.get_logger(__name__)
 
@@ -48,9 +55,14 @@ class Capabilities:
     planner: Planner
     worker: Worker
     verifier: Verifier
+    compressor: ContextCompressor = field(default_factory=TruncatingCompressor)
+    #: Characters of earlier steps' output handed to each dispatch, at most.
+    context_budget_chars: int = 8000
+    #: Jobs running at once in this process, across all workflows.
+    max_running_jobs: int = 64
 
 
-def _is_control(exc: BaseException) -> bool:
+def is_control(exc: BaseException) -> bool:
     """Errors that must stop the run rather than be recorded as the task's failure."""
     return isinstance(exc, WorkflowEngineError | psycopg.Error)
 
@@ -58,11 +70,14 @@ def _is_control(exc: BaseException) -> bool:
 class Nodes:
     """The node functions, bound to their capabilities."""
 
-    def __init__(self, capabilities: Capabilities) -> None:
+    def __init__(self, capabilities: Capabilities, jobs: JobTracker | None = None) -> None:
         self._caps = capabilities
+        self.jobs = jobs or JobTracker(
+            capabilities.worker, max_running=capabilities.max_running_jobs
+        )
 
     async def load_task_context(self, state: WorkflowState) -> WorkflowState:
-        """Read the task and cache its criteria and effective preferences in the state."""
+        """Read the task and cache its criteria, preferences and limits in the state."""
         task = await self._caps.task_source.load(state["task_id"])
         return {
             "status": "running",
@@ -71,6 +86,9 @@ class Nodes:
             "preferences_effective": merge_preferences(task.preferences),
             "metadata": task.metadata.to_json(),
             "max_attempts_per_step": task.max_attempts_per_step,
+            "max_parallel_steps": task.max_parallel_steps,
+            "budget": task.budget.to_json(),
+            "started_at": state.get("started_at") or time.time(),
         }
 
     async def plan_steps(self, state: WorkflowState) -> WorkflowState:
@@ -82,7 +100,7 @@ class Nodes:
         except InvalidArgument as exc:
             return {"error": f"planner produced an invalid plan: {exc.message}"}
         except Exception as exc:
-            if _is_control(exc):
+            if is_control(exc):
                 raise
             log.warning("planner_failed", error=repr(exc))
             return {"error": f"planner failed: {exc!r}"}
@@ -90,16 +108,49 @@ class Nodes:
             "plan": plan.to_json(),
             "current_step_index": 0,
             "attempts_by_step": {},
+            "steps": {s.id: {"status": "pending", "attempts": 0} for s in plan.steps},
         }
         if not plan.steps:
             update["error"] = "planner produced no steps: " + "; ".join(plan.assumptions)
         return update
 
     async def dispatch_step(self, state: WorkflowState) -> WorkflowState:
-        """Choose a target and record the next attempt's job, before anything runs."""
-        step = _current_step(state)
-        attempt = state.get("attempts_by_step", {}).get(step.id, 0) + 1
-        verification = state.get("verification") or {}
+        """Record a job for every step that may start now, before anything runs.
+
+        Bounded by the task's `max_parallel_steps` and its budget. A step that requires approval
+        and has none pauses the workflow instead, once nothing else is in flight.
+        """
+        steps = _steps_copy(state)
+        flying = routing.in_flight(state)
+        room = int(state.get("max_parallel_steps") or 1) - len(flying)
+        approvals = state.get("approvals", {})
+        now = time.time()
+        dispatches = int(state.get("dispatches", 0))
+        update: WorkflowState = {}
+        dispatched: list[str] = []
+        for step_id in routing.ready(state):
+            step = _step(state, step_id)
+            if step.requires_approval and step_id not in approvals:
+                if not flying and not dispatched:
+                    return _approval_request(step, now)
+                continue  # asked for once the steps in flight are done
+            if room <= 0 or routing.budget_exhausted(
+                {**state, "dispatches": dispatches}, now, step_id
+            ):
+                break
+            steps[step_id] = await self._job_for(state, step, steps[step_id])
+            dispatched.append(step_id)
+            dispatches += 1
+            room -= 1
+            update["current_job"] = steps[step_id]["job"]
+        attempts = dict(state.get("attempts_by_step", {}))
+        attempts.update({sid: steps[sid]["attempts"] for sid in dispatched})
+        update.update({"steps": steps, "dispatches": dispatches, "attempts_by_step": attempts})
+        return update
+
+    async def _job_for(self, state: WorkflowState, step: Step, previous: StepState) -> StepState:
+        attempt = int(previous.get("attempts", 0)) + 1
+        verification = previous.get("verification") or {}
         remediation: tuple[str, ...] = ()
         if attempt > 1 and verification.get("status") == "fail":
             remediation = tuple(verification.get("recommended_actions") or ())
@@ -113,87 +164,236 @@ class Nodes:
             attempt=attempt,
             step_id=step.id,
             remediation=remediation,
+            context=tuple(await self._context_for(state, step)),
         )
-        target = await self._caps.worker.select_target(job)
-        attempts = dict(state.get("attempts_by_step", {}))
-        attempts[step.id] = attempt
+        try:
+            target = await self._caps.worker.select_target(job)
+        except Exception as exc:
+            if is_control(exc):
+                raise
+            log.warning("select_target_failed", step_id=step.id, error=repr(exc))
+            failed = _worker_error_result(job, exc)  # verified as a failure, then retried
+            return {
+                **previous,
+                "status": "collected",
+                "attempts": attempt,
+                "result": failed.to_json(),
+                "job": {"target": "", "request": job.to_json()},
+            }
         return {
-            "attempts_by_step": attempts,
-            "current_job": {"target": target, "request": job.to_json()},
+            **previous,
+            "status": "dispatched",
+            "attempts": attempt,
+            "job": {"target": target, "request": job.to_json()},
+            "result": None,
         }
 
+    async def _context_for(self, state: WorkflowState, step: Step) -> list[JsonObject]:
+        """The outputs of the steps `step` depends on (of every earlier step, in order)."""
+        steps = routing.plan_steps(state)
+        context = state.get("context", {})
+        if step.depends_on:
+            wanted: list[str] = list(step.depends_on)
+        else:
+            ids = [s["id"] for s in steps]
+            wanted = ids[: ids.index(step.id)] if not routing.is_graph(steps) else []
+        entries = [context[sid] for sid in wanted if sid in context]
+        if not entries:
+            return []
+        return await self._caps.compressor.compress(entries, self._caps.context_budget_chars)
+
     async def collect_result(self, state: WorkflowState) -> WorkflowState:
-        """Run (or re-attach to) the recorded job and keep its normalised result."""
-        current = state.get("current_job") or {}
-        job = JobRequest.from_json(current["request"])
-        try:
-            result = await self._caps.worker.run(str(current.get("target", "")), job)
-        except Exception as exc:
-            if _is_control(exc):
-                raise
-            log.warning("worker_failed", job_id=job.job_id, error=repr(exc))
-            result = _worker_error_result(job, exc)
-        return {"last_result": result.to_json()}
+        """Wait for the jobs in flight (re-attaching after a restart); keep those that ended.
+
+        Returns as soon as at least one has ended, so its result is checkpointed while the
+        others run on.
+        """
+        steps = _steps_copy(state)
+        flying = [sid for sid in routing.in_flight(state) if steps[sid]["status"] == "dispatched"]
+        if not flying:
+            return {}
+        jobs = {
+            sid: (
+                str((steps[sid].get("job") or {}).get("target", "")),
+                JobRequest.from_json((steps[sid].get("job") or {})["request"]),
+            )
+            for sid in flying
+        }
+        ended = await self.jobs.wait_any(list(jobs.values()))
+        update: WorkflowState = {}
+        for sid, (_, job) in jobs.items():
+            if job.job_id not in ended:
+                continue
+            outcome = ended[job.job_id]
+            if isinstance(outcome, BaseException):
+                if is_control(outcome):
+                    raise outcome
+                log.warning("worker_failed", job_id=job.job_id, error=repr(outcome))
+                outcome = _worker_error_result(job, outcome)
+            steps[sid] = {**steps[sid], "status": "collected", "result": outcome.to_json()}
+            update.update({"last_result": outcome.to_json(), "last_step_id": sid})
+        update["steps"] = steps
+        return update
 
     async def verify_step_result(self, state: WorkflowState) -> WorkflowState:
-        """Judge the result; on a pass record it and move to the next step."""
-        step = _current_step(state)
-        index = state.get("current_step_index", 0)
-        is_last = index == len(state["plan"]["steps"]) - 1
-        criteria = (
-            [AcceptanceCriterion.from_json(c) for c in state.get("acceptance_criteria", [])]
-            if is_last
-            else []
-        )
-        result = JobResult.from_json(state.get("last_result") or {})
-        verification = await self._caps.verifier.verify(step, result, criteria)
-        update: WorkflowState = {"verification": verification.to_json()}
-        if verification.status == "pass":
-            record = {
-                "step_id": step.id,
-                "attempt": state.get("attempts_by_step", {}).get(step.id, 1),
-                "job_id": result.job_id,
-                "status": result.status,
-                "exit_code": result.exit_code,
-                "stdout": result.stdout[-2000:],
-                "work_dir": result.work_dir,
-                "ended_at": result.ended_at,
+        """Judge every collected result: a pass records it, a fail is retried while attempts
+        remain and fails the step when none do."""
+        steps = _steps_copy(state)
+        plan = routing.plan_steps(state)
+        final_id = plan[-1]["id"] if plan else ""
+        results = list(state.get("results", []))
+        context = dict(state.get("context", {}))
+        update: WorkflowState = {}
+        for sid in [s["id"] for s in plan if steps[s["id"]]["status"] == "collected"]:
+            step = _step(state, sid)
+            result = JobResult.from_json(steps[sid].get("result") or {})
+            criteria = (
+                [AcceptanceCriterion.from_json(c) for c in state.get("acceptance_criteria", [])]
+                if sid == final_id
+                else []
+            )
+            verification = await self._verify(step, result, criteria)
+            attempts = int(steps[sid].get("attempts", 1))
+            if verification.status == "pass":
+                status: StepStatus = "passed"
+                results.append(_result_record(sid, attempts, result))
+                context[sid] = {
+                    "step_id": sid,
+                    "exit_code": result.exit_code,
+                    "output": result.stdout[-MAX_CONTEXT_OUTPUT:],
+                }
+            elif attempts < int(state.get("max_attempts_per_step", 1)):
+                status = "pending"
+            else:
+                status = "failed"
+            steps[sid] = {**steps[sid], "status": status, "verification": verification.to_json()}
+            update["verification"] = verification.to_json()
+        passed = [s["id"] for s in plan if steps[s["id"]]["status"] == "passed"]
+        first_open = next((i for i, s in enumerate(plan) if s["id"] not in passed), len(plan))
+        update.update(
+            {
+                "steps": steps,
+                "results": results,
+                "context": context,
+                "current_step_index": first_open,
             }
-            update["results"] = [*state.get("results", []), record]
-            update["current_step_index"] = index + 1
+        )
         return update
+
+    async def _verify(
+        self, step: Step, result: JobResult, criteria: list[AcceptanceCriterion]
+    ) -> Verification:
+        try:
+            return await self._caps.verifier.verify(step, result, criteria)
+        except Exception as exc:
+            if is_control(exc):
+                raise
+            log.warning("verifier_failed", step_id=step.id, error=repr(exc))
+            finding = Finding("verifier", False, f"the verifier raised {exc!r}")
+            return Verification("fail", (finding,), ("verify the step again",))
 
     async def finalize_summary(self, state: WorkflowState) -> WorkflowState:
         """Write the final summary: every step, its attempts, and where its output is."""
         results = state.get("results", [])
-        lines = [f"All {len(results)} step(s) passed verification."]
+        forced = state.get("forced_next") == "finalize_summary"
+        lines = [
+            f"Finalised by an operator with {len(results)} step(s) passed."
+            if forced
+            else f"All {len(results)} step(s) passed verification."
+        ]
         for r in results:
             lines.append(
                 f"- {r['step_id']}: attempt {r['attempt']}, exit {r['exit_code']}, "
                 f"job {r['job_id']}" + (f", work dir {r['work_dir']}" if r.get("work_dir") else "")
             )
-        return {"status": "succeeded", "summary": "\n".join(lines)}
+        if forced:
+            lines += _remaining(state)
+        return {"status": "succeeded", "summary": "\n".join(lines), "forced_next": None}
 
     async def mark_failed(self, state: WorkflowState) -> WorkflowState:
-        """Record the failure with the final verification findings."""
+        """Record the failure with the failed steps' findings."""
         error = state.get("error") or ""
         if not error:
-            step = _current_step(state)
-            attempts = state.get("attempts_by_step", {}).get(step.id, 0)
             failed = [
-                f["detail"]
-                for f in (state.get("verification") or {}).get("findings", [])
-                if not f.get("passed")
+                f"step {sid} failed after {s.get('attempts', 0)} attempt(s): "
+                + (s.get("error") or _failed_findings(s.get("verification")))
+                for sid, s in state.get("steps", {}).items()
+                if s.get("status") == "failed"
             ]
-            error = f"step {step.id} failed after {attempts} attempt(s): " + "; ".join(failed)
-        return {"status": "failed", "error": error, "summary": error}
+            error = "; ".join(failed) or "the plan cannot make progress"
+        return {"status": "failed", "error": error, "summary": error, "forced_next": None}
+
+    async def suspend_workflow(self, state: WorkflowState) -> WorkflowState:
+        """Stop at a budget limit with what was done and what remains; resumable with more."""
+        reason = routing.budget_exhausted(state, time.time()) or "a budget limit was reached"
+        done = [r["step_id"] for r in state.get("results", [])]
+        lines = [f"Suspended: {reason}.", f"Done ({len(done)}): {', '.join(done) or 'nothing'}."]
+        lines += _remaining(state)
+        lines.append("ResumeWorkflow with a raised budget continues from here.")
+        return {"status": "suspended", "summary": "\n".join(lines)}
 
 
-def _current_step(state: WorkflowState) -> Step:
-    return Step.from_json(state["plan"]["steps"][state.get("current_step_index", 0)])
+MAX_CONTEXT_OUTPUT = 4000
 
 
-def _worker_error_result(job: JobRequest, exc: Exception) -> JobResult:
+def _steps_copy(state: WorkflowState) -> dict[str, StepState]:
+    return {
+        s["id"]: dict(routing.step_state(state, s["id"]))  # type: ignore[misc]
+        for s in routing.plan_steps(state)
+    }
+
+
+def _step(state: WorkflowState, step_id: str) -> Step:
+    for data in routing.plan_steps(state):
+        if data["id"] == step_id:
+            return Step.from_json(data)
+    raise KeyError(step_id)
+
+
+def _approval_request(step: Step, now: float) -> WorkflowState:
+    return {
+        "status": "waiting_for_approval",
+        "pending_approval": {
+            "step_id": step.id,
+            "description": step.description,
+            "command": list(step.command),
+            "env": dict(step.env),
+            "reason": f"step {step.id} requires approval before it runs",
+            "requested_at": now,
+        },
+    }
+
+
+def _result_record(step_id: str, attempt: int, result: JobResult) -> JsonObject:
+    return {
+        "step_id": step_id,
+        "attempt": attempt,
+        "job_id": result.job_id,
+        "status": result.status,
+        "exit_code": result.exit_code,
+        "stdout": result.stdout[-2000:],
+        "work_dir": result.work_dir,
+        "ended_at": result.ended_at,
+    }
+
+
+def _failed_findings(verification: JsonObject | None) -> str:
+    findings = (verification or {}).get("findings", [])
+    return "; ".join(f["detail"] for f in findings if not f.get("passed"))
+
+
+def _remaining(state: WorkflowState) -> list[str]:
+    lines = []
+    for s in routing.plan_steps(state):
+        st = routing.step_state(state, s["id"])
+        if st["status"] != "passed":
+            lines.append(
+                f"- remaining: {s['id']} ({st['status']}, {st.get('attempts', 0)} attempt(s))"
+            )
+    return lines
+
+
+def _worker_error_result(job: JobRequest, exc: BaseException) -> JobResult:
     now = datetime.now(UTC).isoformat()
     return JobResult(
         task_id=job.task_id,
@@ -217,4 +417,5 @@ def node_functions(nodes: Nodes) -> dict[str, Any]:
         "verify_step_result": nodes.verify_step_result,
         "finalize_summary": nodes.finalize_summary,
         "mark_failed": nodes.mark_failed,
+        "suspend_workflow": nodes.suspend_workflow,
     }

@@ -6,9 +6,23 @@ orchestrator's state model; the rest are the engine's own.
 
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import Literal, TypedDict
 
 from workflow_engine.spec import JsonObject
+
+#: Where one step is. ``pending``: not dispatched, or to be tried again; ``dispatched``: its job
+#: is recorded and may be running; ``collected``: its result awaits verification; ``passed`` and
+#: ``failed`` are final.
+StepStatus = Literal["pending", "dispatched", "collected", "passed", "failed"]
+
+
+class StepState(TypedDict, total=False):
+    status: StepStatus
+    attempts: int
+    job: JsonObject | None  # {"target", "request"} of the attempt in flight
+    result: JsonObject | None  # its job result, once collected
+    verification: JsonObject | None  # the last verification of this step
+    error: str  # why it failed, when it did without a verification (e.g. rejected)
 
 
 class WorkflowState(TypedDict, total=False):
@@ -17,17 +31,27 @@ class WorkflowState(TypedDict, total=False):
     acceptance_criteria: list[JsonObject]
     preferences_effective: JsonObject
     plan: JsonObject  # {"steps": [...], "assumptions": [...]}
-    current_step_index: int
+    current_step_index: int  # the first step (in plan order) that has not passed
     attempts_by_step: dict[str, int]
     last_result: JsonObject | None
     verification: JsonObject | None  # {"status", "findings", "recommended_actions"}
     # The engine's additions.
-    status: str  # running | succeeded | failed
+    status: str  # running | waiting_for_approval | suspended | succeeded | failed
     prompt: str
     metadata: JsonObject
     max_attempts_per_step: int
-    current_job: JsonObject | None  # the job dispatched for the current attempt
-    results: list[JsonObject]  # one record per step that passed
+    max_parallel_steps: int
+    budget: JsonObject  # {"max_dispatches", "max_consecutive_attempts", "deadline_seconds"}
+    started_at: float  # epoch seconds of the first start, for the deadline
+    dispatches: int  # jobs dispatched so far, all steps and attempts
+    steps: dict[str, StepState]  # per step: status, attempts, job, result, verification
+    current_job: JsonObject | None  # the job dispatched last
+    last_step_id: str  # the step whose result is `last_result`
+    approvals: dict[str, JsonObject]  # step id -> the decision that answered its request
+    pending_approval: JsonObject | None  # the request a WAITING_FOR_APPROVAL workflow waits on
+    context: dict[str, JsonObject]  # step id -> its output, for the steps after it
+    forced_next: str | None  # an operator's forced branch: finalize_summary | mark_failed
+    results: list[JsonObject]  # one record per step that passed, in the order they passed
     summary: str
     error: str
 
@@ -48,6 +72,11 @@ def initial_state(task_id: str) -> WorkflowState:
         "last_result": None,
         "verification": None,
         "current_job": None,
+        "steps": {},
+        "dispatches": 0,
+        "approvals": {},
+        "pending_approval": None,
+        "context": {},
         "results": [],
         "summary": "",
         "error": "",

@@ -9,11 +9,13 @@ started is re-attached by id, not run again).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import structlog
 from langgraph.graph.state import CompiledStateGraph
 
+from workflow_engine.graph.commands import StateUpdate
 from workflow_engine.graph.state import WorkflowState
 from workflow_engine.runtime.faults import FaultPlan
 from workflow_engine.runtime.run import Run
@@ -32,7 +34,9 @@ class RunManager:
         graph: CompiledStateGraph[Any, Any, Any, Any],
         store: WorkflowStore,
         faults: FaultPlan | None = None,
+        on_run_end: Callable[[str], None] | None = None,
     ) -> None:
+        self._on_run_end = on_run_end
         self._graph = graph
         self._store = store
         self._faults = faults
@@ -64,8 +68,9 @@ class RunManager:
         ttl_seconds: float,
         status: str,
         initial_input: WorkflowState | None,
+        updates: Sequence[StateUpdate] = (),
     ) -> Run:
-        """Start driving a workflow whose lease `fence` holds."""
+        """Start driving a workflow whose lease `fence` holds, applying `updates` first."""
         run = Run(
             fence=fence,
             ttl_seconds=ttl_seconds,
@@ -74,6 +79,8 @@ class RunManager:
             store=self._store,
             initial_input=initial_input,
             faults=self._faults,
+            updates=updates,
+            on_end=self._on_run_end,
         )
         task = asyncio.create_task(run.execute(), name=f"run-{fence.task_id}")
         self._runs[fence.task_id] = (run, task)

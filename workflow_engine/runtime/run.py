@@ -5,11 +5,16 @@ to during the run (through the run config): it says which node just completed, w
 must stop at this node boundary, and which lease (holder, epoch) every write is fenced with. A
 heartbeat renews the lease every third of its time to live; a renewal that finds the lease gone
 stops the run before its next node.
+
+Changes from outside (an approval decision, a raised budget, an operator's override; see
+`workflow_engine.graph.commands`) are applied by the run that holds the lease: given at launch,
+or handed to a live run, which applies it at its next node boundary and carries on.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import psycopg
@@ -17,10 +22,11 @@ import structlog
 from langchain_core.runnables import RunnableConfig
 from langgraph.graph.state import CompiledStateGraph
 
-from workflow_engine.errors import CheckpointCorrupt, LeaseLost, RunStopped
+from workflow_engine.errors import CheckpointCorrupt, InvalidState, LeaseLost, RunStopped
+from workflow_engine.graph.commands import CONTINUE_FROM, StateUpdate
 from workflow_engine.graph.state import WorkflowState
 from workflow_engine.runtime.faults import FaultPlan
-from workflow_engine.storage.checkpointer import RUN_CONTEXT_KEY
+from workflow_engine.storage.checkpointer import RUN_CONTEXT_KEY, NodeEvent
 from workflow_engine.storage.leases import Fence
 from workflow_engine.storage.workflows import TERMINAL_STATUSES, WorkflowStore
 
@@ -40,6 +46,8 @@ class Run:
         store: WorkflowStore,
         initial_input: WorkflowState | None,
         faults: FaultPlan | None = None,
+        updates: Sequence[StateUpdate] = (),
+        on_end: Callable[[str], None] | None = None,
     ) -> None:
         self._faults = faults or FaultPlan()
         self._fence = fence
@@ -48,8 +56,14 @@ class Run:
         self._graph = graph
         self._store = store
         self._input = initial_input
-        self._completed_node: str | None = None
+        self._completed_node: NodeEvent | None = None
         self._stop_reason: str | None = None
+        self._on_end = on_end
+        # Updates to apply at the next node boundary, each with the future its caller awaits.
+        self._updates: list[tuple[StateUpdate, asyncio.Future[None]]] = []
+        self._applying = False
+        for update in updates:
+            self._updates.append((update, asyncio.get_running_loop().create_future()))
         self.last_node: str | None = None
         self.outcome: str | None = None
 
@@ -71,20 +85,42 @@ class Run:
         if self._stop_reason is not None:
             raise RunStopped(self._fence.task_id, self._stop_reason)
 
-    def node_finished(self, node: str) -> None:
-        self._completed_node = node
+    def node_finished(self, node: str, kind: str, detail: str) -> None:
+        self._completed_node = NodeEvent(node, kind, detail)
 
-    def take_completed_node(self) -> str | None:
+    def take_completed_node(self) -> NodeEvent | None:
         node, self._completed_node = self._completed_node, None
         return node
 
     def checkpoint_written(self, node: str, status: str) -> None:
         self.last_node = node
         self._status = status
-        if self._stop_reason is not None and status not in TERMINAL_STATUSES:
+        if status in TERMINAL_STATUSES:
+            return
+        if self._stop_reason is not None:
             raise RunStopped(self._fence.task_id, self._stop_reason)
+        if self._updates and not self._applying:
+            raise RunStopped(self._fence.task_id, "update")
 
     # -- control --------------------------------------------------------------------------
+
+    def request_update(self, update: StateUpdate) -> asyncio.Future[None]:
+        """Apply `update` at the next node boundary; the future is done once it is durable."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._updates.append((update, done))
+        return done
+
+    def withdraw_update(self, done: asyncio.Future[None]) -> bool:
+        """Take back an update not applied yet; False if it already was (or is being)."""
+        for i, (_, pending) in enumerate(self._updates):
+            if pending is done:
+                del self._updates[i]
+                return True
+        return False
+
+    def applied_updates(self) -> list[asyncio.Future[None]]:
+        """The futures of the updates given at launch, to await their durability."""
+        return [done for _, done in self._updates]
 
     def request_stop(self, reason: str) -> None:
         """Stop at the next node boundary (after the current node's checkpoint is written)."""
@@ -104,7 +140,7 @@ class Run:
                 "configurable": {"thread_id": self._fence.task_id, RUN_CONTEXT_KEY: self},
                 "recursion_limit": 10_000,
             }
-            await self._graph.ainvoke(self._input, config, durability="sync")
+            await self._drive(config)
             self.outcome = self._status
             log.info("run_finished", status=self._status)
         except RunStopped as stop:
@@ -135,10 +171,53 @@ class Run:
             )
         finally:
             heartbeat.cancel()
+            for _, done in self._updates:  # never applied: the run ended first
+                if not done.done():
+                    done.set_exception(InvalidState(f"the run ended ({self.outcome}) first"))
             if release:
                 await asyncio.shield(self._release())
+            if self._on_end is not None:
+                self._on_end(self._fence.task_id)
             structlog.contextvars.unbind_contextvars("task_id", "run_id")
         return self.outcome or ""
+
+    async def _drive(self, config: RunnableConfig) -> None:
+        """Run the graph; apply pending updates first and at every node boundary they stop."""
+        graph_input: WorkflowState | None = self._input
+        while True:
+            if self._updates:
+                await self._apply_updates(config)
+                graph_input = None
+            try:
+                await self._graph.ainvoke(graph_input, config, durability="sync")
+                return
+            except RunStopped as stop:
+                if stop.reason != "update" or self._stop_reason is not None:
+                    raise
+            self._input = None  # later passes continue from the checkpoint
+
+    async def _apply_updates(self, config: RunnableConfig) -> None:
+        self._applying = True
+        try:
+            await self._apply_each(config)
+        finally:
+            self._applying = False
+
+    async def _apply_each(self, config: RunnableConfig) -> None:
+        while self._updates:
+            update, done = self._updates.pop(0)
+            try:
+                self._completed_node = NodeEvent(
+                    update.label, update.kind, update.detail, update.actor
+                )
+                await self._graph.aupdate_state(config, update.values, as_node=CONTINUE_FROM)
+            except BaseException as exc:
+                if not done.done():
+                    done.set_exception(exc)
+                raise
+            if not done.done():
+                done.set_result(None)
+            log.info("run_updated", label=update.label, detail=update.detail, actor=update.actor)
 
     async def _release(self) -> None:
         try:

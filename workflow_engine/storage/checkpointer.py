@@ -22,6 +22,7 @@ What is deliberately not kept:
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 from langchain_core.runnables import RunnableConfig
@@ -55,6 +56,16 @@ DELETE FROM workflow_events WHERE task_id = %(task_id)s
 """
 
 
+@dataclass(frozen=True, slots=True)
+class NodeEvent:
+    """What completed since the last checkpoint: a node, or a change applied from outside."""
+
+    node: str
+    kind: str = "node"  # the event's kind: node | approval_requested | approval_decided | ...
+    detail: str = ""
+    actor: str = ""
+
+
 class RunContext(Protocol):
     """What a running workflow tells the saver, through the run's config."""
 
@@ -71,7 +82,7 @@ class RunContext(Protocol):
         """True when the run starts from its input: there is no checkpoint to read."""
         ...
 
-    def take_completed_node(self) -> str | None:
+    def take_completed_node(self) -> NodeEvent | None:
         """The node that finished since the last checkpoint, or `None` if none did."""
         ...
 
@@ -173,9 +184,10 @@ class RowCheckpointSaver(BaseCheckpointSaver[int]):
             }
         }
         run: RunContext = configurable[RUN_CONTEXT_KEY]
-        node = run.take_completed_node()
-        if node is None:
+        event = run.take_completed_node()
+        if event is None:
             return next_config  # LangGraph's input bookkeeping; see the module docstring
+        node = event.node
 
         values = checkpoint["channel_values"]
         state = {k: v for k, v in values.items() if k in self._state_keys}
@@ -198,6 +210,9 @@ class RowCheckpointSaver(BaseCheckpointSaver[int]):
             status_changed=status != run.status,
             summary=str(state.get("summary") or ""),
             error=str(state.get("error") or ""),
+            event_kind=event.kind,
+            detail=event.detail,
+            actor=event.actor,
         )
 
         async def write() -> bool:

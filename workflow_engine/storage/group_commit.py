@@ -34,7 +34,7 @@ WITH input AS (
     SELECT * FROM jsonb_to_recordset(%(rows)s) AS i(
         task_id uuid, holder_id text, epoch bigint, run_id uuid, state jsonb, node text,
         status text, checkpoint_id text, checkpoint jsonb, metadata jsonb, n_events int,
-        summary text, error text)
+        summary text, error text, event_kind text, detail text, actor text)
 ), lease AS (
     SELECT l.task_id FROM task_workflow_leases l
       JOIN input i ON l.task_id = i.task_id AND l.holder_id = i.holder_id AND l.epoch = i.epoch
@@ -65,15 +65,18 @@ WITH input AS (
     WHERE c.checkpoint_id IS DISTINCT FROM EXCLUDED.checkpoint_id
     RETURNING c.task_id, c.event_seq, c.updated_at
 ), events AS (
-    INSERT INTO workflow_events (task_id, seq, run_id, kind, node_id, status, created_at)
+    INSERT INTO workflow_events
+        (task_id, seq, run_id, kind, node_id, status, created_at, detail, actor)
     SELECT cp.task_id, cp.event_seq - i.n_events + e.ord, i.run_id, e.kind, e.node, e.status,
-           cp.updated_at
+           cp.updated_at, e.detail, e.actor
       FROM cp JOIN input i USING (task_id)
      CROSS JOIN LATERAL unnest(
-           (ARRAY['node', 'status'])[1:i.n_events],
+           (ARRAY[i.event_kind, 'status'])[1:i.n_events],
            (ARRAY[i.node, NULL])[1:i.n_events],
-           (ARRAY[i.status, i.status])[1:i.n_events]
-     ) WITH ORDINALITY AS e(kind, node, status, ord)
+           (ARRAY[i.status, i.status])[1:i.n_events],
+           (ARRAY[i.detail, ''])[1:i.n_events],
+           (ARRAY[i.actor, i.actor])[1:i.n_events]
+     ) WITH ORDINALITY AS e(kind, node, status, detail, actor, ord)
 )
 SELECT i.task_id::text, lease.task_id IS NOT NULL FROM input i LEFT JOIN lease USING (task_id)
 """
@@ -96,6 +99,11 @@ class CheckpointRow:
     status_changed: bool
     summary: str
     error: str
+    #: The node's event: ``node`` for a completed node, ``overridden`` / ``approval_decided``
+    #: for an operator's change; `detail` says what came of it and `actor` who caused it.
+    event_kind: str = "node"
+    detail: str = ""
+    actor: str = ""
 
 
 @dataclass
@@ -183,6 +191,9 @@ class GroupCommitter:
                 "n_events": 2 if r.status_changed else 1,
                 "summary": r.summary,
                 "error": r.error,
+                "event_kind": r.event_kind,
+                "detail": r.detail,
+                "actor": r.actor,
             }
             for r in rows
         ]

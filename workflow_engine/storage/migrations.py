@@ -106,10 +106,6 @@ MIGRATIONS: list[LiteralString] = [
     # 2: approvals, overrides and inspection (issue 5).
     """
     ALTER TABLE workflow_checkpoints
-        -- LangGraph writes that must outlive a crash before the next checkpoint: a pending
-        -- approval (interrupt), a decision answering it, an operator's override. JSON array of
-        -- [task id, channel, value]; cleared by every new checkpoint.
-        ADD COLUMN IF NOT EXISTS pending_writes jsonb NOT NULL DEFAULT '[]',
         -- TaskSpec.metadata, copied at start so ListWorkflows can filter on it.
         ADD COLUMN IF NOT EXISTS user_id text NOT NULL DEFAULT '',
         ADD COLUMN IF NOT EXISTS project_id text NOT NULL DEFAULT '';

@@ -23,6 +23,8 @@ from workflow_engine.storage.leases import Fence, Lease
 from workflow_engine.storage.retry import with_retry
 
 TERMINAL_STATUSES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
+#: Not finished, but waiting for someone: a decision, or a raised budget.
+PAUSED_STATUSES = frozenset({"WAITING_FOR_APPROVAL", "SUSPENDED"})
 
 _SELECT_WORKFLOW = """
 SELECT c.task_id::text AS task_id, c.run_id::text AS run_id, c.status, c.last_node_id,
@@ -312,7 +314,9 @@ class WorkflowStore:
                         conn, Fence(task_id, record.run_id, holder_id, lease.epoch)
                     )
                     return ResumeClaim(record=await _lock_workflow(conn, task_id), lease=None)
-            if record.status != "RUNNING":
+            # A paused workflow keeps its status until the decision or budget that continues
+            # it is written; anything else was interrupted and runs again.
+            if record.status not in ("RUNNING", *PAUSED_STATUSES):
                 await _set_status(conn, record, "RUNNING", "")
                 record = await _lock_workflow(conn, task_id)
         return ResumeClaim(record=record, lease=lease)

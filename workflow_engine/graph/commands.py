@@ -1,0 +1,258 @@
+"""Changes made to a workflow from outside its nodes: approval decisions, raised budgets and an
+operator's overrides.
+
+Each is a pure function from the current state to a `StateUpdate`: the state keys to write and
+how the change is recorded. The run applies it with LangGraph's ``aupdate_state(...,
+as_node="verify_step_result")``, which writes one fenced checkpoint (the change, with its event)
+and lets that node's router choose the next node from the changed state. So a decision, a
+budget or an override is durable before anything acts on it, and is recorded in the history.
+
+Everything refused here raises `InvalidState` (FAILED_PRECONDITION) or `InvalidArgument`
+before anything is written.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from workflow_engine.errors import InvalidArgument, InvalidState
+from workflow_engine.graph import routing
+from workflow_engine.graph.state import STATE_KEYS, WorkflowState
+from workflow_engine.spec import Budget, Step, find_nul, validate_budget, validate_steps
+
+#: The node whose router continues the graph after an update.
+CONTINUE_FROM = "verify_step_result"
+
+Verdict = Literal["approve", "reject", "edit"]
+Branch = Literal["finalize_summary", "mark_failed"]
+
+#: State keys an operator may replace with UpdateWorkflow, and the JSON type each must have.
+EDITABLE: dict[str, type | tuple[type, ...]] = {
+    "preferences_effective": dict,
+    "metadata": dict,
+    "plan": dict,
+    "max_attempts_per_step": int,
+    "max_parallel_steps": int,
+    "budget": dict,
+    "summary": str,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class StateUpdate:
+    """State keys to write, and the event that records who wrote them and why."""
+
+    values: WorkflowState
+    label: str  # recorded as the event's node and the row's last_node_id
+    kind: str  # approval_decided | overridden
+    detail: str
+    actor: str
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """An answer to a pending approval request (ResumeWorkflow's `decision`)."""
+
+    step_id: str
+    verdict: Verdict
+    reason: str = ""
+    command: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    decided_by: str = ""
+
+
+def decide(state: WorkflowState, decision: Decision) -> StateUpdate:
+    """Apply `decision` to the workflow's pending approval request."""
+    pending = state.get("pending_approval")
+    if state.get("status") != "waiting_for_approval" or not pending:
+        raise InvalidState(
+            "decision: the workflow has no pending approval request "
+            f"(status {str(state.get('status', '')).upper()})"
+        )
+    if decision.step_id != pending.get("step_id"):
+        raise InvalidState(
+            f"decision.step_id: the pending request is for step {pending.get('step_id')!r}, "
+            f"not {decision.step_id!r}"
+        )
+    sid = decision.step_id
+    actor = decision.decided_by or "unknown"
+    record = {
+        "verdict": decision.verdict,
+        "reason": decision.reason,
+        "decided_by": actor,
+        "decided_at": time.time(),
+    }
+    values: WorkflowState = {
+        "status": "running",
+        "pending_approval": None,
+        "approvals": {**state.get("approvals", {}), sid: record},
+    }
+    if decision.verdict == "reject":
+        steps = dict(state.get("steps", {}))
+        steps[sid] = {
+            **routing.step_state(state, sid),
+            "status": "failed",
+            "error": f"rejected by {actor}: {decision.reason}",
+        }
+        values["steps"] = steps
+    elif decision.verdict == "edit":
+        values["plan"] = _edited_plan(state, decision)
+        record["command"] = list(decision.command)
+        record["env"] = dict(decision.env)
+    detail = f"{decision.verdict} step {sid}" + (f": {decision.reason}" if decision.reason else "")
+    return StateUpdate(values, "approval_decision", "approval_decided", detail, actor)
+
+
+def _edited_plan(state: WorkflowState, decision: Decision) -> dict[str, Any]:
+    plan = dict(state.get("plan", {}))
+    steps = []
+    for data in routing.plan_steps(state):
+        if data["id"] == decision.step_id:
+            step = Step.from_json(data)
+            data = {
+                **data,
+                "command": list(decision.command or step.command),
+                "env": {**step.env, **decision.env},
+            }
+        steps.append(data)
+    validate_steps([Step.from_json(s) for s in steps], prefix="decision")
+    plan["steps"] = steps
+    return plan
+
+
+def raise_budget(state: WorkflowState, budget: Budget, actor: str) -> StateUpdate:
+    """Replace the limits `budget` sets; continues a SUSPENDED workflow."""
+    validate_budget(budget, "budget")
+    current = Budget.from_json(state.get("budget") or {})
+    raised = current.raised_by(budget)
+    values: WorkflowState = {"budget": raised.to_json()}
+    if state.get("status") == "suspended":
+        values["status"] = "running"
+    detail = "budget: " + ", ".join(f"{k}={v}" for k, v in raised.to_json().items() if v)
+    return StateUpdate(values, "budget_update", "overridden", detail, actor)
+
+
+def set_state(
+    state: WorkflowState, patch: Mapping[str, Any], actor: str, reason: str
+) -> StateUpdate:
+    """Replace editable top-level state keys, each checked for its type (and the plan)."""
+    if not patch:
+        raise InvalidArgument("set_state", "names no field")
+    values: dict[str, Any] = {}
+    for key, value in patch.items():
+        where = f"set_state.{key}"
+        if key not in STATE_KEYS:
+            raise InvalidArgument(where, "is not a state field")
+        if key not in EDITABLE:
+            raise InvalidArgument(where, f"cannot be edited; editable: {', '.join(EDITABLE)}")
+        expected = EDITABLE[key]
+        if expected is int and isinstance(value, float) and value.is_integer():
+            value = int(value)  # a Struct carries every number as a double
+        if not isinstance(value, expected) or isinstance(value, bool):
+            raise InvalidArgument(where, f"must be a {_type_name(expected)}")
+        nul = find_nul(value, where)
+        if nul:
+            raise InvalidArgument(nul, "contains a NUL character")
+        values[key] = value
+    if "plan" in values:
+        _check_plan_edit(state, values["plan"])
+    if "budget" in values:
+        values["budget"] = _budget_from(values["budget"]).to_json()
+    for key in ("max_attempts_per_step", "max_parallel_steps"):
+        if key in values and not 1 <= values[key] <= 100:
+            raise InvalidArgument(f"set_state.{key}", "must be between 1 and 100")
+    detail = "set " + ", ".join(sorted(values)) + (f": {reason}" if reason else "")
+    return StateUpdate(values, "operator_override", "overridden", detail, actor)  # type: ignore[arg-type]
+
+
+def reject_last_result(state: WorkflowState, actor: str, reason: str) -> StateUpdate:
+    """Treat the last verified or collected result as failed: its step gets one more attempt."""
+    sid = state.get("last_step_id") or ""
+    current = routing.step_state(state, sid) if sid else None
+    if current is None or current["status"] not in ("collected", "passed", "pending", "failed"):
+        raise InvalidState("reject_last_result: the workflow has no result to reject")
+    finding = {
+        "check": "operator",
+        "passed": False,
+        "detail": f"result rejected by {actor}" + (f": {reason}" if reason else ""),
+    }
+    verification = {
+        "status": "fail",
+        "findings": [finding],
+        "recommended_actions": [finding["detail"]],
+    }
+    steps = dict(state.get("steps", {}))
+    steps[sid] = {**current, "status": "pending", "verification": verification, "error": ""}
+    results = [r for r in state.get("results", []) if r.get("step_id") != sid]
+    context = {k: v for k, v in state.get("context", {}).items() if k != sid}
+    plan = routing.plan_steps(state)
+    first_open = next(
+        (i for i, s in enumerate(plan) if steps.get(s["id"], {}).get("status") != "passed"),
+        len(plan),
+    )
+    values: WorkflowState = {
+        "steps": steps,
+        "results": results,
+        "context": context,
+        "verification": verification,
+        "current_step_index": first_open,
+        "status": "running",
+        "error": "",
+    }
+    # One more attempt than the step has had, whatever its limit was.
+    attempts = int(current.get("attempts", 0))
+    if attempts >= int(state.get("max_attempts_per_step", 1)):
+        values["max_attempts_per_step"] = attempts + 1
+    detail = f"rejected the last result of step {sid}" + (f": {reason}" if reason else "")
+    return StateUpdate(values, "operator_override", "overridden", detail, actor)
+
+
+def force_branch(state: WorkflowState, branch: Branch, actor: str, reason: str) -> StateUpdate:
+    """Go to `finalize_summary` or `mark_failed` next."""
+    values: WorkflowState = {"forced_next": branch, "status": "running"}
+    if branch == "mark_failed":
+        values["error"] = f"failed by {actor}" + (f": {reason}" if reason else "")
+    detail = f"forced {branch}" + (f": {reason}" if reason else "")
+    return StateUpdate(values, "operator_override", "overridden", detail, actor)
+
+
+def _check_plan_edit(state: WorkflowState, plan: dict[str, Any]) -> None:
+    raw = plan.get("steps")
+    if not isinstance(raw, list) or not raw:
+        raise InvalidArgument("set_state.plan.steps", "must be a non-empty list")
+    try:
+        steps = [Step.from_json(s) for s in raw]
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise InvalidArgument("set_state.plan.steps", f"malformed step: {exc!r}") from None
+    validate_steps(steps, prefix="set_state.plan.steps")
+    old = {s["id"] for s in routing.plan_steps(state)}
+    settled = {
+        sid
+        for sid, s in state.get("steps", {}).items()
+        if s.get("status") in ("passed", "dispatched", "collected")
+    }
+    new = {s.id for s in steps}
+    if missing := sorted(settled - new):
+        raise InvalidArgument(
+            "set_state.plan.steps", f"would drop steps that passed or run: {missing}"
+        )
+    del old  # steps that were only pending may be dropped or replaced
+
+
+def _budget_from(value: Mapping[str, Any]) -> Budget:
+    try:
+        budget = Budget.from_json(value)
+    except (TypeError, ValueError):
+        raise InvalidArgument("set_state.budget", "must hold whole numbers") from None
+    validate_budget(budget, "set_state.budget")
+    return budget
+
+
+def _type_name(expected: type | tuple[type, ...]) -> str:
+    names = {dict: "JSON object", int: "whole number", str: "string", list: "list"}
+    if isinstance(expected, tuple):
+        return " or ".join(names.get(t, t.__name__) for t in expected)
+    return names.get(expected, expected.__name__)

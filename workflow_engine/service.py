@@ -7,15 +7,18 @@ happens lives here or below, so the same calls serve tests, benchmarks and other
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from workflow_engine.config import Settings
-from workflow_engine.errors import InvalidArgument, ShuttingDown
-from workflow_engine.graph.state import initial_state
+from workflow_engine.errors import InvalidArgument, InvalidState, ShuttingDown
+from workflow_engine.graph import commands
+from workflow_engine.graph.commands import Decision, StateUpdate
+from workflow_engine.graph.state import WorkflowState, initial_state
 from workflow_engine.runtime.events import EventHub
 from workflow_engine.runtime.manager import RunManager
-from workflow_engine.spec import TaskSpec, validate_task
+from workflow_engine.runtime.run import Run
+from workflow_engine.spec import Budget, TaskSpec, validate_task
 from workflow_engine.storage.leases import Fence, Lease
 from workflow_engine.storage.workflows import (
     TERMINAL_STATUSES,
@@ -47,6 +50,7 @@ class WorkflowService:
         runs: RunManager,
         events: EventHub,
         watch_poll_seconds: float = 1.0,
+        update_wait_seconds: float = 30.0,
         on_task_stored: Callable[[str, TaskSpec], None] | None = None,
     ) -> None:
         self._settings = settings
@@ -54,6 +58,7 @@ class WorkflowService:
         self._runs = runs
         self._events = events
         self._watch_poll = watch_poll_seconds
+        self._update_wait = update_wait_seconds
         self._on_task_stored = on_task_stored
 
     def _ttl(self, requested: int) -> float:
@@ -105,21 +110,117 @@ class WorkflowService:
         return outcome
 
     async def resume(
-        self, *, task_id: str, holder_id: str, lease_ttl_seconds: int = 0
+        self,
+        *,
+        task_id: str,
+        holder_id: str,
+        lease_ttl_seconds: int = 0,
+        decision: Decision | None = None,
+        budget: Budget | None = None,
     ) -> ResumeOutcome:
-        """Continue an unfinished workflow from its checkpoint under a fresh lease."""
+        """Continue an unfinished workflow from its checkpoint under a fresh lease.
+
+        A WAITING_FOR_APPROVAL workflow needs the `decision` that answers its request, and a
+        SUSPENDED one a `budget` that raises the limit it hit; either is checked against the
+        stored state before anything is written, and a decision nothing waits for is refused.
+        """
         ttl = self._ttl(lease_ttl_seconds)
-        if self._runs.is_live(task_id):
-            return ResumeOutcome(await self._store.get(task_id), None, resumed=False)
-        self._check_accepting()
         holder = holder_id or self._settings.holder_id
+        record = await self._store.get(task_id)
+        # Refuse a wrong decision or budget before taking anything.
+        self._updates_for(record, decision, budget, holder)
+        if self._runs.is_live(task_id):
+            return ResumeOutcome(record, None, resumed=False)
+        self._check_accepting()
         claim = await self._store.claim_for_resume(
             task_id=task_id, holder_id=holder, ttl_seconds=ttl
         )
         if claim.lease is None:
             return ResumeOutcome(claim.record, None, resumed=False)
-        self._launch_resumed(claim.record, holder, claim.lease, ttl)
+        try:  # the state may have moved on between the check and the claim
+            updates = self._updates_for(claim.record, decision, budget, holder)
+        except Exception:
+            await self._store.release_lease(self._fence(claim.record, holder, claim.lease))
+            raise
+        run = self._launch_resumed(claim.record, holder, claim.lease, ttl, updates)
+        await asyncio.gather(*run.applied_updates())  # durable before we answer
         return ResumeOutcome(claim.record, claim.lease, resumed=True)
+
+    def _updates_for(
+        self,
+        record: WorkflowRecord,
+        decision: Decision | None,
+        budget: Budget | None,
+        actor: str,
+    ) -> list[StateUpdate]:
+        state: WorkflowState = record.state  # type: ignore[assignment]
+        updates = []
+        if record.status == "WAITING_FOR_APPROVAL" and decision is None:
+            raise InvalidState(
+                "decision: required; the workflow waits for approval of step "
+                f"{(state.get('pending_approval') or {}).get('step_id')!r}"
+            )
+        if decision is not None:
+            updates.append(commands.decide(state, decision))
+        if budget is not None:
+            if record.terminal:
+                raise InvalidState(f"budget: the workflow has ended ({record.status})")
+            updates.append(commands.raise_budget(state, budget, actor))
+        elif record.status == "SUSPENDED":
+            raise InvalidState(
+                "budget: required; the workflow is SUSPENDED: " + (record.summary or "")
+            )
+        return updates
+
+    async def update(
+        self, task_id: str, change: Callable[[WorkflowState], StateUpdate]
+    ) -> WorkflowRecord:
+        """Apply an operator's override (`change` of the current state) under the lease.
+
+        A run in this process applies it at its next node boundary; a workflow nobody runs is
+        claimed, changed and continued here; one another replica runs is refused (its holder
+        is named). `change` raises before anything is written when the override does not fit.
+        """
+        record = await self._store.get(task_id)
+        if record.terminal:
+            raise InvalidState(f"the workflow has ended ({record.status}); nothing to override")
+        update = change(record.state)  # type: ignore[arg-type]
+        run = self._runs.get(task_id)
+        if run is not None:
+            done = run.request_update(update)
+            try:
+                await asyncio.wait_for(asyncio.shield(done), self._update_wait)
+            except TimeoutError:
+                if run.withdraw_update(done):
+                    raise InvalidState(
+                        "the workflow did not reach a node boundary within "
+                        f"{self._update_wait:g} s; nothing was changed, retry"
+                    ) from None
+                await done
+            return await self._store.get(task_id)
+        self._check_accepting()
+        ttl = float(self._settings.lease_ttl_seconds)
+        claim = await self._store.claim_for_resume(
+            task_id=task_id, holder_id=self._settings.holder_id, ttl_seconds=ttl
+        )
+        if claim.lease is None:
+            return claim.record
+        try:
+            update = change(claim.record.state)  # type: ignore[arg-type]
+        except Exception:
+            await self._store.release_lease(
+                self._fence(claim.record, self._settings.holder_id, claim.lease)
+            )
+            raise
+        run = self._launch_resumed(
+            claim.record, self._settings.holder_id, claim.lease, ttl, [update]
+        )
+        await asyncio.gather(*run.applied_updates())
+        return await self._store.get(task_id)
+
+    @staticmethod
+    def _fence(record: WorkflowRecord, holder: str, lease: Lease) -> Fence:
+        return Fence(record.task_id, record.run_id, holder, lease.epoch)
 
     async def recover(self, task_id: str) -> bool:
         """Adopt an orphaned workflow (automatic recovery); True if it now runs here."""
@@ -139,14 +240,20 @@ class WorkflowService:
         return True
 
     def _launch_resumed(
-        self, record: WorkflowRecord, holder: str, lease: Lease, ttl: float
-    ) -> None:
-        self._runs.launch(
-            fence=Fence(record.task_id, record.run_id, holder, lease.epoch),
+        self,
+        record: WorkflowRecord,
+        holder: str,
+        lease: Lease,
+        ttl: float,
+        updates: Sequence[StateUpdate] = (),
+    ) -> Run:
+        return self._runs.launch(
+            fence=self._fence(record, holder, lease),
             ttl_seconds=ttl,
             status=record.status,
             # Without a checkpoint the run died before its first node: start from the input.
             initial_input=None if record.has_checkpoint else record.state,  # type: ignore[arg-type]
+            updates=updates if record.has_checkpoint else (),
         )
 
     async def get(self, task_id: str) -> WorkflowRecord:

@@ -7,12 +7,15 @@ problem is an `InvalidArgument` naming the field as the client spelled it.
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
+from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
 
 from workflow_engine.errors import InvalidArgument
+from workflow_engine.graph import commands
+from workflow_engine.graph.commands import Decision, StateUpdate
 from workflow_engine.spec import (
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_MAX_PARALLEL,
@@ -159,6 +162,7 @@ def workflow_to_proto(record: WorkflowRecord) -> pb.Workflow:
         lease_expires_at=to_timestamp(record.lease_expires_at),
         summary=record.summary,
         error=record.error,
+        pending_approval=approval_to_proto(record.state),
     )
 
 
@@ -172,3 +176,87 @@ def event_to_proto(task_id: str, event: WorkflowEventRecord) -> pb.WorkflowEvent
         time=to_timestamp(event.created_at),
         run_id=event.run_id or "",
     )
+
+
+MAX_REASON_CHARS = 4096
+_VERDICTS = {pb.APPROVE: "approve", pb.REJECT: "reject", pb.EDIT: "edit"}
+_BRANCHES = {pb.FINALIZE_SUMMARY: "finalize_summary", pb.MARK_FAILED: "mark_failed"}
+
+
+def approval_to_proto(state: dict[str, Any]) -> pb.ApprovalRequest | None:
+    """The pending approval request in a workflow's state, if it has one."""
+    request = state.get("pending_approval")
+    if not isinstance(request, dict):
+        return None
+    requested_at = request.get("requested_at")
+    return pb.ApprovalRequest(
+        step_id=str(request.get("step_id", "")),
+        description=str(request.get("description", "")),
+        command=[str(a) for a in request.get("command") or ()],
+        env={str(k): str(v) for k, v in dict(request.get("env") or {}).items()},
+        reason=str(request.get("reason", "")),
+        requested_at=(
+            to_timestamp(datetime.fromtimestamp(float(requested_at), UTC))
+            if isinstance(requested_at, int | float)
+            else None
+        ),
+    )
+
+
+def parse_text(value: str, field: str, *, limit: int, required: bool = False) -> str:
+    """A free-text field: bounded, without NUL or other control characters but newlines."""
+    if required and not value.strip():
+        raise InvalidArgument(field, "required")
+    if len(value) > limit:
+        raise InvalidArgument(field, f"longer than {limit} characters")
+    if any(ord(ch) < 32 and ch not in "\n\t" for ch in value):
+        raise InvalidArgument(field, "contains control characters")
+    return value
+
+
+def decision_from_proto(msg: pb.ApprovalDecision) -> Decision:
+    """ResumeWorkflow's `decision`, refused field by field when malformed."""
+    verdict = _VERDICTS.get(msg.verdict)
+    if verdict is None:
+        raise InvalidArgument("decision.verdict", "required: APPROVE, REJECT or EDIT")
+    step_id = parse_text(msg.step_id, "decision.step_id", limit=256, required=True)
+    reason = parse_text(
+        msg.reason, "decision.reason", limit=MAX_REASON_CHARS, required=verdict == "reject"
+    )
+    decided_by = parse_holder_id(msg.decided_by) if msg.decided_by else ""
+    if verdict == "edit" and not msg.command and not msg.env:
+        raise InvalidArgument("decision.command", "EDIT needs a new command or env")
+    if verdict != "edit" and (msg.command or msg.env):
+        raise InvalidArgument("decision.command", "only EDIT may change the command or env")
+    for i, arg in enumerate(msg.command):
+        if "\x00" in arg:
+            raise InvalidArgument(f"decision.command[{i}]", "contains a NUL character")
+    for key, value in msg.env.items():
+        if "\x00" in key or "\x00" in value or "=" in key or not key:
+            raise InvalidArgument(f"decision.env[{key!r}]", "is not a valid variable")
+    return Decision(
+        step_id=step_id,
+        verdict=verdict,  # type: ignore[arg-type]  # a value of _VERDICTS
+        reason=reason,
+        command=tuple(msg.command),
+        env=dict(msg.env),
+        decided_by=decided_by,
+    )
+
+
+def update_from_proto(msg: pb.UpdateWorkflowRequest) -> Callable[[Any], StateUpdate]:
+    """UpdateWorkflow's action, as a change of the current state (see graph.commands)."""
+    operator = parse_text(msg.operator, "operator", limit=256, required=True)
+    reason = parse_text(msg.reason, "reason", limit=MAX_REASON_CHARS)
+    action = msg.WhichOneof("action")
+    if action == "set_state":
+        patch = _to_json(msg.set_state, "set_state")
+        return lambda state: commands.set_state(state, patch, operator, reason)
+    if action == "reject_last_result":
+        return lambda state: commands.reject_last_result(state, operator, reason)
+    if action == "force_branch":
+        branch = _BRANCHES.get(msg.force_branch)
+        if branch is None:
+            raise InvalidArgument("force_branch", "must be FINALIZE_SUMMARY or MARK_FAILED")
+        return lambda state: commands.force_branch(state, branch, operator, reason)  # type: ignore[arg-type]
+    raise InvalidArgument("action", "required: set_state, reject_last_result or force_branch")

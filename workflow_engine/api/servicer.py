@@ -84,6 +84,14 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
             task_id=task_id,
             holder_id=convert.parse_holder_id(request.holder_id),
             lease_ttl_seconds=request.lease_ttl_seconds,
+            decision=(
+                convert.decision_from_proto(request.decision)
+                if request.HasField("decision")
+                else None
+            ),
+            budget=convert.budget_from_proto(request.budget)
+            if request.HasField("budget")
+            else None,
         )
         record = outcome.record
         return pb.ResumeWorkflowResponse(
@@ -132,8 +140,10 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "ListWorkflows: not built yet")
         raise AssertionError("unreachable: abort raises")
 
+    @_unary
     async def UpdateWorkflow(
         self, request: pb.UpdateWorkflowRequest, context: Context
     ) -> pb.Workflow:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "UpdateWorkflow: not built yet")
-        raise AssertionError("unreachable: abort raises")
+        task_id = convert.parse_task_id(request.task_id)
+        change = convert.update_from_proto(request)
+        return convert.workflow_to_proto(await self._service.update(task_id, change))

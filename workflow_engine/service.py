@@ -7,7 +7,7 @@ happens lives here or below, so the same calls serve tests, benchmarks and other
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from workflow_engine.config import Settings
@@ -18,6 +18,7 @@ from workflow_engine.runtime.manager import RunManager
 from workflow_engine.spec import TaskSpec, validate_task
 from workflow_engine.storage.leases import Fence, Lease
 from workflow_engine.storage.workflows import (
+    MAX_HISTORY_EVENTS,
     TERMINAL_STATUSES,
     StartOutcome,
     WorkflowEventRecord,
@@ -151,6 +152,12 @@ class WorkflowService:
 
     async def get(self, task_id: str) -> WorkflowRecord:
         return await self._store.get(task_id)
+
+    async def get_with_history(
+        self, task_id: str
+    ) -> tuple[WorkflowRecord, Sequence[WorkflowEventRecord]]:
+        """The workflow and its events, oldest first (the newest `MAX_HISTORY_EVENTS` of them)."""
+        return await self._store.get_with_history(task_id, MAX_HISTORY_EVENTS)
 
     async def cancel(
         self, task_id: str, reason: str, *, wait_seconds: float = 5.0

@@ -99,8 +99,13 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
 
     @_unary
     async def GetWorkflow(self, request: pb.GetWorkflowRequest, context: Context) -> pb.Workflow:
+        """The workflow with its history: its events, oldest first, and at most the newest
+        `MAX_HISTORY_EVENTS` (1000) of them; WatchWorkflow from sequence 1 has them all."""
         task_id = convert.parse_task_id(request.task_id)
-        return convert.workflow_to_proto(await self._service.get(task_id))
+        record, history = await self._service.get_with_history(task_id)
+        workflow = convert.workflow_to_proto(record)
+        workflow.history.extend(convert.event_to_proto(task_id, event) for event in history)
+        return workflow
 
     @_unary
     async def CancelWorkflow(

@@ -7,6 +7,7 @@ is decided inside the transaction and rolled back, so it changes nothing that is
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -92,11 +93,25 @@ RETURNING event_seq
 """
 
 _SELECT_EVENTS = """
-SELECT seq, kind, node_id, status, created_at, run_id::text
+SELECT seq, kind, node_id, status, created_at, run_id::text, detail, actor
   FROM workflow_events
  WHERE task_id = %(task_id)s AND seq >= %(from_seq)s
  ORDER BY seq
  LIMIT %(limit)s
+"""
+
+#: GetWorkflow's history holds at most this many events: the newest ones, oldest first.
+MAX_HISTORY_EVENTS = 1000
+
+# The task's newest events, oldest first.
+_SELECT_HISTORY = """
+SELECT seq, kind, node_id, status, created_at, run_id, detail, actor
+  FROM (SELECT seq, kind, node_id, status, created_at, run_id::text, detail, actor
+          FROM workflow_events
+         WHERE task_id = %(task_id)s
+         ORDER BY seq DESC
+         LIMIT %(limit)s) newest
+ ORDER BY seq
 """
 
 
@@ -141,11 +156,13 @@ class ResumeClaim:
 @dataclass(frozen=True, slots=True)
 class WorkflowEventRecord:
     seq: int
-    kind: str
+    kind: str  # 'node', 'status', 'approval_requested', 'approval_decided', 'overridden'
     node_id: str | None
     status: str
     created_at: datetime
     run_id: str | None
+    detail: str = ""  # what came of it, e.g. a verification's "pass" / "fail"
+    actor: str = ""  # who caused it (decisions, overrides)
 
 
 class _Refused(Exception):
@@ -336,6 +353,25 @@ class WorkflowStore:
         if record is None:
             raise WorkflowNotFound(task_id)
         return record
+
+    async def get_with_history(
+        self, task_id: str, limit: int = MAX_HISTORY_EVENTS
+    ) -> tuple[WorkflowRecord, Sequence[WorkflowEventRecord]]:
+        """The workflow and its newest `limit` events, oldest first, from one snapshot."""
+
+        async def read() -> tuple[WorkflowRecord | None, Sequence[WorkflowEventRecord]]:
+            async with self._pool.connection() as conn, conn.transaction():
+                await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                record = await _select_workflow(conn, task_id)
+                if record is None:
+                    return None, ()
+                cur = await conn.execute(_SELECT_HISTORY, {"task_id": task_id, "limit": limit})
+                return record, [WorkflowEventRecord(*row) for row in await cur.fetchall()]
+
+        record, history = await with_retry(read)
+        if record is None:
+            raise WorkflowNotFound(task_id)
+        return record, history
 
     async def cancel(self, task_id: str, reason: str) -> WorkflowRecord:
         """Mark an unfinished workflow cancelled and revoke its lease; finished ones stay as is."""

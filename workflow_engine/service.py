@@ -22,6 +22,8 @@ from workflow_engine.storage.workflows import (
     TERMINAL_STATUSES,
     StartOutcome,
     WorkflowEventRecord,
+    WorkflowPage,
+    WorkflowQuery,
     WorkflowRecord,
     WorkflowStore,
 )
@@ -189,3 +191,8 @@ class WorkflowService:
                     await asyncio.wait_for(woken.wait(), self._watch_poll)
                 except TimeoutError:
                     record = await self._store.get(task_id)
+
+    # Last in the class on purpose: below this method, `list` in an annotation would name it.
+    async def list(self, query: WorkflowQuery) -> WorkflowPage:
+        """One page of workflows matching `query`, newest update first (no state, no history)."""
+        return await self._store.list(query)

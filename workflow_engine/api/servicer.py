@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from workflow_engine.api import convert
+from workflow_engine.api import convert, listing
 from workflow_engine.api.decoding import UndecodableRequest
 from workflow_engine.api.errors import status_for
 from workflow_engine.errors import InvalidArgument
@@ -131,11 +131,13 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
             code, message = status_for(exc)
             await context.abort(code, message)
 
+    @_unary
     async def ListWorkflows(
         self, request: pb.ListWorkflowsRequest, context: Context
     ) -> pb.ListWorkflowsResponse:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "ListWorkflows: not built yet")
-        raise AssertionError("unreachable: abort raises")
+        """Workflows newest update first, without state or history; see `api.listing`."""
+        query = listing.parse_list_request(request)
+        return listing.list_response(await self._service.list(query), query)
 
     async def UpdateWorkflow(
         self, request: pb.UpdateWorkflowRequest, context: Context

@@ -21,9 +21,12 @@ from workflow_engine.runtime.run import Run
 from workflow_engine.spec import Budget, TaskSpec, validate_task
 from workflow_engine.storage.leases import Fence, Lease
 from workflow_engine.storage.workflows import (
+    MAX_HISTORY_EVENTS,
     TERMINAL_STATUSES,
     StartOutcome,
     WorkflowEventRecord,
+    WorkflowPage,
+    WorkflowQuery,
     WorkflowRecord,
     WorkflowStore,
 )
@@ -259,6 +262,12 @@ class WorkflowService:
     async def get(self, task_id: str) -> WorkflowRecord:
         return await self._store.get(task_id)
 
+    async def get_with_history(
+        self, task_id: str
+    ) -> tuple[WorkflowRecord, Sequence[WorkflowEventRecord]]:
+        """The workflow and its events, oldest first (the newest `MAX_HISTORY_EVENTS` of them)."""
+        return await self._store.get_with_history(task_id, MAX_HISTORY_EVENTS)
+
     async def cancel(
         self, task_id: str, reason: str, *, wait_seconds: float = 5.0
     ) -> WorkflowRecord:
@@ -289,3 +298,8 @@ class WorkflowService:
                     await asyncio.wait_for(woken.wait(), self._watch_poll)
                 except TimeoutError:
                     record = await self._store.get(task_id)
+
+    # Last in the class on purpose: below this method, `list` in an annotation would name it.
+    async def list(self, query: WorkflowQuery) -> WorkflowPage:
+        """One page of workflows matching `query`, newest update first (no state, no history)."""
+        return await self._store.list(query)

@@ -166,15 +166,31 @@ def workflow_to_proto(record: WorkflowRecord) -> pb.Workflow:
     )
 
 
+# `workflow_events.kind` as stored -> the EventKind clients see; the one place that maps them.
+EVENT_KINDS: dict[str, pb.EventKind.ValueType] = {
+    "node": pb.NODE_COMPLETED,
+    "status": pb.STATUS_CHANGED,
+    "approval_requested": pb.APPROVAL_REQUESTED,
+    "approval_decided": pb.APPROVAL_DECIDED,
+    "overridden": pb.OVERRIDDEN,
+}
+
+
 def event_to_proto(task_id: str, event: WorkflowEventRecord) -> pb.WorkflowEvent:
+    """A stored event as WatchWorkflow and GetWorkflow's history send it.
+
+    A kind not in `EVENT_KINDS` (a hand-edited row) is EVENT_KIND_UNSPECIFIED.
+    """
     return pb.WorkflowEvent(
         task_id=task_id,
         sequence=event.seq,
-        kind=pb.NODE_COMPLETED if event.kind == "node" else pb.STATUS_CHANGED,
+        kind=EVENT_KINDS.get(event.kind, pb.EVENT_KIND_UNSPECIFIED),
         node_id=event.node_id or "",
         status=status_to_proto(event.status),
         time=to_timestamp(event.created_at),
         run_id=event.run_id or "",
+        detail=event.detail,
+        actor=event.actor,
     )
 
 

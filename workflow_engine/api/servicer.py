@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from workflow_engine.api import convert
+from workflow_engine.api import convert, listing
 from workflow_engine.api.decoding import UndecodableRequest
 from workflow_engine.api.errors import status_for
 from workflow_engine.errors import InvalidArgument
@@ -107,8 +107,13 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
 
     @_unary
     async def GetWorkflow(self, request: pb.GetWorkflowRequest, context: Context) -> pb.Workflow:
+        """The workflow with its history: its events, oldest first, and at most the newest
+        `MAX_HISTORY_EVENTS` (1000) of them; WatchWorkflow from sequence 1 has them all."""
         task_id = convert.parse_task_id(request.task_id)
-        return convert.workflow_to_proto(await self._service.get(task_id))
+        record, history = await self._service.get_with_history(task_id)
+        workflow = convert.workflow_to_proto(record)
+        workflow.history.extend(convert.event_to_proto(task_id, event) for event in history)
+        return workflow
 
     @_unary
     async def CancelWorkflow(
@@ -134,11 +139,13 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
             code, message = status_for(exc)
             await context.abort(code, message)
 
+    @_unary
     async def ListWorkflows(
         self, request: pb.ListWorkflowsRequest, context: Context
     ) -> pb.ListWorkflowsResponse:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "ListWorkflows: not built yet")
-        raise AssertionError("unreachable: abort raises")
+        """Workflows newest update first, without state or history; see `api.listing`."""
+        query = listing.parse_list_request(request)
+        return listing.list_response(await self._service.list(query), query)
 
     @_unary
     async def UpdateWorkflow(

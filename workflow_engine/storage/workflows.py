@@ -7,9 +7,10 @@ is decided inside the transaction and rolled back, so it changes nothing that is
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, LiteralString
 
 from psycopg import AsyncConnection
 from psycopg.rows import dict_row
@@ -94,10 +95,38 @@ RETURNING event_seq
 """
 
 _SELECT_EVENTS = """
-SELECT seq, kind, node_id, status, created_at, run_id::text
+SELECT seq, kind, node_id, status, created_at, run_id::text, detail, actor
   FROM workflow_events
  WHERE task_id = %(task_id)s AND seq >= %(from_seq)s
  ORDER BY seq
+ LIMIT %(limit)s
+"""
+
+#: GetWorkflow's history holds at most this many events: the newest ones, oldest first.
+MAX_HISTORY_EVENTS = 1000
+
+# The task's newest events, oldest first.
+_SELECT_HISTORY = """
+SELECT seq, kind, node_id, status, created_at, run_id, detail, actor
+  FROM (SELECT seq, kind, node_id, status, created_at, run_id::text, detail, actor
+          FROM workflow_events
+         WHERE task_id = %(task_id)s
+         ORDER BY seq DESC
+         LIMIT %(limit)s) newest
+ ORDER BY seq
+"""
+
+# ListWorkflows: newest update first, keyset-paginated on (updated_at DESC, task_id), which is
+# the order of workflow_checkpoints_list_idx. `WorkflowStore.list` appends the WHERE clause.
+_LIST_WORKFLOWS = """
+SELECT c.task_id::text AS task_id, c.run_id::text AS run_id, c.status, c.last_node_id,
+       c.updated_at, c.summary, c.error,
+       l.holder_id AS lease_holder_id, l.expires_at AS lease_expires_at
+  FROM workflow_checkpoints c
+  LEFT JOIN task_workflow_leases l ON l.task_id = c.task_id
+"""
+_LIST_ORDER = """
+ ORDER BY c.updated_at DESC, c.task_id
  LIMIT %(limit)s
 """
 
@@ -143,11 +172,49 @@ class ResumeClaim:
 @dataclass(frozen=True, slots=True)
 class WorkflowEventRecord:
     seq: int
-    kind: str
+    kind: str  # 'node', 'status', 'approval_requested', 'approval_decided', 'overridden'
     node_id: str | None
     status: str
     created_at: datetime
     run_id: str | None
+    detail: str = ""  # what came of it, e.g. a verification's "pass" / "fail"
+    actor: str = ""  # who caused it (decisions, overrides)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowQuery:
+    """What ListWorkflows asks for; empty filters match everything."""
+
+    statuses: tuple[str, ...] = ()
+    user_id: str = ""
+    project_id: str = ""
+    updated_after: datetime | None = None  # inclusive
+    updated_before: datetime | None = None  # exclusive
+    limit: int = 50
+    # Start after this (updated_at, task_id): the last row of the previous page.
+    after: tuple[datetime, str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowListItem:
+    """A workflow as ListWorkflows shows it: the row without its state, joined with its lease."""
+
+    task_id: str
+    run_id: str | None
+    status: str
+    last_node_id: str | None
+    updated_at: datetime
+    summary: str
+    error: str
+    lease_holder_id: str | None
+    lease_expires_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowPage:
+    items: Sequence[WorkflowListItem]
+    # (updated_at, task_id) of the last item when more rows follow; None on the last page.
+    next_after: tuple[datetime, str] | None
 
 
 class _Refused(Exception):
@@ -341,6 +408,25 @@ class WorkflowStore:
             raise WorkflowNotFound(task_id)
         return record
 
+    async def get_with_history(
+        self, task_id: str, limit: int = MAX_HISTORY_EVENTS
+    ) -> tuple[WorkflowRecord, Sequence[WorkflowEventRecord]]:
+        """The workflow and its newest `limit` events, oldest first, from one snapshot."""
+
+        async def read() -> tuple[WorkflowRecord | None, Sequence[WorkflowEventRecord]]:
+            async with self._pool.connection() as conn, conn.transaction():
+                await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                record = await _select_workflow(conn, task_id)
+                if record is None:
+                    return None, ()
+                cur = await conn.execute(_SELECT_HISTORY, {"task_id": task_id, "limit": limit})
+                return record, [WorkflowEventRecord(*row) for row in await cur.fetchall()]
+
+        record, history = await with_retry(read)
+        if record is None:
+            raise WorkflowNotFound(task_id)
+        return record, history
+
     async def cancel(self, task_id: str, reason: str) -> WorkflowRecord:
         """Mark an unfinished workflow cancelled and revoke its lease; finished ones stay as is."""
 
@@ -416,6 +502,54 @@ class WorkflowStore:
                 return await leases.release(conn, fence)
 
         return await with_retry(once)
+
+    # Last in the class on purpose: below this method, `list` in an annotation would name it.
+    async def list(self, query: WorkflowQuery) -> WorkflowPage:
+        """One page of workflows matching `query`, newest update first."""
+        where: list[LiteralString] = []
+        if query.statuses:
+            where.append("c.status = ANY(%(statuses)s)")
+        if query.user_id:
+            where.append("c.user_id = %(user_id)s")
+        if query.project_id:
+            where.append("c.project_id = %(project_id)s")
+        if query.updated_after is not None:
+            where.append("c.updated_at >= %(updated_after)s")
+        if query.updated_before is not None:
+            where.append("c.updated_at < %(updated_before)s")
+        if query.after is not None:
+            where.append(
+                "(c.updated_at < %(after_updated_at)s"
+                " OR (c.updated_at = %(after_updated_at)s AND c.task_id > %(after_task_id)s::uuid))"
+            )
+        sql = _LIST_WORKFLOWS + (" WHERE " + " AND ".join(where) if where else "") + _LIST_ORDER
+        params: dict[str, Any] = {
+            "statuses": list(query.statuses),
+            "user_id": query.user_id,
+            "project_id": query.project_id,
+            "updated_after": query.updated_after,
+            "updated_before": query.updated_before,
+            "after_updated_at": query.after[0] if query.after else None,
+            "after_task_id": query.after[1] if query.after else None,
+            "limit": query.limit + 1,  # one more tells whether another page follows
+        }
+
+        async def read() -> Sequence[WorkflowListItem]:
+            async with (
+                self._pool.connection() as conn,
+                conn.cursor(row_factory=dict_row) as cur,
+            ):
+                await cur.execute(sql, params)
+                return [WorkflowListItem(**row) for row in await cur.fetchall()]
+
+        rows = await with_retry(read)
+        items = rows[: query.limit]
+        more = len(rows) > query.limit
+        last = items[-1] if items else None
+        return WorkflowPage(
+            items=items,
+            next_after=(last.updated_at, last.task_id) if more and last else None,
+        )
 
 
 async def _select_workflow(

@@ -156,7 +156,8 @@ class WorkflowService:
         budget: Budget | None,
         actor: str,
     ) -> list[StateUpdate]:
-        state: WorkflowState = record.state  # type: ignore[assignment]
+        # A tampered state is not validated here: the run refuses the checkpoint itself.
+        state = _state_of(record)
         updates = []
         if record.status == "WAITING_FOR_APPROVAL" and decision is None:
             raise InvalidState(
@@ -187,7 +188,7 @@ class WorkflowService:
         record = await self._store.get(task_id)
         if record.terminal:
             raise InvalidState(f"the workflow has ended ({record.status}); nothing to override")
-        update = change(record.state)  # type: ignore[arg-type]
+        update = change(_state_of(record))
         run = self._runs.get(task_id)
         if run is not None:
             done = run.request_update(update)
@@ -209,7 +210,7 @@ class WorkflowService:
         if claim.lease is None:
             return claim.record
         try:
-            update = change(claim.record.state)  # type: ignore[arg-type]
+            update = change(_state_of(claim.record))
         except Exception:
             await self._store.release_lease(
                 self._fence(claim.record, self._settings.holder_id, claim.lease)
@@ -303,3 +304,8 @@ class WorkflowService:
     async def list(self, query: WorkflowQuery) -> WorkflowPage:
         """One page of workflows matching `query`, newest update first (no state, no history)."""
         return await self._store.list(query)
+
+
+def _state_of(record: WorkflowRecord) -> WorkflowState:
+    """The record's state; a tampered one (not an object) reads as empty, refused by the run."""
+    return record.state if isinstance(record.state, dict) else {}  # type: ignore[return-value]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import grpc
@@ -89,7 +90,11 @@ async def test_force_mark_failed_on_a_running_workflow_between_nodes(
     task_id = new_task_id()
     spec = task(step("long", "sleep", "1"), shell_step("next", f"touch {second}"))
     await running.stub.StartWorkflow(pb.StartWorkflowRequest(task_id=task_id, task=spec))
-    await wait_for_status(running.stub, task_id, {pb.RUNNING})
+    for _ in range(200):  # until the long step's job is dispatched: the override lands after it
+        wf = await running.stub.GetWorkflow(pb.GetWorkflowRequest(task_id=task_id))
+        if state_of(wf).get("dispatches") == 1:
+            break
+        await asyncio.sleep(0.02)
     updated = await running.stub.UpdateWorkflow(
         override(task_id, operator="bob", reason="wrong branch", force_branch=pb.MARK_FAILED)
     )

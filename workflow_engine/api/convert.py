@@ -199,9 +199,9 @@ _VERDICTS = {pb.APPROVE: "approve", pb.REJECT: "reject", pb.EDIT: "edit"}
 _BRANCHES = {pb.FINALIZE_SUMMARY: "finalize_summary", pb.MARK_FAILED: "mark_failed"}
 
 
-def approval_to_proto(state: dict[str, Any]) -> pb.ApprovalRequest | None:
+def approval_to_proto(state: Any) -> pb.ApprovalRequest | None:
     """The pending approval request in a workflow's state, if it has one."""
-    request = state.get("pending_approval")
+    request = state.get("pending_approval") if isinstance(state, dict) else None
     if not isinstance(request, dict):
         return None
     requested_at = request.get("requested_at")

@@ -69,7 +69,7 @@ def _wrap(name: str, fn: NodeFn) -> WrappedNode:
                 update = {"error": f"node {name} raised {exc!r}", "forced_next": "mark_failed"}
             log.debug("node_completed", seconds=round(time.perf_counter() - started, 4))
         if hooks is not None:
-            kind, detail = describe(name, update)
+            kind, detail = describe(name, update, state)
             hooks.node_finished(name, kind, detail)
         return update
 
@@ -77,7 +77,7 @@ def _wrap(name: str, fn: NodeFn) -> WrappedNode:
     return node
 
 
-def describe(node: str, update: WorkflowState) -> tuple[str, str]:
+def describe(node: str, update: WorkflowState, before: WorkflowState) -> tuple[str, str]:
     """The event kind and the one-line outcome a node's update is recorded with."""
     request = update.get("pending_approval")
     if node == "dispatch_step" and request:
@@ -90,11 +90,10 @@ def describe(node: str, update: WorkflowState) -> tuple[str, str]:
         got = [sid for sid, s in steps.items() if s.get("status") == "collected"]
         return "node", f"collected {', '.join(got)}" if got else "nothing collected"
     if node == "verify_step_result":
-        verdicts = [
-            f"{sid}: {s['status']}"
-            for sid, s in steps.items()
-            if s.get("status") in ("passed", "failed", "pending") and s.get("verification")
-        ]
+        judged = {
+            sid for sid, s in (before.get("steps") or {}).items() if s.get("status") == "collected"
+        }
+        verdicts = [f"{sid}: {s['status']}" for sid, s in steps.items() if sid in judged]
         return "node", "; ".join(verdicts)
     if update.get("error"):
         return "node", str(update["error"])[:500]

@@ -277,6 +277,7 @@ def engine_settings(url: str, data_dir: Path, concurrency: int) -> Settings:
         pool_max_size=min(concurrency, 20) + 2,
         lease_ttl_seconds=60,
         log_level="warning",
+        max_running_jobs=max(64, concurrency),  # every workflow's job may run at once
     )
 
 

@@ -48,7 +48,9 @@ async def run(workflows: int, job_seconds: float) -> dict[str, float]:
     )
     with tempfile.TemporaryDirectory() as tmp:
         settings = engine_settings(make_conninfo(server, dbname=db), Path(tmp), 20)
-        engine = await Engine.start(settings.with_overrides(lease_ttl_seconds=120))
+        engine = await Engine.start(
+            settings.with_overrides(lease_ttl_seconds=120, max_running_jobs=workflows)
+        )
         rss_idle = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         ids = [str(uuid.uuid4()) for _ in range(workflows)]
         t0 = time.perf_counter()

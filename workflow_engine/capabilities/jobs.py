@@ -33,6 +33,13 @@ class JobTracker:
 
         Returns once at least one has ended; a job whose worker raised maps to its exception.
         """
+        if len(jobs) == 1 and jobs[0][1].job_id not in self._tasks:
+            # The common, sequential case: nothing to overlap, so no task to keep across nodes.
+            target, job = jobs[0]
+            try:
+                return {job.job_id: await self._run(target, job)}
+            except Exception as exc:
+                return {job.job_id: exc}
         tasks = {job.job_id: self._task(target, job) for target, job in jobs}
         await asyncio.wait(tasks.values(), return_when=asyncio.FIRST_COMPLETED)
         ended: dict[str, JobResult | BaseException] = {}

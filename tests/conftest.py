@@ -20,6 +20,7 @@ from psycopg.conninfo import make_conninfo
 
 from workflow_engine.app import Engine, GrpcServer, run_migrations
 from workflow_engine.config import Settings
+from workflow_engine.graph.nodes import Capabilities
 from workflow_engine.logs import configure_logging
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
 
@@ -103,8 +104,10 @@ class RunningEngine:
         return self.server.address
 
 
-async def start_engine(settings: Settings) -> RunningEngine:
-    engine = await Engine.start(settings)
+async def start_engine(
+    settings: Settings, capabilities: Capabilities | None = None
+) -> RunningEngine:
+    engine = await Engine.start(settings, capabilities=capabilities)
     server = GrpcServer(engine)
     await server.start()
     channel = grpc.aio.insecure_channel(server.address)

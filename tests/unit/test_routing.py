@@ -8,6 +8,7 @@ import pytest
 
 from workflow_engine.graph.routing import (
     after_dispatch,
+    after_load,
     after_plan,
     after_verify,
     budget_exhausted,
@@ -54,6 +55,11 @@ def graph_state(deps: dict[str, list[str]], statuses: dict[str, str]) -> Any:
 )
 def test_after_verify(s: Any, expected: str) -> None:
     assert after_verify(s, NOW) == expected
+
+
+def test_after_load_fails_when_loading_raised() -> None:
+    assert after_load({}) == "plan_steps"
+    assert after_load({"forced_next": "mark_failed"}) == "mark_failed"
 
 
 def test_after_plan() -> None:

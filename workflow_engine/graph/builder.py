@@ -125,7 +125,9 @@ def build_graph(
     for name, fn in node_functions(Nodes(capabilities, jobs)).items():
         builder.add_node(name, _wrap(name, fn))
     builder.add_edge(START, "load_task_context")
-    builder.add_edge("load_task_context", "plan_steps")
+    builder.add_conditional_edges(
+        "load_task_context", _async(routing.after_load), ["plan_steps", "mark_failed"]
+    )
     builder.add_conditional_edges(
         "plan_steps",
         _async(routing.after_plan),

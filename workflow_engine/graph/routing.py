@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from workflow_engine.graph.state import StepState, WorkflowState
 
+AfterLoad = Literal["plan_steps", "mark_failed"]
 AfterPlan = Literal["dispatch_step", "finalize_summary", "mark_failed"]
 AfterDispatch = Literal["collect_result", "finalize_summary", "mark_failed", "__end__"]
 AfterVerify = Literal["dispatch_step", "finalize_summary", "mark_failed", "suspend_workflow"]
@@ -71,6 +72,11 @@ def budget_exhausted(state: WorkflowState, now: float, step_id: str | None = Non
             if step_state(state, sid).get("attempts", 0) >= consecutive:
                 return f"step {sid} reached the budget of {consecutive} consecutive attempt(s)"
     return ""
+
+
+def after_load(state: WorkflowState) -> AfterLoad:
+    """Plan, unless loading the task failed (the node raised)."""
+    return "mark_failed" if state.get("forced_next") == "mark_failed" else "plan_steps"
 
 
 def after_plan(state: WorkflowState) -> AfterPlan:

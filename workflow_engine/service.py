@@ -23,6 +23,7 @@ from workflow_engine.storage.leases import Fence, Lease
 from workflow_engine.storage.workflows import (
     MAX_HISTORY_EVENTS,
     TERMINAL_STATUSES,
+    ResumeClaim,
     StartOutcome,
     WorkflowEventRecord,
     WorkflowPage,
@@ -135,19 +136,38 @@ class WorkflowService:
         if self._runs.is_live(task_id):
             return ResumeOutcome(record, None, resumed=False)
         self._check_accepting()
+        claim = await self._claim_and_apply(
+            task_id, holder, ttl, lambda record: self._updates_for(record, decision, budget, holder)
+        )
+        return ResumeOutcome(claim.record, claim.lease, resumed=claim.lease is not None)
+
+    async def _claim_and_apply(
+        self,
+        task_id: str,
+        holder: str,
+        ttl: float,
+        updates_for: Callable[[WorkflowRecord], list[StateUpdate]],
+    ) -> ResumeClaim:
+        """Take the lease, apply `updates_for(the claimed record)` and run on from there.
+
+        The updates are computed again from the record as claimed (it may have moved on since
+        the caller checked); if they no longer fit, the lease is released and nothing changes.
+        Returns once they are durable.
+        """
         claim = await self._store.claim_for_resume(
             task_id=task_id, holder_id=holder, ttl_seconds=ttl
         )
         if claim.lease is None:
-            return ResumeOutcome(claim.record, None, resumed=False)
-        try:  # the state may have moved on between the check and the claim
-            updates = self._updates_for(claim.record, decision, budget, holder)
+            return claim
+        fence = Fence(task_id, claim.record.run_id, holder, claim.lease.epoch)
+        try:
+            updates = updates_for(claim.record)
         except Exception:
-            await self._store.release_lease(self._fence(claim.record, holder, claim.lease))
+            await self._store.release_lease(fence)
             raise
         run = self._launch_resumed(claim.record, holder, claim.lease, ttl, updates)
-        await asyncio.gather(*run.applied_updates())  # durable before we answer
-        return ResumeOutcome(claim.record, claim.lease, resumed=True)
+        await asyncio.gather(*run.pending_updates())
+        return claim
 
     def _updates_for(
         self,
@@ -203,28 +223,13 @@ class WorkflowService:
                 await done
             return await self._store.get(task_id)
         self._check_accepting()
-        ttl = float(self._settings.lease_ttl_seconds)
-        claim = await self._store.claim_for_resume(
-            task_id=task_id, holder_id=self._settings.holder_id, ttl_seconds=ttl
+        await self._claim_and_apply(
+            task_id,
+            self._settings.holder_id,
+            float(self._settings.lease_ttl_seconds),
+            lambda claimed: [change(_state_of(claimed))],
         )
-        if claim.lease is None:
-            return claim.record
-        try:
-            update = change(_state_of(claim.record))
-        except Exception:
-            await self._store.release_lease(
-                self._fence(claim.record, self._settings.holder_id, claim.lease)
-            )
-            raise
-        run = self._launch_resumed(
-            claim.record, self._settings.holder_id, claim.lease, ttl, [update]
-        )
-        await asyncio.gather(*run.applied_updates())
         return await self._store.get(task_id)
-
-    @staticmethod
-    def _fence(record: WorkflowRecord, holder: str, lease: Lease) -> Fence:
-        return Fence(record.task_id, record.run_id, holder, lease.epoch)
 
     async def recover(self, task_id: str) -> bool:
         """Adopt an orphaned workflow (automatic recovery); True if it now runs here."""
@@ -252,7 +257,7 @@ class WorkflowService:
         updates: Sequence[StateUpdate] = (),
     ) -> Run:
         return self._runs.launch(
-            fence=self._fence(record, holder, lease),
+            fence=Fence(record.task_id, record.run_id, holder, lease.epoch),
             ttl_seconds=ttl,
             status=record.status,
             # Without a checkpoint the run died before its first node: start from the input.
@@ -300,10 +305,9 @@ class WorkflowService:
                 except TimeoutError:
                     record = await self._store.get(task_id)
 
-    # Last in the class on purpose: below this method, `list` in an annotation would name it.
-    async def list(self, query: WorkflowQuery) -> WorkflowPage:
+    async def list_workflows(self, query: WorkflowQuery) -> WorkflowPage:
         """One page of workflows matching `query`, newest update first (no state, no history)."""
-        return await self._store.list(query)
+        return await self._store.list_workflows(query)
 
 
 def _state_of(record: WorkflowRecord) -> WorkflowState:

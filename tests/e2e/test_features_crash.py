@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -17,15 +16,6 @@ from workflow_engine.v1 import workflow_engine_pb2 as pb
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture
-def processes() -> Iterator[list[EngineProcess]]:
-    started: list[EngineProcess] = []
-    yield started
-    for p in started:
-        if p.proc.poll() is None:
-            p.kill()
 
 
 async def test_kill_9_while_waiting_for_approval_then_approve_from_a_new_process(

@@ -27,6 +27,15 @@ async def wait_paused(running: RunningEngine, task_id: str) -> pb.Workflow:
     return await wait_for_status(running.stub, task_id, PAUSED)
 
 
+async def start_paused(running: RunningEngine, marker: Path) -> tuple[str, pb.Workflow]:
+    """Start `gated_task` and wait until it waits for approval; its id and the paused workflow."""
+    task_id = new_task_id()
+    await running.stub.StartWorkflow(
+        pb.StartWorkflowRequest(task_id=task_id, task=gated_task(marker))
+    )
+    return task_id, await wait_paused(running, task_id)
+
+
 def resume(task_id: str, **decision: object) -> pb.ResumeWorkflowRequest:
     return pb.ResumeWorkflowRequest(task_id=task_id, decision=pb.ApprovalDecision(**decision))
 
@@ -123,11 +132,7 @@ async def test_edit_runs_the_edited_command(running: RunningEngine, tmp_path: Pa
 async def test_a_decision_matching_no_pending_request_is_refused(
     running: RunningEngine, tmp_path: Path, decision: dict[str, object], phrase: str
 ) -> None:
-    task_id = new_task_id()
-    await running.stub.StartWorkflow(
-        pb.StartWorkflowRequest(task_id=task_id, task=gated_task(tmp_path / "m"))
-    )
-    before = await wait_paused(running, task_id)
+    task_id, before = await start_paused(running, tmp_path / "m")
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await running.stub.ResumeWorkflow(resume(task_id, **decision))
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
@@ -140,11 +145,7 @@ async def test_a_decision_matching_no_pending_request_is_refused(
 async def test_a_second_decision_and_a_decision_for_a_running_workflow_are_refused(
     running: RunningEngine, tmp_path: Path
 ) -> None:
-    task_id = new_task_id()
-    await running.stub.StartWorkflow(
-        pb.StartWorkflowRequest(task_id=task_id, task=gated_task(tmp_path / "m"))
-    )
-    await wait_paused(running, task_id)
+    task_id, _ = await start_paused(running, tmp_path / "m")
     await running.stub.ResumeWorkflow(resume(task_id, step_id="deploy", verdict=pb.APPROVE))
     done = await wait_for_status(running.stub, task_id)
     with pytest.raises(grpc.aio.AioRpcError) as err:
@@ -166,11 +167,7 @@ async def test_a_second_decision_and_a_decision_for_a_running_workflow_are_refus
 async def test_resume_without_a_decision_is_refused_while_waiting(
     running: RunningEngine, tmp_path: Path
 ) -> None:
-    task_id = new_task_id()
-    await running.stub.StartWorkflow(
-        pb.StartWorkflowRequest(task_id=task_id, task=gated_task(tmp_path / "m"))
-    )
-    await wait_paused(running, task_id)
+    task_id, _ = await start_paused(running, tmp_path / "m")
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await running.stub.ResumeWorkflow(pb.ResumeWorkflowRequest(task_id=task_id))
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
@@ -191,11 +188,7 @@ async def test_resume_without_a_decision_is_refused_while_waiting(
 async def test_malformed_decisions_are_invalid_argument_naming_the_field(
     running: RunningEngine, tmp_path: Path, decision: dict[str, object], field: str
 ) -> None:
-    task_id = new_task_id()
-    await running.stub.StartWorkflow(
-        pb.StartWorkflowRequest(task_id=task_id, task=gated_task(tmp_path / "m"))
-    )
-    before = await wait_paused(running, task_id)
+    task_id, before = await start_paused(running, tmp_path / "m")
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await running.stub.ResumeWorkflow(resume(task_id, **decision))
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT

@@ -145,7 +145,7 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
     ) -> pb.ListWorkflowsResponse:
         """Workflows newest update first, without state or history; see `api.listing`."""
         query = listing.parse_list_request(request)
-        return listing.list_response(await self._service.list(query), query)
+        return listing.list_response(await self._service.list_workflows(query), query)
 
     @_unary
     async def UpdateWorkflow(

@@ -25,6 +25,7 @@ class JobTracker:
         self._worker = worker
         self._slots = asyncio.Semaphore(max_running)
         self._tasks: dict[str, asyncio.Task[JobResult]] = {}
+        self._task_ids: dict[str, str] = {}  # job id -> the workflow's task id
 
     async def wait_any(
         self, jobs: Sequence[tuple[str, JobRequest]]
@@ -46,6 +47,7 @@ class JobTracker:
         for job_id, task in tasks.items():
             if task.done():
                 del self._tasks[job_id]
+                del self._task_ids[job_id]
                 if task.cancelled():
                     ended[job_id] = asyncio.CancelledError(f"job {job_id} was cancelled")
                 else:
@@ -54,22 +56,19 @@ class JobTracker:
 
     def forget(self, task_id: str) -> None:
         """Stop waiting on `task_id`'s jobs (its run ended); the worker's jobs are not killed."""
-        for job_id, task in list(self._tasks.items()):
-            if _task_of(task) == task_id:
-                task.cancel()
-                del self._tasks[job_id]
+        for job_id, owner in list(self._task_ids.items()):
+            if owner == task_id:
+                self._tasks.pop(job_id).cancel()
+                del self._task_ids[job_id]
 
     def _task(self, target: str, job: JobRequest) -> asyncio.Task[JobResult]:
         task = self._tasks.get(job.job_id)
         if task is None:
-            task = asyncio.create_task(self._run(target, job), name=f"job-{job.task_id}")
+            task = asyncio.create_task(self._run(target, job), name=f"job-{job.job_id}")
             self._tasks[job.job_id] = task
+            self._task_ids[job.job_id] = job.task_id
         return task
 
     async def _run(self, target: str, job: JobRequest) -> JobResult:
         async with self._slots:
             return await self._worker.run(target, job)
-
-
-def _task_of(task: asyncio.Task[JobResult]) -> str:
-    return task.get_name().removeprefix("job-")

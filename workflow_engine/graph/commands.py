@@ -228,7 +228,6 @@ def _check_plan_edit(state: WorkflowState, plan: dict[str, Any]) -> None:
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise InvalidArgument("set_state.plan.steps", f"malformed step: {exc!r}") from None
     validate_steps(steps, prefix="set_state.plan.steps")
-    old = {s["id"] for s in routing.plan_steps(state)}
     settled = {
         sid
         for sid, s in state.get("steps", {}).items()
@@ -239,7 +238,6 @@ def _check_plan_edit(state: WorkflowState, plan: dict[str, Any]) -> None:
         raise InvalidArgument(
             "set_state.plan.steps", f"would drop steps that passed or run: {missing}"
         )
-    del old  # steps that were only pending may be dropped or replaced
 
 
 def _budget_from(value: Mapping[str, Any]) -> Budget:

@@ -134,9 +134,7 @@ class Nodes:
                 if not flying and not dispatched:
                     return _approval_request(step, now)
                 continue  # asked for once the steps in flight are done
-            if room <= 0 or routing.budget_exhausted(
-                {**state, "dispatches": dispatches}, now, step_id
-            ):
+            if room <= 0 or routing.budget_exhausted(state, now, step_id, dispatches):
                 break
             steps[step_id] = await self._job_for(state, step, steps[step_id])
             dispatched.append(step_id)

@@ -57,11 +57,17 @@ def ready(state: WorkflowState) -> list[str]:
     ]
 
 
-def budget_exhausted(state: WorkflowState, now: float, step_id: str | None = None) -> str:
-    """Why no further job may be dispatched (for `step_id`, when given); empty when one may."""
+def budget_exhausted(
+    state: WorkflowState, now: float, step_id: str | None = None, dispatched: int | None = None
+) -> str:
+    """Why no further job may be dispatched (for `step_id`, when given); empty when one may.
+
+    `dispatched` counts the jobs dispatched so far when the state's count is out of date.
+    """
     budget = state.get("budget") or {}
     dispatches = int(budget.get("max_dispatches") or 0)
-    if dispatches and state.get("dispatches", 0) >= dispatches:
+    used = state.get("dispatches", 0) if dispatched is None else dispatched
+    if dispatches and used >= dispatches:
         return f"the budget of {dispatches} dispatch(es) is used up"
     deadline = int(budget.get("deadline_seconds") or 0)
     if deadline and now >= float(state.get("started_at") or now) + deadline:

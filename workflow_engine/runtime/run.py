@@ -118,8 +118,8 @@ class Run:
                 return True
         return False
 
-    def applied_updates(self) -> list[asyncio.Future[None]]:
-        """The futures of the updates given at launch, to await their durability."""
+    def pending_updates(self) -> list[asyncio.Future[None]]:
+        """The futures of the updates not yet applied (e.g. given at launch), to await."""
         return [done for _, done in self._updates]
 
     def request_stop(self, reason: str) -> None:

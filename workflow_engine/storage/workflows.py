@@ -503,8 +503,7 @@ class WorkflowStore:
 
         return await with_retry(once)
 
-    # Last in the class on purpose: below this method, `list` in an annotation would name it.
-    async def list(self, query: WorkflowQuery) -> WorkflowPage:
+    async def list_workflows(self, query: WorkflowQuery) -> WorkflowPage:
         """One page of workflows matching `query`, newest update first."""
         where: list[LiteralString] = []
         if query.statuses:

@@ -131,8 +131,8 @@ class Engine:
         saver = RowCheckpointSaver(pool, state_keys=STATE_KEYS, faults=faults)
         jobs = JobTracker(caps.worker, max_running=caps.max_running_jobs)
         graph = build_graph(caps, saver, jobs=jobs)
-        runs = RunManager(graph=graph, store=store, faults=faults, on_run_end=jobs.forget)
-        events = EventHub(url)
+        runs = RunManager(graph=graph, store=store, jobs=jobs, faults=faults)
+        events = EventHub(url, on_control=runs.cancel)
         events.start()
         source = caps.task_source
         service = WorkflowService(

@@ -7,23 +7,24 @@ happens lives here or below, so the same calls serve tests, benchmarks and other
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from workflow_engine.config import Settings
 from workflow_engine.errors import InvalidArgument, InvalidState, ShuttingDown
-from workflow_engine.graph import commands
-from workflow_engine.graph.commands import Decision, StateUpdate
+from workflow_engine.graph import commands, routing
+from workflow_engine.graph.commands import Change, Decision
+from workflow_engine.graph.nodes import jobs_in_flight
 from workflow_engine.graph.state import WorkflowState, initial_state
 from workflow_engine.runtime.events import EventHub
 from workflow_engine.runtime.manager import RunManager
-from workflow_engine.runtime.run import Run
+from workflow_engine.runtime.run import Run, RunEnded
 from workflow_engine.spec import Budget, TaskSpec, validate_task
 from workflow_engine.storage.leases import Fence, Lease
 from workflow_engine.storage.workflows import (
     MAX_HISTORY_EVENTS,
     TERMINAL_STATUSES,
-    ResumeClaim,
     StartOutcome,
     WorkflowEventRecord,
     WorkflowPage,
@@ -36,11 +37,32 @@ MAX_LEASE_TTL_SECONDS = 24 * 3600
 MIN_LEASE_TTL_SECONDS = 3
 
 
+#: How long a change waits for a closing run of its workflow (one that wrote its last
+#: checkpoint, or was told to stop) to end before claiming the workflow itself. Such a run has
+#: no node left to run; this only bounds a run stuck on an unreachable database.
+RUN_END_WAIT_SECONDS = 10.0
+#: How long CancelWorkflow waits for the abandoned run here to end before it answers.
+CANCEL_RUN_WAIT_SECONDS = 0.5
+
+
 @dataclass(frozen=True, slots=True)
 class ResumeOutcome:
     record: WorkflowRecord
     lease: Lease | None
     resumed: bool
+    #: The status the workflow has, or is bound for, after the call (see `Applied.status`).
+    status: str
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """Changes made durable: the row after them, the lease taken for them (if a claim was
+    needed), and the status the workflow has or is committed to (a forced `mark_failed` is
+    FAILED even before that node has run)."""
+
+    record: WorkflowRecord
+    lease: Lease | None
+    status: str
 
 
 class WorkflowService:
@@ -54,7 +76,6 @@ class WorkflowService:
         runs: RunManager,
         events: EventHub,
         watch_poll_seconds: float = 1.0,
-        update_wait_seconds: float = 30.0,
         on_task_stored: Callable[[str, TaskSpec], None] | None = None,
     ) -> None:
         self._settings = settings
@@ -62,7 +83,6 @@ class WorkflowService:
         self._runs = runs
         self._events = events
         self._watch_poll = watch_poll_seconds
-        self._update_wait = update_wait_seconds
         self._on_task_stored = on_task_stored
 
     def _ttl(self, requested: int) -> float:
@@ -127,109 +147,100 @@ class WorkflowService:
         A WAITING_FOR_APPROVAL workflow needs the `decision` that answers its request, and a
         SUSPENDED one a `budget` that raises the limit it hit; either is checked against the
         stored state before anything is written, and a decision nothing waits for is refused.
+        A decision or budget is applied exactly once, by whichever run holds the lease, or is
+        refused with the reason; the answer says which status the workflow then has.
         """
         ttl = self._ttl(lease_ttl_seconds)
         holder = holder_id or self._settings.holder_id
         record = await self._store.get(task_id)
-        # Refuse a wrong decision or budget before taking anything.
-        self._updates_for(record, decision, budget, holder)
-        if self._runs.is_live(task_id):
-            return ResumeOutcome(record, None, resumed=False)
+        changes = _resume_changes(record, decision, budget, holder)
+        if changes:
+            applied = await self._apply(task_id, holder, ttl, changes)
+            return ResumeOutcome(applied.record, applied.lease, True, applied.status)
+        run = await self._settled_run(task_id)
+        if run is not None:  # already running here: nothing to do, and nothing dropped
+            return ResumeOutcome(record, None, False, record.status)
         self._check_accepting()
-        claim = await self._claim_and_apply(
-            task_id, holder, ttl, lambda record: self._updates_for(record, decision, budget, holder)
-        )
-        return ResumeOutcome(claim.record, claim.lease, resumed=claim.lease is not None)
-
-    async def _claim_and_apply(
-        self,
-        task_id: str,
-        holder: str,
-        ttl: float,
-        updates_for: Callable[[WorkflowRecord], list[StateUpdate]],
-    ) -> ResumeClaim:
-        """Take the lease, apply `updates_for(the claimed record)` and run on from there.
-
-        The updates are computed again from the record as claimed (it may have moved on since
-        the caller checked); if they no longer fit, the lease is released and nothing changes.
-        Returns once they are durable.
-        """
         claim = await self._store.claim_for_resume(
             task_id=task_id, holder_id=holder, ttl_seconds=ttl
         )
         if claim.lease is None:
-            return claim
-        fence = Fence(task_id, claim.record.run_id, holder, claim.lease.epoch)
-        try:
-            updates = updates_for(claim.record)
-        except Exception:
-            await self._store.release_lease(fence)
-            raise
-        run = self._launch_resumed(claim.record, holder, claim.lease, ttl, updates)
-        await asyncio.gather(*run.pending_updates())
-        return claim
+            return ResumeOutcome(claim.record, None, False, claim.record.status)
+        self._launch_resumed(claim.record, holder, claim.lease, ttl)
+        return ResumeOutcome(claim.record, claim.lease, True, claim.record.status)
 
-    def _updates_for(
-        self,
-        record: WorkflowRecord,
-        decision: Decision | None,
-        budget: Budget | None,
-        actor: str,
-    ) -> list[StateUpdate]:
-        # A tampered state is not validated here: the run refuses the checkpoint itself.
-        state = _state_of(record)
-        updates = []
-        if record.status == "WAITING_FOR_APPROVAL" and decision is None:
-            raise InvalidState(
-                "decision: required; the workflow waits for approval of step "
-                f"{(state.get('pending_approval') or {}).get('step_id')!r}"
-            )
-        if decision is not None:
-            updates.append(commands.decide(state, decision))
-        if budget is not None:
-            if record.terminal:
-                raise InvalidState(f"budget: the workflow has ended ({record.status})")
-            updates.append(commands.raise_budget(state, budget, actor))
-        elif record.status == "SUSPENDED":
-            raise InvalidState(
-                "budget: required; the workflow is SUSPENDED: " + (record.summary or "")
-            )
-        return updates
-
-    async def update(
-        self, task_id: str, change: Callable[[WorkflowState], StateUpdate]
-    ) -> WorkflowRecord:
+    async def update(self, task_id: str, change: Change) -> Applied:
         """Apply an operator's override (`change` of the current state) under the lease.
 
-        A run in this process applies it at its next node boundary; a workflow nobody runs is
-        claimed, changed and continued here; one another replica runs is refused (its holder
-        is named). `change` raises before anything is written when the override does not fit.
+        A run in this process applies it at once (interrupting its node); a workflow nobody
+        runs is claimed, changed and continued here; one another replica runs is refused (its
+        holder is named). `change` raises before anything is written when the override does not
+        fit.
         """
         record = await self._store.get(task_id)
         if record.terminal:
             raise InvalidState(f"the workflow has ended ({record.status}); nothing to override")
-        update = change(_state_of(record))
-        run = self._runs.get(task_id)
-        if run is not None:
-            done = run.request_update(update)
-            try:
-                await asyncio.wait_for(asyncio.shield(done), self._update_wait)
-            except TimeoutError:
-                if run.withdraw_update(done):
-                    raise InvalidState(
-                        "the workflow did not reach a node boundary within "
-                        f"{self._update_wait:g} s; nothing was changed, retry"
-                    ) from None
-                await done
-            return await self._store.get(task_id)
-        self._check_accepting()
-        await self._claim_and_apply(
-            task_id,
-            self._settings.holder_id,
-            float(self._settings.lease_ttl_seconds),
-            lambda claimed: [change(_state_of(claimed))],
+        commands.apply_all([change], _state_of(record))  # refuse early; applied below
+        return await self._apply(
+            task_id, self._settings.holder_id, float(self._settings.lease_ttl_seconds), [change]
         )
-        return await self._store.get(task_id)
+
+    async def _apply(
+        self, task_id: str, holder: str, ttl: float, changes: Sequence[Change]
+    ) -> Applied:
+        """Make `changes` durable through whichever run holds the workflow's lease.
+
+        A live run here takes them at once. A closing run (it wrote its last checkpoint, which
+        released the lease, or it is stopping) is waited for, then the workflow is claimed and
+        a new run applies them first. Either way each change is computed from the state it is
+        applied to, so a concurrent decision makes this one refused, never applied twice.
+        """
+        for _ in range(3):
+            run = await self._settled_run(task_id)
+            if run is not None:
+                done = run.submit(changes)
+                if done is None:
+                    continue  # it began closing just now; wait for it on the next pass
+                try:
+                    state = await done
+                except RunEnded:
+                    continue
+                return await self._applied(task_id, None, state)
+            self._check_accepting()
+            claim = await self._store.claim_for_resume(
+                task_id=task_id, holder_id=holder, ttl_seconds=ttl
+            )
+            if claim.lease is None:
+                raise InvalidState(
+                    f"the workflow has ended ({claim.record.status}); nothing was changed"
+                )
+            try:  # refused by the state as claimed (it may have moved on): change nothing
+                commands.apply_all(changes, _state_of(claim.record))
+            except Exception:
+                await self._store.release_lease(
+                    Fence(task_id, claim.record.run_id, holder, claim.lease.epoch)
+                )
+                raise
+            run = self._launch_resumed(claim.record, holder, claim.lease, ttl, changes)
+            state = await run.pending()[0]
+            return await self._applied(task_id, claim.lease, state)
+        raise InvalidState("the workflow's run kept changing hands; nothing was changed, retry")
+
+    async def _settled_run(self, task_id: str) -> Run | None:
+        """The run of `task_id` here that still takes changes; waits out a closing one."""
+        run = self._runs.get(task_id)
+        if run is None or not run.closing:
+            return run
+        if not await self._runs.wait(task_id, RUN_END_WAIT_SECONDS):
+            raise InvalidState("the workflow's run here is still stopping; nothing was changed")
+        return None
+
+    async def _applied(self, task_id: str, lease: Lease | None, state: WorkflowState) -> Applied:
+        record = await self._store.get(task_id)
+        status = record.status
+        if status == "RUNNING":  # not yet past the node the change leads to
+            status = routing.committed_status(state, time.time())
+        return Applied(record, lease, status)
 
     async def recover(self, task_id: str) -> bool:
         """Adopt an orphaned workflow (automatic recovery); True if it now runs here."""
@@ -254,7 +265,7 @@ class WorkflowService:
         holder: str,
         lease: Lease,
         ttl: float,
-        updates: Sequence[StateUpdate] = (),
+        changes: Sequence[Change] = (),
     ) -> Run:
         return self._runs.launch(
             fence=Fence(record.task_id, record.run_id, holder, lease.epoch),
@@ -262,7 +273,7 @@ class WorkflowService:
             status=record.status,
             # Without a checkpoint the run died before its first node: start from the input.
             initial_input=None if record.has_checkpoint else record.state,  # type: ignore[arg-type]
-            updates=updates if record.has_checkpoint else (),
+            changes=changes,
         )
 
     async def get(self, task_id: str) -> WorkflowRecord:
@@ -274,13 +285,19 @@ class WorkflowService:
         """The workflow and its events, oldest first (the newest `MAX_HISTORY_EVENTS` of them)."""
         return await self._store.get_with_history(task_id, MAX_HISTORY_EVENTS)
 
-    async def cancel(
-        self, task_id: str, reason: str, *, wait_seconds: float = 5.0
-    ) -> WorkflowRecord:
-        """Mark cancelled and revoke the lease; a run here stops at its next node boundary."""
-        record = await self._store.cancel(task_id, reason)
-        if self._runs.request_stop(task_id, "cancelled"):
-            await self._runs.wait(task_id, wait_seconds)
+    async def cancel(self, task_id: str, reason: str) -> WorkflowRecord:
+        """Mark cancelled and revoke the lease; answers as soon as that is stored.
+
+        Then, without making the caller wait: a run here is abandoned mid-node, and the jobs
+        it had in flight are stopped (the replica running it elsewhere does the same when the
+        cancel's notification reaches it).
+        """
+        record, cancelled = await self._store.cancel(task_id, reason)
+        if cancelled:
+            self._runs.cancel(task_id, jobs_in_flight(_state_of(record)))
+            # An abandoned run ends within milliseconds; this bound is for one stuck on an
+            # unreachable database, which the answer does not wait for.
+            await self._runs.wait(task_id, CANCEL_RUN_WAIT_SECONDS)
         return record
 
     async def watch(self, task_id: str, from_sequence: int) -> AsyncIterator[WorkflowEventRecord]:
@@ -313,3 +330,29 @@ class WorkflowService:
 def _state_of(record: WorkflowRecord) -> WorkflowState:
     """The record's state; a tampered one (not an object) reads as empty, refused by the run."""
     return record.state if isinstance(record.state, dict) else {}  # type: ignore[return-value]
+
+
+def _resume_changes(
+    record: WorkflowRecord, decision: Decision | None, budget: Budget | None, actor: str
+) -> list[Change]:
+    """What a ResumeWorkflow asks to change, checked against the row before anything is taken.
+
+    A tampered state is not validated here: the run refuses the checkpoint itself.
+    """
+    state = _state_of(record)
+    if record.status == "WAITING_FOR_APPROVAL" and decision is None:
+        raise InvalidState(
+            "decision: required; the workflow waits for approval of step "
+            f"{(state.get('pending_approval') or {}).get('step_id')!r}"
+        )
+    if record.status == "SUSPENDED" and budget is None:
+        raise InvalidState("budget: required; the workflow is SUSPENDED: " + (record.summary or ""))
+    if budget is not None and record.terminal:
+        raise InvalidState(f"budget: the workflow has ended ({record.status})")
+    changes: list[Change] = []
+    if decision is not None:
+        changes.append(lambda state: commands.decide(state, decision))
+    if budget is not None:
+        changes.append(lambda state: commands.raise_budget(state, budget, actor))
+    commands.apply_all(changes, state)  # refuse now what does not fit
+    return changes

@@ -47,6 +47,9 @@ class FaultyTargets(Faulty):
     async def run(self, target: str, job: JobRequest) -> JobResult:
         return await self.inner.run(target, job)  # type: ignore[attr-defined]
 
+    async def cancel(self, target: str, job: JobRequest) -> None:
+        await self.inner.cancel(target, job)  # type: ignore[attr-defined]
+
 
 class BrokenSource:
     async def load(self, task_id: str) -> TaskSpec:

@@ -144,3 +144,67 @@ async def test_running_zombie_stops_without_writing(running: RunningEngine, db_u
     record = await running.engine.store.get(task_id)
     assert record.last_node_id == "dispatch_step"  # collect_result's write never landed
     assert record.lease_holder_id == "usurper"
+
+
+async def test_the_same_holder_retaking_its_lease_fences_out_its_older_run(
+    store: WorkflowStore, saver: RowCheckpointSaver, db_url: str
+) -> None:
+    """Holder A re-takes its own expired lease (a restarted runner with the same holder id): the
+    new epoch is what counts, so A's older run can no longer write, renew, change the status or
+    release, though holder and expiry match. Each clause of the fence is needed here: without
+    the epoch, every one of these would land."""
+    started = await create_as_a(store)
+    task_id = started.lease.task_id
+    old = WriterContext(Fence(task_id, started.run_id, "A", started.lease.epoch))
+    await put(saver, old, "written by A's first run")
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+        await conn.execute(EXPIRE)
+    claim = await store.claim_for_resume(task_id=task_id, holder_id="A", ttl_seconds=30)
+    assert claim.lease is not None and claim.lease.epoch == started.lease.epoch + 1
+    before = await store.get(task_id)
+
+    old.node = "plan_steps"
+    with pytest.raises(LeaseLost):
+        await put(saver, old, "stale write by A's first run")
+    assert await store.renew_lease(old.fence, 3600) is None
+    assert await store.set_status(old.fence, "FAILED", "stale failure") is False
+    assert await store.release_lease(old.fence) is False
+
+    after = await store.get(task_id)
+    assert after.state["summary"] == "written by A's first run"
+    assert (after.status, after.error, after.last_node_id) == ("RUNNING", "", "load_task_context")
+    assert after.lease_holder_id == "A"
+    assert after.lease_expires_at == before.lease_expires_at  # not renewed by the old run
+    assert after.updated_at == before.updated_at
+
+    new = WriterContext(Fence(task_id, started.run_id, "A", claim.lease.epoch), node="plan_steps")
+    await put(saver, new, "written by A's second run")
+    assert await store.set_status(new.fence, "FAILED", "real failure") is True
+
+
+async def test_a_live_run_is_fenced_out_when_its_own_holder_retakes_the_lease(
+    running: RunningEngine,
+) -> None:
+    """The same holder id claims the task (a restarted runner would) while the old run of that
+    holder is still alive and mid-step: the old run's next write is refused and it stops."""
+    task_id = new_task_id()
+    await running.stub.StartWorkflow(
+        pb.StartWorkflowRequest(
+            task_id=task_id, task=task(step("slow", "sleep", "1.5"), step("next", "true"))
+        )
+    )
+    run = running.engine.runs.get(task_id)
+    assert run is not None
+    while run.last_node != "dispatch_step":
+        await asyncio.sleep(0.02)
+    claim = await running.engine.store.claim_for_resume(
+        task_id=task_id, holder_id=run.fence.holder_id, ttl_seconds=60
+    )
+    assert claim.lease is not None and claim.lease.epoch > run.fence.epoch
+    claimed = await running.engine.store.get(task_id)
+    assert await running.engine.runs.wait(task_id, 10)
+    assert run.outcome in ("lease lost", "stopped: lease lost")
+    record = await running.engine.store.get(task_id)
+    assert record.last_node_id == "dispatch_step"  # collect_result's write never landed
+    assert record.event_seq == claimed.event_seq  # nor did anything after it
+    assert record.status == "RUNNING"

@@ -7,7 +7,6 @@ problem is an `InvalidArgument` naming the field as the client spelled it.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -15,7 +14,7 @@ from google.protobuf import json_format, struct_pb2, timestamp_pb2
 
 from workflow_engine.errors import InvalidArgument
 from workflow_engine.graph import commands
-from workflow_engine.graph.commands import Decision, StateUpdate
+from workflow_engine.graph.commands import Change, Decision
 from workflow_engine.spec import (
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_MAX_PARALLEL,
@@ -260,7 +259,7 @@ def decision_from_proto(msg: pb.ApprovalDecision) -> Decision:
     )
 
 
-def update_from_proto(msg: pb.UpdateWorkflowRequest) -> Callable[[Any], StateUpdate]:
+def update_from_proto(msg: pb.UpdateWorkflowRequest) -> Change:
     """UpdateWorkflow's action, as a change of the current state (see graph.commands)."""
     operator = parse_text(msg.operator, "operator", limit=256, required=True)
     reason = parse_text(msg.reason, "reason", limit=MAX_REASON_CHARS)

@@ -100,7 +100,7 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
             state=convert.to_struct(record.state),
             last_node_id=record.last_node_id or "",
             updated_at=convert.to_timestamp(record.updated_at),
-            status=convert.status_to_proto(record.status),
+            status=convert.status_to_proto(outcome.status),
             lease_id=outcome.lease.lease_id if outcome.lease else "",
             resumed=outcome.resumed,
         )
@@ -153,4 +153,7 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
     ) -> pb.Workflow:
         task_id = convert.parse_task_id(request.task_id)
         change = convert.update_from_proto(request)
-        return convert.workflow_to_proto(await self._service.update(task_id, change))
+        applied = await self._service.update(task_id, change)
+        workflow = convert.workflow_to_proto(applied.record)
+        workflow.status = convert.status_to_proto(applied.status)
+        return workflow

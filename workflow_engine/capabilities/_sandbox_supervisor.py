@@ -11,7 +11,12 @@ sides agree on the job directory.
 Job directory layout: ``request.json`` (the Worker API request), ``supervisor.pid`` (claimed
 exclusively: whoever creates it owns the job), ``work/`` (the command's cwd, HOME and TMPDIR),
 ``stdout.log``/``stderr.log`` (the command's output), ``result.json`` (the Worker API result,
-written atomically; its presence means the job is over).
+written atomically; its presence means the job is over), ``cancel`` (present once the job's
+workflow was cancelled: a supervisor that sees it runs nothing, and SIGTERM tells a running one
+to look).
+
+Cancel: on SIGTERM the supervisor sends SIGTERM to the command's process group, SIGKILL after
+`CANCEL_GRACE_SECONDS` if anything of it is left, and records the result as ``cancelled``.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -34,6 +40,8 @@ LOG_FILE = "supervisor.log"
 STDOUT_FILE = "stdout.log"
 STDERR_FILE = "stderr.log"
 WORK_DIR = "work"
+CANCEL_FILE = "cancel"
+CANCEL_GRACE_SECONDS = 2.0
 LOST_MARKER = "lost"  # in PID_FILE instead of a pid: the job was declared lost before it ran
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 _NOTE = "[workflow-engine] "
@@ -102,6 +110,19 @@ def _read_head(path: Path, limit: int) -> tuple[str, bool]:
     return head.decode("utf-8", errors="replace"), truncated
 
 
+class _Cancel:
+    """Set by SIGTERM: the job's workflow was cancelled. Holds the running command's pid."""
+
+    requested = False
+    pid: int | None = None
+
+    @classmethod
+    def on_sigterm(cls, signum: int, frame: object) -> None:
+        cls.requested = True
+        if cls.pid is not None:
+            _signal_group(cls.pid, signal.SIGTERM)
+
+
 def _run(
     argv: list[str], work_dir: Path, env: dict[str, str], job_dir: Path, timeout: int
 ) -> tuple[str, int | None, str]:
@@ -121,14 +142,15 @@ def _run(
             return "failed", 127, f"cannot run {argv[0]!r}: {exc.strerror or exc}"
         except OSError as exc:  # permission denied, exec format error, ...
             return "failed", 126, f"cannot run {argv[0]!r}: {exc.strerror or exc}"
-        try:
-            code = proc.wait(timeout=timeout if timeout > 0 else None)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc.pid)
-            proc.wait()
-            return "timeout", None, f"timed out after {timeout} s; its process group was killed"
+        _Cancel.pid = proc.pid
+        code, ended = _wait(proc, timeout)
         # Background processes the command left behind end with the job.
-        _kill_group(proc.pid)
+        _signal_group(proc.pid, signal.SIGKILL)
+    if ended == "timeout":
+        return "timeout", None, f"timed out after {timeout} s; its process group was killed"
+    if ended == "cancelled":
+        return "cancelled", None, "cancelled: its process group was stopped"
+    assert code is not None
     if code < 0:
         signum = -code
         name = signal.Signals(signum).name if signum in signal.valid_signals() else str(signum)
@@ -136,9 +158,34 @@ def _run(
     return ("completed" if code == 0 else "failed"), code, ""
 
 
-def _kill_group(pgid: int) -> None:
+def _wait(proc: subprocess.Popen[bytes], timeout: int) -> tuple[int | None, str]:
+    """Wait for the command; return its exit status and how it ended (exited, timeout, cancelled).
+
+    Waits in short slices so that a cancel (SIGTERM to us) escalates to SIGKILL in time.
+    """
+    deadline = time.monotonic() + timeout if timeout > 0 else None
+    cancelled_at: float | None = None
+    while True:
+        if _Cancel.requested and cancelled_at is None:
+            cancelled_at = time.monotonic()
+            _signal_group(proc.pid, signal.SIGTERM)
+        try:
+            code = proc.wait(timeout=0.2)
+        except subprocess.TimeoutExpired:
+            now = time.monotonic()
+            if cancelled_at is not None and now - cancelled_at >= CANCEL_GRACE_SECONDS:
+                _signal_group(proc.pid, signal.SIGKILL)
+            if cancelled_at is None and deadline is not None and now >= deadline:
+                _signal_group(proc.pid, signal.SIGKILL)
+                proc.wait()
+                return None, "timeout"
+            continue
+        return code, "cancelled" if _Cancel.requested else "exited"
+
+
+def _signal_group(pgid: int, signum: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
+        os.killpg(pgid, signum)
 
 
 def supervise(job_dir: Path, timeout: int, max_output_bytes: int) -> None:
@@ -148,7 +195,10 @@ def supervise(job_dir: Path, timeout: int, max_output_bytes: int) -> None:
     work_dir.mkdir(exist_ok=True)
     argv = [str(arg) for arg in request["sandbox"]["command"]]
     started_at = now_rfc3339()
-    status, exit_code, note = _run(argv, work_dir, job_env(request, work_dir), job_dir, timeout)
+    if _Cancel.requested or (job_dir / CANCEL_FILE).exists():
+        status, exit_code, note = "cancelled", None, "cancelled before it started"
+    else:
+        status, exit_code, note = _run(argv, work_dir, job_env(request, work_dir), job_dir, timeout)
     ended_at = now_rfc3339()
     stdout, stdout_truncated = _read_head(job_dir / STDOUT_FILE, max_output_bytes)
     stderr, stderr_truncated = _read_head(job_dir / STDERR_FILE, max_output_bytes)
@@ -188,6 +238,8 @@ def main(argv: list[str]) -> int:
         os.close(ready_w)
         return 0 if os.read(ready_r, 1) == b"1" else 1
     os.close(ready_r)
+    # Before the claim makes our pid visible: a cancel's SIGTERM must find the handler.
+    signal.signal(signal.SIGTERM, _Cancel.on_sigterm)
     claimed = write_atomic(job_dir / PID_FILE, str(os.getpid()).encode(), exclusive=True)
     with contextlib.suppress(BrokenPipeError):  # the launcher may be gone; we carry on
         os.write(ready_w, b"1" if claimed else b"0")

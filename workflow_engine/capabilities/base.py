@@ -13,7 +13,10 @@ from typing import Any, Literal, Protocol
 
 from workflow_engine.spec import AcceptanceCriterion, JsonObject, Step, TaskSpec
 
-JobStatus = Literal["completed", "failed", "timeout"]
+#: A job's end: the Worker API's three, and `cancelled` (its workflow was cancelled; the worker
+#: stopped it).
+JobStatus = Literal["completed", "failed", "timeout", "cancelled"]
+JOB_STATUSES = ("completed", "failed", "timeout", "cancelled")
 VerificationStatus = Literal["pass", "fail"]
 WORKER_API_VERSION = 1
 
@@ -134,7 +137,7 @@ class JobResult:
     def from_json(cls, data: Mapping[str, Any]) -> JobResult:
         truncated = data.get("truncated") or {}
         status = str(data["status"])
-        if status not in ("completed", "failed", "timeout"):
+        if status not in JOB_STATUSES:
             raise ValueError(f"unknown job status {status!r}")
         exit_code = data.get("exit_code")
         return cls(
@@ -207,6 +210,15 @@ class Worker(Protocol):
 
         Idempotent by `job.job_id`: if the job already ran, or is still running after this
         process restarted, return (or wait for) that run's result; never run it twice.
+        """
+        ...
+
+    async def cancel(self, target: str, job: JobRequest) -> None:
+        """Stop the job (its workflow was cancelled) and record its result as `cancelled`.
+
+        A job that has not started must then never start (a later `run` of its id returns the
+        cancelled result); one that has ended keeps its result. Idempotent; returns without
+        waiting for the job to be gone.
         """
         ...
 

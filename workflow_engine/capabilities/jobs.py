@@ -6,6 +6,12 @@ keep running. A job is one asyncio task here, around the worker's idempotent `ru
 for it again (the next `collect_result`) waits on the same task instead of starting anything.
 After a restart there is no task, and the worker re-attaches by job id.
 
+Before a job is handed to the worker, `admit` (set by the run manager) checks under the fence
+that its workflow's runner still holds the lease, so no job starts for a workflow that was
+cancelled or taken over. `cancel` stops a workflow's jobs (the worker kills them); `forget`
+only stops waiting for them (a run that stops for a restart leaves its jobs running, to be
+re-attached by whoever resumes it).
+
 A per-process semaphore bounds how many jobs run at once across all workflows; a job waiting for
 a slot is dispatched (recorded in the checkpoint) but not yet started.
 """
@@ -13,9 +19,20 @@ a slot is dispatched (recorded in the checkpoint) but not yet started.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+
+import structlog
 
 from workflow_engine.capabilities.base import JobRequest, JobResult, Worker
+
+log = structlog.get_logger(__name__)
+
+#: Raises (a control exception) when the job's workflow may not start a job now.
+Admission = Callable[[JobRequest], Awaitable[None]]
+
+
+async def _admit_all(job: JobRequest) -> None:
+    """No run manager to ask (tests driving the graph without one): every job may start."""
 
 
 class JobTracker:
@@ -25,7 +42,9 @@ class JobTracker:
         self._worker = worker
         self._slots = asyncio.Semaphore(max_running)
         self._tasks: dict[str, asyncio.Task[JobResult]] = {}
-        self._task_ids: dict[str, str] = {}  # job id -> the workflow's task id
+        # Every job this process waits on, by its workflow's task id (job id -> target, job).
+        self._by_workflow: dict[str, dict[str, tuple[str, JobRequest]]] = {}
+        self.admit: Admission = _admit_all
 
     async def wait_any(
         self, jobs: Sequence[tuple[str, JobRequest]]
@@ -34,41 +53,66 @@ class JobTracker:
 
         Returns once at least one has ended; a job whose worker raised maps to its exception.
         """
+        for target, job in jobs:
+            self._by_workflow.setdefault(job.task_id, {})[job.job_id] = (target, job)
         if len(jobs) == 1 and jobs[0][1].job_id not in self._tasks:
             # The common, sequential case: nothing to overlap, so no task to keep across nodes.
             target, job = jobs[0]
             try:
-                return {job.job_id: await self._run(target, job)}
+                outcome: JobResult | BaseException = await self._run(target, job)
             except Exception as exc:
-                return {job.job_id: exc}
+                outcome = exc
+            self._done(job)
+            return {job.job_id: outcome}
         tasks = {job.job_id: self._task(target, job) for target, job in jobs}
         await asyncio.wait(tasks.values(), return_when=asyncio.FIRST_COMPLETED)
         ended: dict[str, JobResult | BaseException] = {}
-        for job_id, task in tasks.items():
+        for _, job in jobs:
+            task = tasks[job.job_id]
             if task.done():
-                del self._tasks[job_id]
-                del self._task_ids[job_id]
+                self._done(job)
                 if task.cancelled():
-                    ended[job_id] = asyncio.CancelledError(f"job {job_id} was cancelled")
+                    ended[job.job_id] = asyncio.CancelledError(f"job {job.job_id} was cancelled")
                 else:
-                    ended[job_id] = task.exception() or task.result()
+                    ended[job.job_id] = task.exception() or task.result()
         return ended
 
     def forget(self, task_id: str) -> None:
         """Stop waiting on `task_id`'s jobs (its run ended); the worker's jobs are not killed."""
-        for job_id, owner in list(self._task_ids.items()):
-            if owner == task_id:
-                self._tasks.pop(job_id).cancel()
-                del self._task_ids[job_id]
+        for job_id in self._by_workflow.pop(task_id, {}):
+            task = self._tasks.pop(job_id, None)
+            if task is not None:
+                task.cancel()
+
+    async def cancel(self, task_id: str, also: Iterable[tuple[str, JobRequest]] = ()) -> None:
+        """Stop `task_id`'s jobs: the ones waited on here and `also` (e.g. from its state)."""
+        jobs = {job.job_id: (target, job) for target, job in also}
+        jobs.update(self._by_workflow.get(task_id, {}))
+        self.forget(task_id)
+        for target, job in jobs.values():
+            try:
+                await self._worker.cancel(target, job)
+            except Exception as exc:  # the job runs on; say so, and go on with the others
+                log.warning("job_cancel_failed", job_id=job.job_id, error=repr(exc))
+            else:
+                log.info("job_cancelled", job_id=job.job_id, task_id=task_id, step_id=job.step_id)
+
+    def _done(self, job: JobRequest) -> None:
+        self._tasks.pop(job.job_id, None)
+        mine = self._by_workflow.get(job.task_id)
+        if mine is not None:
+            mine.pop(job.job_id, None)
+            if not mine:
+                del self._by_workflow[job.task_id]
 
     def _task(self, target: str, job: JobRequest) -> asyncio.Task[JobResult]:
         task = self._tasks.get(job.job_id)
         if task is None:
             task = asyncio.create_task(self._run(target, job), name=f"job-{job.job_id}")
             self._tasks[job.job_id] = task
-            self._task_ids[job.job_id] = job.task_id
         return task
 
     async def _run(self, target: str, job: JobRequest) -> JobResult:
         async with self._slots:
+            await self.admit(job)
             return await self._worker.run(target, job)

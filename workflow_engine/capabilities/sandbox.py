@@ -5,6 +5,11 @@ with the same id (a retry of `collect_result`, or a restarted engine) never star
 again; it waits for the detached supervisor's ``result.json`` instead. If the supervisor died
 without a result, the job is reported lost (failed), still without running it again.
 
+`cancel` stops a job for good: it claims the directory of a job that has not started (so it
+never will, and a later `run` of that id reads the cancelled result), or marks a started one
+cancelled and signals its supervisor, which stops the command's whole process group (SIGTERM,
+then SIGKILL after a grace period) and records the result as cancelled.
+
 This isolates environment and working directory only: `image` and `network_policy` are not
 enforced locally. Use a remote worker where a real sandbox is needed.
 """
@@ -12,11 +17,13 @@ enforced locally. Use a remote worker where a real sandbox is needed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import json
 import os
 import re
+import signal
 import sys
 import time
 from pathlib import Path
@@ -24,7 +31,7 @@ from pathlib import Path
 import structlog
 
 from workflow_engine.capabilities import _sandbox_supervisor as supervisor
-from workflow_engine.capabilities.base import JobRequest, JobResult
+from workflow_engine.capabilities.base import JobRequest, JobResult, JobStatus
 
 log = structlog.get_logger(__name__)
 
@@ -70,11 +77,33 @@ class LocalSandboxWorker:
             _warn_if_request_differs(job, job_dir)
         else:
             try:
-                launcher_status = await self._launch(job, job_dir)
+                # Shielded: a caller that stops waiting (an interrupted node) must not kill the
+                # launcher before the supervisor has claimed the job; it is re-attached later.
+                launcher_status = await asyncio.shield(self._launch(job, job_dir))
             except OSError as exc:
                 log.error("sandbox_launch_failed", job_id=job.job_id, error=str(exc))
                 launcher_status = -1
         return _with_target(await self._wait(job, job_dir, launcher_status), target)
+
+    async def cancel(self, target: str, job: JobRequest) -> None:
+        """Stop the job; see the module docstring. Returns without waiting for it to end."""
+        self._jobs_dir.mkdir(parents=True, exist_ok=True)
+        job_dir = self._jobs_dir.resolve() / _dir_name(job.job_id)
+        try:
+            os.mkdir(job_dir)
+        except FileExistsError:
+            pass
+        else:  # never started: the cancelled result is its only result
+            _record(job, job_dir, "cancelled", "cancelled before it started")
+            return
+        supervisor.write_atomic(job_dir / supervisor.CANCEL_FILE, b"", exclusive=True)
+        try:
+            claim = (job_dir / supervisor.PID_FILE).read_text(encoding="utf-8").strip()
+        except FileNotFoundError:
+            return  # the supervisor is starting; it sees the mark before it runs anything
+        if claim.isdigit() and _process_alive(int(claim), job_dir):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(claim), signal.SIGTERM)
 
     async def _launch(self, job: JobRequest, job_dir: Path) -> int:
         """Start the supervisor; return once it has claimed the job (0) or failed to (non-zero)."""
@@ -207,16 +236,24 @@ def _process_alive(pid: int, job_dir: Path) -> bool:
 
 def _declare_lost(job: JobRequest, job_dir: Path, reason: str) -> JobResult:
     """Record the job as failed without running it; an existing result wins over this one."""
-    work_dir = job_dir / supervisor.WORK_DIR
-    now = supervisor.now_rfc3339()
     stderr = (
         f"job {job.job_id} was lost: {reason}; it is not run again for the same job id"
         + _log_tail(job_dir)
     )
-    lost = JobResult(
+    result = _record(job, job_dir, "failed", stderr)
+    if result.status == "failed" and result.stderr == stderr:
+        log.warning("sandbox_job_lost", job_id=job.job_id, task_id=job.task_id, reason=reason)
+    return result
+
+
+def _record(job: JobRequest, job_dir: Path, status: JobStatus, stderr: str) -> JobResult:
+    """Write a result for a job that did not run to its end; an existing result wins."""
+    work_dir = job_dir / supervisor.WORK_DIR
+    now = supervisor.now_rfc3339()
+    result = JobResult(
         task_id=job.task_id,
         job_id=job.job_id,
-        status="failed",
+        status=status,
         exit_code=None,
         stdout="",
         stderr=stderr,
@@ -225,13 +262,12 @@ def _declare_lost(job: JobRequest, job_dir: Path, reason: str) -> JobResult:
         work_dir=str(work_dir.resolve()) if work_dir.is_dir() else None,
         target=TARGET,
     )
-    data = json.dumps(lost.to_json()).encode()
+    data = json.dumps(result.to_json()).encode()
     if not supervisor.write_atomic(job_dir / supervisor.RESULT_FILE, data, exclusive=True):
         existing = _read_result(job_dir)
         if existing is not None:
             return existing
-    log.warning("sandbox_job_lost", job_id=job.job_id, task_id=job.task_id, reason=reason)
-    return lost
+    return result
 
 
 def _log_tail(job_dir: Path) -> str:

@@ -20,6 +20,7 @@ class SimulatedWorker:
 
     def __init__(self, *, max_remembered: int = 100_000) -> None:
         self._results: dict[str, JobResult] = {}
+        self._running: dict[str, asyncio.Task[None]] = {}
         self._max = max_remembered
 
     async def select_target(self, job: JobRequest) -> str:
@@ -34,9 +35,18 @@ class SimulatedWorker:
         exit_code, stdout, stderr = 0, "", ""
         if program == "sleep" and len(args) == 1:
             try:
-                await asyncio.sleep(float(args[0]))
+                seconds = float(args[0])
             except ValueError:
                 exit_code, stderr = 1, f"sleep: invalid time interval {args[0]!r}"
+            else:
+                sleeping = asyncio.ensure_future(asyncio.sleep(seconds))
+                self._running[job.job_id] = sleeping
+                try:
+                    await asyncio.shield(sleeping)
+                finally:
+                    self._running.pop(job.job_id, None)
+                if sleeping.cancelled():  # cancel() recorded the result meanwhile
+                    return self._results[job.job_id]
         elif program == "echo":
             stdout = " ".join(args) + "\n"
         elif program != "true":
@@ -52,7 +62,32 @@ class SimulatedWorker:
             ended_at=datetime.now(UTC).isoformat(),
             target=target,
         )
+        return self._remember(result)
+
+    async def cancel(self, target: str, job: JobRequest) -> None:
+        """Record the job as cancelled unless it ended; a sleeping one stops sleeping."""
+        if job.job_id in self._results:
+            return
+        now = datetime.now(UTC).isoformat()
+        self._remember(
+            JobResult(
+                task_id=job.task_id,
+                job_id=job.job_id,
+                status="cancelled",
+                exit_code=None,
+                stdout="",
+                stderr="cancelled",
+                started_at=now,
+                ended_at=now,
+                target=target,
+            )
+        )
+        sleeping = self._running.pop(job.job_id, None)
+        if sleeping is not None:
+            sleeping.cancel()
+
+    def _remember(self, result: JobResult) -> JobResult:
         if len(self._results) >= self._max:
             self._results.pop(next(iter(self._results)))
-        self._results[job.job_id] = result
+        self._results[result.job_id] = result
         return result

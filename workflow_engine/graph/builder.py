@@ -46,8 +46,8 @@ class WrappedNode(Protocol):
 class NodeHooks(Protocol):
     """What a run is told around each node (see `workflow_engine.runtime.run`)."""
 
-    def node_started(self, node: str) -> None:
-        """Raise to keep the node from starting (the run must stop)."""
+    def guard(self, node: str, body: Awaitable[WorkflowState]) -> Awaitable[WorkflowState]:
+        """Run the node's body; raise instead when the run must stop (before or during it)."""
         ...
 
     def node_finished(self, node: str, kind: str, detail: str) -> None: ...
@@ -56,12 +56,10 @@ class NodeHooks(Protocol):
 def _wrap(name: str, fn: NodeFn) -> WrappedNode:
     async def node(state: WorkflowState, config: RunnableConfig) -> WorkflowState:
         hooks: NodeHooks | None = config.get("configurable", {}).get(RUN_CONTEXT_KEY)
-        if hooks is not None:
-            hooks.node_started(name)
         started = time.perf_counter()
         with structlog.contextvars.bound_contextvars(node=name):
             try:
-                update = await fn(state)
+                update = await (hooks.guard(name, fn(state)) if hooks else fn(state))
             except Exception as exc:
                 if is_control(exc):
                     raise
@@ -142,7 +140,7 @@ def build_graph(
     builder.add_conditional_edges(
         "verify_step_result",
         _async(lambda state: routing.after_verify(state, time.time())),
-        ["dispatch_step", "finalize_summary", "mark_failed", "suspend_workflow"],
+        ["plan_steps", "dispatch_step", "finalize_summary", "mark_failed", "suspend_workflow"],
     )
     builder.add_edge("finalize_summary", END)
     builder.add_edge("mark_failed", END)

@@ -14,7 +14,7 @@ before anything is written.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -52,6 +52,13 @@ class StateUpdate:
     actor: str
 
 
+#: A change from outside, as a function of the state it is applied to: it returns the update,
+#: or raises `InvalidState` / `InvalidArgument` when that state does not allow it. The run that
+#: applies it calls it on the state of its latest checkpoint, so a change that a concurrent one
+#: made obsolete is refused instead of applied twice.
+Change = Callable[[WorkflowState], StateUpdate]
+
+
 @dataclass(frozen=True, slots=True)
 class Decision:
     """An answer to a pending approval request (ResumeWorkflow's `decision`)."""
@@ -62,6 +69,19 @@ class Decision:
     command: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     decided_by: str = ""
+
+
+def apply_all(
+    changes: Sequence[Change], state: WorkflowState
+) -> tuple[list[StateUpdate], WorkflowState]:
+    """Each change's update, each computed from the state the ones before it leave, and the
+    state after them all. Raises (changing nothing) when one does not fit its state."""
+    updates = []
+    for change in changes:
+        update = change(state)
+        state = {**state, **update.values}
+        updates.append(update)
+    return updates, state
 
 
 def decide(state: WorkflowState, decision: Decision) -> StateUpdate:

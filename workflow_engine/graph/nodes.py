@@ -391,6 +391,17 @@ def _remaining(state: WorkflowState) -> list[str]:
     return lines
 
 
+def jobs_in_flight(state: WorkflowState) -> list[tuple[str, JobRequest]]:
+    """The (target, request) of every job the state records as dispatched and not collected."""
+    jobs = []
+    for sid in routing.in_flight(state):
+        step = routing.step_state(state, sid)
+        job = step.get("job") or {}
+        if step["status"] == "dispatched" and job.get("request"):
+            jobs.append((str(job.get("target", "")), JobRequest.from_json(job["request"])))
+    return jobs
+
+
 def _worker_error_result(job: JobRequest, exc: BaseException) -> JobResult:
     now = datetime.now(UTC).isoformat()
     return JobResult(

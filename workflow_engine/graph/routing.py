@@ -15,7 +15,9 @@ from workflow_engine.graph.state import StepState, WorkflowState
 AfterLoad = Literal["plan_steps", "mark_failed"]
 AfterPlan = Literal["dispatch_step", "finalize_summary", "mark_failed"]
 AfterDispatch = Literal["collect_result", "finalize_summary", "mark_failed", "__end__"]
-AfterVerify = Literal["dispatch_step", "finalize_summary", "mark_failed", "suspend_workflow"]
+AfterVerify = Literal[
+    "plan_steps", "dispatch_step", "finalize_summary", "mark_failed", "suspend_workflow"
+]
 
 IN_FLIGHT = ("dispatched", "collected")
 
@@ -117,6 +119,8 @@ def after_verify(state: WorkflowState, now: float) -> AfterVerify:
         return "finalize_summary"
     if forced == "mark_failed":
         return "mark_failed"
+    if not plan_steps(state):  # a change applied before planning: plan, never "all passed"
+        return "mark_failed" if state.get("error") else "plan_steps"
     statuses = [step_state(state, s["id"])["status"] for s in plan_steps(state)]
     if "failed" in statuses:
         return "mark_failed"
@@ -127,3 +131,23 @@ def after_verify(state: WorkflowState, now: float) -> AfterVerify:
     if ready(state):
         return "suspend_workflow" if budget_exhausted(state, now) else "dispatch_step"
     return "mark_failed"  # nothing runs and nothing can: unreachable with a valid plan
+
+
+#: Where the graph goes after `verify_step_result`'s router, as the status it leads to.
+_ROUTE_STATUS = {
+    "finalize_summary": "SUCCEEDED",
+    "mark_failed": "FAILED",
+    "suspend_workflow": "SUSPENDED",
+}
+
+
+def committed_status(state: WorkflowState, now: float) -> str:
+    """The status a workflow has or is bound for, just after a change applied to `state`.
+
+    A change is applied as `verify_step_result`, whose router picks the next node; a forced
+    `mark_failed` is FAILED from then on, even before that node has run.
+    """
+    status = str(state.get("status") or "running").upper()
+    if status != "RUNNING":
+        return status
+    return _ROUTE_STATUS.get(after_verify(state, now), "RUNNING")

@@ -3,6 +3,10 @@
 One dedicated connection per process LISTENs on ``workflow_events`` (a trigger notifies with the
 task id). Watchers still poll every `poll_seconds`, so a notification lost while the listening
 connection was down delays an event by at most that long; it is never missed.
+
+The same connection LISTENs on ``workflow_control``, where a cancel (in any replica) names the
+task it cancelled; `on_control` hands it to the run manager, which stops the run and its jobs
+if they are here. A lost control notification delays that until the run's next lease renewal.
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import psycopg
 import structlog
@@ -21,8 +25,9 @@ log = structlog.get_logger(__name__)
 class EventHub:
     """Per-task wake-ups from PostgreSQL notifications."""
 
-    def __init__(self, conninfo: str) -> None:
+    def __init__(self, conninfo: str, *, on_control: Callable[[str], None] | None = None) -> None:
         self._conninfo = conninfo
+        self._on_control = on_control
         self._waiters: defaultdict[str, set[asyncio.Event]] = defaultdict(set)
         self._task: asyncio.Task[None] | None = None
 
@@ -57,8 +62,13 @@ class EventHub:
                     self._conninfo, autocommit=True
                 ) as conn:
                     await conn.execute("LISTEN workflow_events")
+                    await conn.execute("LISTEN workflow_control")
                     delay = 0.1
                     async for note in conn.notifies():
+                        if note.channel == "workflow_control":
+                            if self._on_control is not None:
+                                self._on_control(note.payload)
+                            continue
                         for event in self._waiters.get(note.payload, ()):
                             event.set()
             except psycopg.Error as exc:

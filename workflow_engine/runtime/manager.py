@@ -1,26 +1,35 @@
-"""Owns every workflow run of this process: one asyncio task per run.
+"""Owns every workflow run of this process: one asyncio task per run, and the runs' jobs.
 
-It starts runs, tells a run to stop (cancel), and drains them on shutdown: every run stops at
-its next node boundary with its checkpoint written and its lease released; runs still inside a
-node when the drain time is up are cancelled (their node runs again on resume, and a job it had
-started is re-attached by id, not run again).
+It starts runs, applies changes through them, cancels them (the run is abandoned at once and
+its jobs are stopped), and drains them on shutdown: every run stops at its next node boundary
+with its checkpoint written and its lease released; runs still inside a node when the drain
+time is up are cancelled (their node runs again on resume, and a job it had started is
+re-attached by id, not run again).
+
+It is also the jobs' gatekeeper: before a job starts, `admit` checks in the database, with the
+run's fence, that the run still holds the lease, so a workflow cancelled or taken over
+elsewhere starts no job here.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
+import psycopg
 import structlog
 from langgraph.graph.state import CompiledStateGraph
 
-from workflow_engine.graph.commands import StateUpdate
+from workflow_engine.capabilities.base import JobRequest
+from workflow_engine.capabilities.jobs import JobTracker
+from workflow_engine.errors import LeaseLost, RunStopped, WorkflowEngineError
+from workflow_engine.graph.commands import Change
 from workflow_engine.graph.state import WorkflowState
 from workflow_engine.runtime.faults import FaultPlan
 from workflow_engine.runtime.run import Run
 from workflow_engine.storage.leases import Fence
-from workflow_engine.storage.workflows import WorkflowStore
+from workflow_engine.storage.workflows import TERMINAL_STATUSES, WorkflowStore
 
 log = structlog.get_logger(__name__)
 
@@ -33,15 +42,17 @@ class RunManager:
         *,
         graph: CompiledStateGraph[Any, Any, Any, Any],
         store: WorkflowStore,
+        jobs: JobTracker,
         faults: FaultPlan | None = None,
-        on_run_end: Callable[[str], None] | None = None,
     ) -> None:
-        self._on_run_end = on_run_end
         self._graph = graph
         self._store = store
+        self._jobs = jobs
         self._faults = faults
         self._runs: dict[str, tuple[Run, asyncio.Task[str]]] = {}
+        self._background: set[asyncio.Task[None]] = set()
         self._accepting = True
+        jobs.admit = self.admit
 
     def __len__(self) -> int:
         return len(self._runs)
@@ -68,9 +79,11 @@ class RunManager:
         ttl_seconds: float,
         status: str,
         initial_input: WorkflowState | None,
-        updates: Sequence[StateUpdate] = (),
+        changes: Sequence[Change] = (),
     ) -> Run:
-        """Start driving a workflow whose lease `fence` holds, applying `updates` first."""
+        """Start driving a workflow whose lease `fence` holds, applying `changes` first."""
+        if self.get(fence.task_id) is not None:
+            raise RuntimeError(f"task {fence.task_id} already has a run in this process")
         run = Run(
             fence=fence,
             ttl_seconds=ttl_seconds,
@@ -79,26 +92,52 @@ class RunManager:
             store=self._store,
             initial_input=initial_input,
             faults=self._faults,
-            updates=updates,
-            on_end=self._on_run_end,
+            changes=changes,
         )
-        task = asyncio.create_task(run.execute(), name=f"run-{fence.task_id}")
+        task = asyncio.create_task(self._execute(run), name=f"run-{fence.task_id}")
         self._runs[fence.task_id] = (run, task)
-        task.add_done_callback(lambda _: self._forget(fence.task_id, run))
         log.info("run_launched", task_id=fence.task_id, run_id=fence.run_id, epoch=fence.epoch)
         return run
 
-    def _forget(self, task_id: str, run: Run) -> None:
-        entry = self._runs.get(task_id)
-        if entry is not None and entry[0] is run:
-            del self._runs[task_id]
+    async def _execute(self, run: Run) -> str:
+        task_id = run.fence.task_id
+        try:
+            outcome = await run.execute()
+        finally:
+            entry = self._runs.get(task_id)
+            if entry is not None and entry[0] is run:
+                del self._runs[task_id]
+            if run.status not in TERMINAL_STATUSES:
+                self._jobs.forget(task_id)  # their results are for whoever resumes it
+        if run.status in TERMINAL_STATUSES:
+            await self._jobs.cancel(task_id)  # no job outlives its workflow (a forced end)
+        if outcome.endswith("lease lost"):
+            # Taken over, or revoked by a cancel elsewhere: only the latter stops the jobs.
+            try:
+                cancelled = (await self._store.get(task_id)).status == "CANCELLED"
+            except (WorkflowEngineError, psycopg.Error) as exc:
+                log.warning("run_end_status_unknown", task_id=task_id, error=repr(exc))
+                cancelled = False
+            if cancelled:
+                await self._jobs.cancel(task_id)
+        return outcome
 
-    def request_stop(self, task_id: str, reason: str) -> bool:
-        entry = self._runs.get(task_id)
-        if entry is None:
-            return False
-        entry[0].request_stop(reason)
-        return True
+    async def admit(self, job: JobRequest) -> None:
+        """Let `job` start only while its run holds the lease (checked in the database)."""
+        run = self.get(job.task_id)
+        if run is None or run.closing:
+            raise RunStopped(job.task_id, "the run is stopping; no new job starts")
+        if not await self._store.fence_holds(run.fence):
+            raise LeaseLost(job.task_id, run.fence.holder_id, run.fence.epoch)
+
+    def cancel(self, task_id: str, jobs: Iterable[tuple[str, JobRequest]] = ()) -> None:
+        """The workflow was cancelled: abandon its run here, and stop its jobs (and `jobs`)."""
+        run = self.get(task_id)
+        if run is not None:
+            run.request_stop("cancelled", interrupt=True)
+        stopping = asyncio.create_task(self._jobs.cancel(task_id, jobs), name=f"cancel-{task_id}")
+        self._background.add(stopping)
+        stopping.add_done_callback(self._background.discard)
 
     async def wait(self, task_id: str, seconds: float) -> bool:
         """Wait for a live run to end; True if it did (or was not running) within `seconds`."""
@@ -111,6 +150,8 @@ class RunManager:
     async def drain(self, seconds: float) -> None:
         """Stop accepting runs, stop every run at a node boundary, cancel stragglers."""
         self._accepting = False
+        if self._background:
+            await asyncio.wait(self._background, timeout=seconds)
         if not self._runs:
             return
         log.info("drain_started", runs=len(self._runs), seconds=seconds)

@@ -8,29 +8,47 @@ stops the run before its next node.
 
 Changes from outside (an approval decision, a raised budget, an operator's override; see
 `workflow_engine.graph.commands`) are applied by the run that holds the lease: given at launch,
-or handed to a live run, which applies it at its next node boundary and carries on.
+or submitted to a live run. A live run does not wait for its node to end: it interrupts the node
+(every node is safe to run again, and a job it waits for keeps running and is re-attached by its
+id), applies the change from its latest checkpoint, and carries on. Each change is computed from
+the state it is applied to, so one that no longer fits is refused, never applied twice.
+
+Once a run has written its final checkpoint (the workflow ended or paused; that write released
+the lease) or has been told to stop, it is *closing*: it takes no more changes, and whoever has
+one for the workflow waits for the run to end and claims the workflow afresh.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Sequence
+from typing import Any, TypeVar
 
 import psycopg
 import structlog
 from langchain_core.runnables import RunnableConfig
 from langgraph.graph.state import CompiledStateGraph
 
-from workflow_engine.errors import CheckpointCorrupt, InvalidState, LeaseLost, RunStopped
-from workflow_engine.graph.commands import CONTINUE_FROM, StateUpdate
+from workflow_engine.errors import (
+    CheckpointCorrupt,
+    InvalidState,
+    LeaseLost,
+    RunStopped,
+    WorkflowEngineError,
+)
+from workflow_engine.graph.commands import CONTINUE_FROM, Change, apply_all
 from workflow_engine.graph.state import WorkflowState
 from workflow_engine.runtime.faults import FaultPlan
 from workflow_engine.storage.checkpointer import RUN_CONTEXT_KEY, NodeEvent
 from workflow_engine.storage.leases import Fence
-from workflow_engine.storage.workflows import TERMINAL_STATUSES, WorkflowStore
+from workflow_engine.storage.workflows import FINAL_STATUSES, WorkflowStore
 
 log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
+
+#: The reason a run stops (or is interrupted) to apply changes, then goes on.
+UPDATE = "update"
 
 
 class Run:
@@ -46,8 +64,7 @@ class Run:
         store: WorkflowStore,
         initial_input: WorkflowState | None,
         faults: FaultPlan | None = None,
-        updates: Sequence[StateUpdate] = (),
-        on_end: Callable[[str], None] | None = None,
+        changes: Sequence[Change] = (),
     ) -> None:
         self._faults = faults or FaultPlan()
         self._fence = fence
@@ -56,14 +73,19 @@ class Run:
         self._graph = graph
         self._store = store
         self._input = initial_input
+        self._has_checkpoint = initial_input is None
         self._completed_node: NodeEvent | None = None
         self._stop_reason: str | None = None
-        self._on_end = on_end
-        # Updates to apply at the next node boundary, each with the future its caller awaits.
-        self._updates: list[tuple[StateUpdate, asyncio.Future[None]]] = []
+        self._closing = False
+        self._released = False
+        # Batches of changes to apply at the next node boundary, each with the future its
+        # caller awaits (done with the state after the batch, once it is durable).
+        self._batches: list[tuple[list[Change], asyncio.Future[WorkflowState]]] = []
         self._applying = False
-        for update in updates:
-            self._updates.append((update, asyncio.get_running_loop().create_future()))
+        self._node_task: asyncio.Future[Any] | None = None
+        self._interrupted: str | None = None
+        if changes:
+            self._batches.append((list(changes), asyncio.get_running_loop().create_future()))
         self.last_node: str | None = None
         self.outcome: str | None = None
 
@@ -79,11 +101,38 @@ class Run:
 
     @property
     def fresh(self) -> bool:
-        return self._input is not None
+        """True until the run has a checkpoint to read (it starts from its input)."""
+        return not self._has_checkpoint
 
-    def node_started(self, node: str) -> None:
-        if self._stop_reason is not None:
-            raise RunStopped(self._fence.task_id, self._stop_reason)
+    @property
+    def closing(self) -> bool:
+        """True once the run takes no more changes (final checkpoint written, or stopping)."""
+        return self._closing or self._stop_reason is not None
+
+    async def guard(self, node: str, body: Awaitable[T]) -> T:
+        """Run a node's body, unless the run must stop first; an interrupt abandons it.
+
+        The body runs as its own task, so an interrupt (a change to apply, a cancel) cancels
+        the node's work without touching the graph's machinery; the run then stops at this
+        boundary, and the node runs again later if the workflow goes on.
+        """
+        try:
+            self._check_boundary()
+        except RunStopped:
+            if asyncio.iscoroutine(body):
+                body.close()
+            raise
+        task = asyncio.ensure_future(body)
+        self._node_task = task
+        try:
+            return await task
+        except asyncio.CancelledError:
+            me = asyncio.current_task()
+            if task.cancelled() and self._interrupted and not (me and me.cancelling()):
+                raise RunStopped(self._fence.task_id, self._interrupted) from None
+            raise
+        finally:
+            self._node_task = None
 
     def node_finished(self, node: str, kind: str, detail: str) -> None:
         self._completed_node = NodeEvent(node, kind, detail)
@@ -95,38 +144,50 @@ class Run:
     def checkpoint_written(self, node: str, status: str) -> None:
         self.last_node = node
         self._status = status
-        if status in TERMINAL_STATUSES:
+        self._has_checkpoint = True
+        if status in FINAL_STATUSES:  # that write released the lease; nothing follows it
+            self._closing = self._released = True
             return
+        self._check_boundary()
+
+    def _check_boundary(self) -> None:
         if self._stop_reason is not None:
             raise RunStopped(self._fence.task_id, self._stop_reason)
-        if self._updates and not self._applying:
-            raise RunStopped(self._fence.task_id, "update")
+        if self._batches and self._has_checkpoint and not self._applying:
+            raise RunStopped(self._fence.task_id, UPDATE)
 
     # -- control --------------------------------------------------------------------------
 
-    def request_update(self, update: StateUpdate) -> asyncio.Future[None]:
-        """Apply `update` at the next node boundary; the future is done once it is durable."""
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._updates.append((update, done))
+    def submit(self, changes: Sequence[Change]) -> asyncio.Future[WorkflowState] | None:
+        """Apply `changes` (in order, all or none) as soon as possible; `None` when closing.
+
+        The future is done with the state after the changes once they are durable, or with
+        the exception of the first change that refused the state it was given.
+        """
+        if self.closing:
+            return None
+        done: asyncio.Future[WorkflowState] = asyncio.get_running_loop().create_future()
+        self._batches.append((list(changes), done))
+        if self._has_checkpoint:
+            self._interrupt(UPDATE)
         return done
 
-    def withdraw_update(self, done: asyncio.Future[None]) -> bool:
-        """Take back an update not applied yet; False if it already was (or is being)."""
-        for i, (_, pending) in enumerate(self._updates):
-            if pending is done:
-                del self._updates[i]
-                return True
-        return False
+    def pending(self) -> list[asyncio.Future[WorkflowState]]:
+        """The futures of the changes not yet applied (e.g. given at launch), to await."""
+        return [done for _, done in self._batches]
 
-    def pending_updates(self) -> list[asyncio.Future[None]]:
-        """The futures of the updates not yet applied (e.g. given at launch), to await."""
-        return [done for _, done in self._updates]
-
-    def request_stop(self, reason: str) -> None:
-        """Stop at the next node boundary (after the current node's checkpoint is written)."""
+    def request_stop(self, reason: str, *, interrupt: bool = False) -> None:
+        """Stop at the next node boundary, or at once (abandoning the node) with `interrupt`."""
         if self._stop_reason is None:
             self._stop_reason = reason
-            log.info("run_stop_requested", reason=reason)
+            log.info("run_stop_requested", reason=reason, interrupt=interrupt)
+        if interrupt:
+            self._interrupt(reason)
+
+    def _interrupt(self, reason: str) -> None:
+        self._interrupted = self._interrupted or reason
+        if self._node_task is not None and not self._node_task.done():
+            self._node_task.cancel()
 
     async def execute(self) -> str:
         """Drive the graph to its end or to a stop; return how it ended, for logs and tests."""
@@ -170,54 +231,69 @@ class Run:
                 self._fence, "FAILED", f"internal error after {self.last_node}: {exc!r}"
             )
         finally:
+            self._closing = True
             heartbeat.cancel()
-            for _, done in self._updates:  # never applied: the run ended first
+            for _, done in self._batches:  # never applied: the run ended first
                 if not done.done():
-                    done.set_exception(InvalidState(f"the run ended ({self.outcome}) first"))
-            if release:
+                    done.set_exception(RunEnded(self._fence.task_id, self.outcome or ""))
+            if release and not self._released:
                 await asyncio.shield(self._release())
-            if self._on_end is not None:
-                self._on_end(self._fence.task_id)
             structlog.contextvars.unbind_contextvars("task_id", "run_id")
         return self.outcome or ""
 
     async def _drive(self, config: RunnableConfig) -> None:
-        """Run the graph; apply pending updates first and at every node boundary they stop."""
+        """Run the graph; apply submitted changes first and whenever they interrupt it."""
         graph_input: WorkflowState | None = self._input
         while True:
-            if self._updates:
-                await self._apply_updates(config)
+            if self._batches and self._has_checkpoint:
+                await self._apply_changes(config)
                 graph_input = None
             try:
                 await self._graph.ainvoke(graph_input, config, durability="sync")
                 return
             except RunStopped as stop:
-                if stop.reason != "update" or self._stop_reason is not None:
+                if stop.reason != UPDATE or self._stop_reason is not None:
                     raise
-            self._input = None  # later passes continue from the checkpoint
+            finally:
+                self._interrupted = None
+            graph_input = None  # later passes continue from the checkpoint
 
-    async def _apply_updates(self, config: RunnableConfig) -> None:
+    async def _apply_changes(self, config: RunnableConfig) -> None:
         self._applying = True
         try:
-            await self._apply_each(config)
+            while self._batches:
+                changes, done = self._batches.pop(0)
+                snapshot = await self._graph.aget_state(config)
+                state: WorkflowState = dict(snapshot.values)  # type: ignore[assignment]
+                try:
+                    updates, _ = apply_all(changes, state)
+                except WorkflowEngineError as refused:
+                    if not done.done():
+                        done.set_exception(refused)
+                    continue
+                try:
+                    for update in updates:
+                        self._completed_node = NodeEvent(
+                            update.label, update.kind, update.detail, update.actor
+                        )
+                        await self._graph.aupdate_state(
+                            config, update.values, as_node=CONTINUE_FROM
+                        )
+                        state = {**state, **update.values}
+                        log.info(
+                            "run_updated",
+                            label=update.label,
+                            detail=update.detail,
+                            actor=update.actor,
+                        )
+                except BaseException as exc:
+                    if not done.done():
+                        done.set_exception(exc)
+                    raise
+                if not done.done():
+                    done.set_result(state)
         finally:
             self._applying = False
-
-    async def _apply_each(self, config: RunnableConfig) -> None:
-        while self._updates:
-            update, done = self._updates.pop(0)
-            try:
-                self._completed_node = NodeEvent(
-                    update.label, update.kind, update.detail, update.actor
-                )
-                await self._graph.aupdate_state(config, update.values, as_node=CONTINUE_FROM)
-            except BaseException as exc:
-                if not done.done():
-                    done.set_exception(exc)
-                raise
-            if not done.done():
-                done.set_result(None)
-            log.info("run_updated", label=update.label, detail=update.detail, actor=update.actor)
 
     async def _release(self) -> None:
         try:
@@ -236,5 +312,14 @@ class Run:
                 log.warning("lease_renew_failed", error=repr(exc))
                 continue
             if expires is None:
-                self.request_stop("lease lost")
+                self.request_stop("lease lost", interrupt=True)
                 return
+
+
+class RunEnded(InvalidState):
+    """A change reached a run that ended before applying it; nothing of it was written."""
+
+    def __init__(self, task_id: str, outcome: str) -> None:
+        super().__init__(
+            f"the run ended ({outcome}) before the change was applied", task_id=task_id
+        )

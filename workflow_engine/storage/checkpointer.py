@@ -8,7 +8,8 @@ tampered row can at worst be refused, never executed.
 
 Each node's write is one fenced upsert: it checks the lease (holder and epoch, locked ``FOR
 SHARE`` so a takeover waits for it or it sees the takeover), upserts the row and appends the
-node's watch events, in one statement. Writes of concurrent runs share that statement and its
+node's watch events, in one statement; the write that ends or pauses the workflow also releases
+the lease. Writes of concurrent runs share that statement and its
 commit (`group_commit`). A runner whose lease has moved on gets `LeaseLost`; nothing lands.
 
 What is deliberately not kept:
@@ -40,6 +41,7 @@ from workflow_engine.runtime.faults import FaultPlan
 from workflow_engine.storage.group_commit import CheckpointRow, GroupCommitter
 from workflow_engine.storage.leases import Fence
 from workflow_engine.storage.retry import with_retry
+from workflow_engine.storage.workflows import FINAL_STATUSES
 
 #: Key in `config["configurable"]` under which a run passes its `RunContext` to the saver.
 RUN_CONTEXT_KEY = "workflow_engine_run"
@@ -213,6 +215,7 @@ class RowCheckpointSaver(BaseCheckpointSaver[int]):
             event_kind=event.kind,
             detail=event.detail,
             actor=event.actor,
+            release=status in FINAL_STATUSES,
         )
 
         async def write() -> bool:

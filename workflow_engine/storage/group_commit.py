@@ -20,25 +20,32 @@ import structlog
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
+from workflow_engine.storage import leases
 from workflow_engine.storage.retry import is_transient
 
 log = structlog.get_logger(__name__)
 
 # Lock the matching lease rows FOR SHARE (a takeover waits for this statement, or this statement
-# sees the takeover), upsert the rows they fence, append each row's events, and say for every
-# input row whether its lease still held. The rows arrive as one JSON array: psycopg would
-# otherwise escape every JSON document into an array literal, which cost more CPU than the rest
-# of the write.
-WRITE_BATCH = """
+# sees the takeover), upsert the rows they fence, append each row's events, release the lease
+# of a row that ends or pauses its workflow (so the moment the final status is visible, the task
+# is free to claim: no window in which the row says "waiting" but the lease still says "held"),
+# and say for every input row whether it is written. A row counts as written when its lease
+# still held, or when the row already holds this very checkpoint at this epoch: a retry after a
+# commit whose answer was lost (which may have released the lease) is not a lost lease. The rows
+# arrive as one JSON array: psycopg would otherwise escape every JSON document into an array
+# literal, which cost more CPU than the rest of the write.
+WRITE_BATCH = (
+    """
 WITH input AS (
     SELECT * FROM jsonb_to_recordset(%(rows)s) AS i(
         task_id uuid, holder_id text, epoch bigint, run_id uuid, state jsonb, node text,
         status text, checkpoint_id text, checkpoint jsonb, metadata jsonb, n_events int,
-        summary text, error text, event_kind text, detail text, actor text)
+        summary text, error text, event_kind text, detail text, actor text, release boolean)
 ), lease AS (
     SELECT l.task_id FROM task_workflow_leases l
-      JOIN input i ON l.task_id = i.task_id AND l.holder_id = i.holder_id AND l.epoch = i.epoch
-     WHERE l.expires_at > now()
+      JOIN input i ON l.task_id = i.task_id AND """
+    + leases.fence_sql(holder="i.holder_id", epoch="i.epoch")
+    + """
        FOR SHARE OF l
 ), cp AS (
     INSERT INTO workflow_checkpoints AS c
@@ -64,6 +71,11 @@ WITH input AS (
     -- A retry after a commit whose answer was lost must not append the events twice.
     WHERE c.checkpoint_id IS DISTINCT FROM EXCLUDED.checkpoint_id
     RETURNING c.task_id, c.event_seq, c.updated_at
+), released AS (
+    UPDATE task_workflow_leases l
+       SET holder_id = NULL, expires_at = NULL, updated_at = now()
+      FROM input i JOIN cp USING (task_id)
+     WHERE l.task_id = i.task_id AND i.release
 ), events AS (
     INSERT INTO workflow_events
         (task_id, seq, run_id, kind, node_id, status, created_at, detail, actor)
@@ -78,8 +90,13 @@ WITH input AS (
            (ARRAY[i.actor, i.actor])[1:i.n_events]
      ) WITH ORDINALITY AS e(kind, node, status, detail, actor, ord)
 )
-SELECT i.task_id::text, lease.task_id IS NOT NULL FROM input i LEFT JOIN lease USING (task_id)
+SELECT i.task_id::text, lease.task_id IS NOT NULL OR w.task_id IS NOT NULL
+  FROM input i
+  LEFT JOIN lease USING (task_id)
+  LEFT JOIN workflow_checkpoints w
+    ON w.task_id = i.task_id AND w.checkpoint_id = i.checkpoint_id AND w.lease_epoch = i.epoch
 """
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +121,8 @@ class CheckpointRow:
     event_kind: str = "node"
     detail: str = ""
     actor: str = ""
+    #: Release the lease with this write: the row ends or pauses the workflow.
+    release: bool = False
 
 
 @dataclass
@@ -194,6 +213,7 @@ class GroupCommitter:
                 "event_kind": r.event_kind,
                 "detail": r.detail,
                 "actor": r.actor,
+                "release": r.release,
             }
             for r in rows
         ]

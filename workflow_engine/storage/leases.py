@@ -34,6 +34,21 @@ class Lease:
     live: bool
 
 
+# The fence, written once. A runner proves it still holds the task's lease `l` (aliased so in
+# every statement): it is the holder, at its epoch (which a takeover, even by the same holder,
+# moves on), and the lease has not expired. Every fenced statement uses `FENCE`: the checkpoint
+# write (`group_commit`, with the batch's columns for the values), renewal, and a runner's status
+# change. Release uses `HELD` alone: a runner may release its own expired lease (nobody took it,
+# or the epoch would differ), which frees the task at once instead of after the expiry.
+HELD = "l.holder_id = {holder} AND l.epoch = {epoch}"
+FENCE = HELD + " AND l.expires_at > now()"
+
+
+def fence_sql(holder: str = "%(holder_id)s", epoch: str = "%(epoch)s") -> str:
+    """`FENCE` with its holder and epoch taken from `holder` and `epoch` (SQL expressions)."""
+    return FENCE.format(holder=holder, epoch=epoch)
+
+
 # Insert the lease, or take it over where it is released or expired (or, for a resume, where
 # the same holder had it: a restarted runner fences out its own older incarnation). No row back
 # means someone else holds it.
@@ -60,19 +75,33 @@ SELECT task_id::text, lease_id::text, holder_id, epoch, expires_at,
  WHERE task_id = %(task_id)s
 """
 
-RENEW = """
-UPDATE task_workflow_leases
+RENEW = (
+    """
+UPDATE task_workflow_leases AS l
    SET expires_at = now() + make_interval(secs => %(ttl)s), updated_at = now()
- WHERE task_id = %(task_id)s AND holder_id = %(holder_id)s AND epoch = %(epoch)s
-   AND expires_at > now()
-RETURNING expires_at
+ WHERE l.task_id = %(task_id)s AND """
+    + fence_sql()
+    + """
+RETURNING l.expires_at
 """
+)
 
 RELEASE = """
-UPDATE task_workflow_leases
+UPDATE task_workflow_leases AS l
    SET holder_id = NULL, expires_at = NULL, updated_at = now()
- WHERE task_id = %(task_id)s AND holder_id = %(holder_id)s AND epoch = %(epoch)s
-"""
+ WHERE l.task_id = %(task_id)s AND """ + HELD.format(holder="%(holder_id)s", epoch="%(epoch)s")
+
+FENCE_HOLDS = (
+    "SELECT 1 FROM task_workflow_leases AS l WHERE l.task_id = %(task_id)s AND " + fence_sql()
+)
+
+# Lock the lease row for a fenced change of other rows of the task (a runner's status change);
+# no row back means the fence no longer holds.
+LOCK_FENCED = (
+    "SELECT 1 FROM task_workflow_leases AS l WHERE l.task_id = %(task_id)s AND "
+    + fence_sql()
+    + " FOR UPDATE"
+)
 
 # Take the lease from whoever has it (cancel): release it and move the epoch on, so the old
 # holder's next fenced write fails.
@@ -145,6 +174,15 @@ async def release(conn: AsyncConnection[Any], fence: Fence) -> bool:
         RELEASE, {"task_id": fence.task_id, "holder_id": fence.holder_id, "epoch": fence.epoch}
     )
     return cur.rowcount == 1
+
+
+async def lock_fenced(conn: AsyncConnection[Any], fence: Fence) -> bool:
+    """Lock the lease row (until the transaction ends) if `fence` still holds it."""
+    cur = await conn.execute(
+        LOCK_FENCED,
+        {"task_id": fence.task_id, "holder_id": fence.holder_id, "epoch": fence.epoch},
+    )
+    return await cur.fetchone() is not None
 
 
 async def revoke(conn: AsyncConnection[Any], task_id: str) -> None:

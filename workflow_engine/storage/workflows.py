@@ -26,6 +26,8 @@ from workflow_engine.storage.retry import with_retry
 TERMINAL_STATUSES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
 #: Not finished, but waiting for someone: a decision, or a raised budget.
 PAUSED_STATUSES = frozenset({"WAITING_FOR_APPROVAL", "SUSPENDED"})
+#: Statuses a run's last checkpoint leaves: the write that stores one releases the lease.
+FINAL_STATUSES = TERMINAL_STATUSES | PAUSED_STATUSES
 
 _SELECT_WORKFLOW = """
 SELECT c.task_id::text AS task_id, c.run_id::text AS run_id, c.status, c.last_node_id,
@@ -65,6 +67,10 @@ SELECT c.task_id::text
  ORDER BY c.updated_at
  LIMIT %(limit)s
 """
+
+# Tells every replica's event listener that a task's workflow was cancelled (see `EventHub`).
+CONTROL_CHANNEL = "workflow_control"
+_NOTIFY_CONTROL = "SELECT pg_notify('workflow_control', %(task_id)s::text)"
 
 _COUNT_RECOVERY = """
 UPDATE workflow_checkpoints SET recovery_attempts = recovery_attempts + 1
@@ -427,34 +433,47 @@ class WorkflowStore:
             raise WorkflowNotFound(task_id)
         return record, history
 
-    async def cancel(self, task_id: str, reason: str) -> WorkflowRecord:
-        """Mark an unfinished workflow cancelled and revoke its lease; finished ones stay as is."""
+    async def cancel(self, task_id: str, reason: str) -> tuple[WorkflowRecord, bool]:
+        """Mark an unfinished workflow cancelled and revoke its lease; finished ones stay as is.
 
-        async def once() -> WorkflowRecord:
+        Returns the record after the call, and whether this call cancelled it. The same
+        transaction notifies every replica (``workflow_control``), so the one running it stops
+        it and its jobs without waiting for its next lease renewal.
+        """
+
+        async def once() -> tuple[WorkflowRecord, bool]:
             async with self._pool.connection() as conn, conn.transaction():
                 record = await _lock_workflow(conn, task_id)
                 if record.terminal:
-                    return record
+                    return record, False
                 await _set_status(conn, record, "CANCELLED", reason or "cancelled")
                 await leases.revoke(conn, task_id)
+                await conn.execute(_NOTIFY_CONTROL, {"task_id": task_id})
                 updated = await _select_workflow(conn, task_id)
                 assert updated is not None
-                return updated
+                return updated, True
 
         return await with_retry(once)
+
+    async def fence_holds(self, fence: Fence) -> bool:
+        """Whether `fence` still holds its lease (a read: nothing is locked or written)."""
+
+        async def read() -> bool:
+            async with self._pool.connection() as conn:
+                cur = await conn.execute(
+                    leases.FENCE_HOLDS,
+                    {"task_id": fence.task_id, "holder_id": fence.holder_id, "epoch": fence.epoch},
+                )
+                return await cur.fetchone() is not None
+
+        return await with_retry(read)
 
     async def set_status(self, fence: Fence, status: str, error: str = "") -> bool:
         """Set a status from a runner that still holds its lease; False when it does not."""
 
         async def once() -> bool:
             async with self._pool.connection() as conn, conn.transaction():
-                await conn.execute(_LOCK_LEASE, {"task_id": fence.task_id})
-                lease = await leases.current(conn, fence.task_id)
-                if (
-                    lease is None
-                    or lease.holder_id != fence.holder_id
-                    or lease.epoch != fence.epoch
-                ):
+                if not await leases.lock_fenced(conn, fence):
                     return False
                 record = await _select_workflow(conn, fence.task_id, lock=True)
                 if record is None or record.status == status:

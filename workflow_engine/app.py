@@ -15,12 +15,12 @@ import grpc
 import orjson
 import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_health.v1._async import HealthServicer as AsyncHealthServicer
 from grpc_reflection.v1alpha import reflection
 from psycopg.types.json import set_json_dumps, set_json_loads
 from psycopg_pool import AsyncConnectionPool
 
 from workflow_engine.api.decoding import generic_handler
+from workflow_engine.api.health import HealthServicer
 from workflow_engine.api.servicer import WorkflowEngineServicer
 from workflow_engine.capabilities.base import Worker
 from workflow_engine.capabilities.jobs import JobTracker
@@ -180,7 +180,7 @@ class GrpcServer:
         self.server.add_generic_rpc_handlers(
             (generic_handler(SERVICE, WorkflowEngineServicer(engine.service)),)
         )
-        self.health = AsyncHealthServicer()
+        self.health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server

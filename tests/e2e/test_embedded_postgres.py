@@ -8,8 +8,10 @@ says how to stop it.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -53,13 +55,20 @@ def wait_until_gone(pid: int, timeout: float = 30) -> bool:
 
 
 @pytest.fixture
-def data_dir(tmp_path: Path) -> Iterator[Path]:
-    """A data directory whose embedded server, if a test leaves one, is stopped afterwards."""
-    path = tmp_path / "data"
+def data_dir() -> Iterator[Path]:
+    """A data directory whose embedded server, if a test leaves one, is stopped afterwards.
+
+    Not under pytest's `tmp_path`: every pytest session started on this machine sets pytest's
+    temporary root back to mode 0700, which locks out the unprivileged user pgserver runs
+    PostgreSQL as (initdb then fails), so another person's test run would break this one.
+    """
+    root = Path(tempfile.mkdtemp(prefix="workflow-engine-e2e-"))
+    path = root / "data"
     yield path
     for pid in servers_for((path / "pgdata").resolve()):
         os.kill(pid, signal.SIGINT)  # PostgreSQL's fast shutdown
         wait_until_gone(pid)
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def entry(process: EngineProcess, event: str) -> dict[str, object]:

@@ -121,12 +121,12 @@ def contenders(data_dir: Path) -> list[Any]:
 
 
 async def run(
+    server_url: str,
     concurrencies: list[int],
     smoke: bool,
     only: list[str] | None = None,
     workflows_per_point: int | None = None,
 ) -> list[dict[str, Any]]:
-    server_url = start_embedded_postgres(PGDATA)
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for concurrency in concurrencies:
@@ -214,7 +214,10 @@ def main() -> None:
     )
     args = parser.parse_args()
     configure_logging("warning")
-    results = asyncio.run(run(args.concurrency, args.smoke, args.only, args.workflows))
+    with start_embedded_postgres(PGDATA) as server:
+        results = asyncio.run(
+            run(server.url, args.concurrency, args.smoke, args.only, args.workflows)
+        )
     print(table(results))
     for name, value in ratios(results).items():
         print(f"{name}: {value}x")

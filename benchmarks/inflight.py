@@ -36,8 +36,7 @@ from workflow_engine.v1 import workflow_engine_pb2 as pb
 PGDATA = Path(__file__).resolve().parent.parent / ".data" / "bench-pgdata"
 
 
-async def run(workflows: int, job_seconds: float) -> dict[str, float]:
-    server = start_embedded_postgres(PGDATA)
+async def run(server: str, workflows: int, job_seconds: float) -> dict[str, float]:
     db = f"inflight_{uuid.uuid4().hex[:8]}"
     async with await psycopg.AsyncConnection.connect(server, autocommit=True) as admin:
         await admin.execute(f"CREATE DATABASE {db}")
@@ -84,7 +83,8 @@ def main() -> None:
     parser.add_argument("--job-seconds", type=float, default=0.2)
     args = parser.parse_args()
     configure_logging("warning")
-    print(json.dumps(asyncio.run(run(args.workflows, args.job_seconds))))
+    with start_embedded_postgres(PGDATA) as server:
+        print(json.dumps(asyncio.run(run(server.url, args.workflows, args.job_seconds))))
 
 
 if __name__ == "__main__":

@@ -105,8 +105,7 @@ def _statements(log: Path, start: int) -> list[tuple[str, str]]:
     return out
 
 
-async def run(workflows: int) -> dict[str, object]:
-    server_url = start_embedded_postgres(PGDATA)
+async def run(server_url: str, workflows: int) -> dict[str, object]:
     db = f"bench_{uuid.uuid4().hex[:8]}"
     async with await psycopg.AsyncConnection.connect(server_url, autocommit=True) as admin:
         await admin.execute(f"CREATE DATABASE {db}")
@@ -163,7 +162,8 @@ def main() -> None:
     parser.add_argument("--workflows", type=int, default=30)
     args = parser.parse_args()
     configure_logging("warning")
-    result = asyncio.run(run(args.workflows))
+    with start_embedded_postgres(PGDATA) as server:
+        result = asyncio.run(run(server.url, args.workflows))
     print(f"{'figure':<44} value")
     for key, value in result.items():
         if isinstance(value, dict):

@@ -15,12 +15,12 @@ import grpc
 import orjson
 import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_health.v1._async import HealthServicer as AsyncHealthServicer
 from grpc_reflection.v1alpha import reflection
 from psycopg.types.json import set_json_dumps, set_json_loads
 from psycopg_pool import AsyncConnectionPool
 
 from workflow_engine.api.decoding import generic_handler
+from workflow_engine.api.health import HealthServicer
 from workflow_engine.api.servicer import WorkflowEngineServicer
 from workflow_engine.capabilities.base import Worker
 from workflow_engine.capabilities.jobs import JobTracker
@@ -39,7 +39,7 @@ from workflow_engine.runtime.manager import RunManager
 from workflow_engine.runtime.recovery import Recoverer
 from workflow_engine.service import WorkflowService
 from workflow_engine.storage.checkpointer import RowCheckpointSaver
-from workflow_engine.storage.embedded import start_embedded_postgres
+from workflow_engine.storage.embedded import EmbeddedPostgres, start_embedded_postgres
 from workflow_engine.storage.migrations import migrate
 from workflow_engine.storage.workflows import WorkflowStore
 from workflow_engine.v1 import workflow_engine_pb2 as pb
@@ -50,11 +50,15 @@ SERVICE = pb.DESCRIPTOR.services_by_name["WorkflowEngine"]
 SERVICE_NAME = SERVICE.full_name
 
 
-def database_url(settings: Settings) -> str:
-    """The configured database, or the embedded one (started on demand) when none is."""
+def open_database(settings: Settings) -> tuple[str, EmbeddedPostgres | None]:
+    """The configured database's URL; without one, the embedded server's, and its handle.
+
+    The handle stops the server on `close` if this process started it (see `storage.embedded`).
+    """
     if settings.database_url:
-        return settings.database_url
-    return start_embedded_postgres(settings.embedded_pgdata)
+        return settings.database_url, None
+    embedded = start_embedded_postgres(settings.embedded_pgdata)
+    return embedded.url, embedded
 
 
 # orjson encodes and decodes JSON several times faster than the standard library; the state
@@ -116,10 +120,27 @@ class Engine:
     service: WorkflowService
     recoverer: Recoverer | None
     saver: RowCheckpointSaver
+    #: The embedded server, when no database URL is configured; closed with the engine.
+    embedded: EmbeddedPostgres | None = None
 
     @classmethod
     async def start(cls, settings: Settings, *, capabilities: Capabilities | None = None) -> Engine:
-        url = database_url(settings)
+        url, embedded = open_database(settings)
+        try:
+            return await cls._start(settings, url, embedded, capabilities)
+        except BaseException:
+            if embedded is not None:
+                embedded.close()  # a server this process started stops with it
+            raise
+
+    @classmethod
+    async def _start(
+        cls,
+        settings: Settings,
+        url: str,
+        embedded: EmbeddedPostgres | None,
+        capabilities: Capabilities | None,
+    ) -> Engine:
         pool = await open_pool(url, settings)
         applied = await run_migrations(pool)
         log.info("schema_ready", migrations=applied)
@@ -151,10 +172,10 @@ class Engine:
                 interval_seconds=settings.recovery_interval_seconds,
             )
             recoverer.start()
-        return cls(settings, pool, store, runs, events, service, recoverer, saver)
+        return cls(settings, pool, store, runs, events, service, recoverer, saver, embedded)
 
     async def close(self, *, drain_timeout: float | None = None) -> None:
-        """Drain the runs (see `RunManager.drain`), then close connections."""
+        """Drain the runs (see `RunManager.drain`), close connections, then the embedded server."""
         timeout = self.settings.drain_timeout_seconds if drain_timeout is None else drain_timeout
         if self.recoverer is not None:
             await self.recoverer.close()
@@ -162,6 +183,8 @@ class Engine:
         await self.saver.close()
         await self.events.close()
         await self.pool.close()
+        if self.embedded is not None:
+            await asyncio.to_thread(self.embedded.close)
 
 
 class GrpcServer:
@@ -180,7 +203,7 @@ class GrpcServer:
         self.server.add_generic_rpc_handlers(
             (generic_handler(SERVICE, WorkflowEngineServicer(engine.service)),)
         )
-        self.health = AsyncHealthServicer()
+        self.health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
@@ -211,13 +234,19 @@ class GrpcServer:
 
 async def serve(settings: Settings) -> None:
     """Run until SIGTERM or SIGINT, then drain and exit."""
-    engine = await Engine.start(settings)
-    server = GrpcServer(engine)
-    await server.start()
+    # Handled from the start: a signal during start-up (or just after the "serving" line) is a
+    # graceful stop once serving, not the default death that would skip every clean-up.
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    engine = await Engine.start(settings)
+    try:
+        server = GrpcServer(engine)
+        await server.start()
+    except BaseException:
+        await engine.close(drain_timeout=0)
+        raise
     await stop.wait()
     log.info("shutdown_requested")
     await server.stop()

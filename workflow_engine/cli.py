@@ -12,7 +12,7 @@ from pathlib import Path
 
 import structlog
 
-from workflow_engine.app import database_url, open_pool, run_migrations, serve
+from workflow_engine.app import open_database, open_pool, run_migrations, serve
 from workflow_engine.config import Settings, settings_from_env
 from workflow_engine.logs import configure_logging
 
@@ -47,12 +47,17 @@ def settings_from_args(args: argparse.Namespace, base: Settings) -> Settings:
 
 
 async def _migrate(settings: Settings) -> None:
-    pool = await open_pool(database_url(settings), settings)
+    url, embedded = open_database(settings)
     try:
-        applied = await run_migrations(pool)
-        log.info("migrated", migrations=applied)
+        pool = await open_pool(url, settings)
+        try:
+            applied = await run_migrations(pool)
+            log.info("migrated", migrations=applied)
+        finally:
+            await pool.close()
     finally:
-        await pool.close()
+        if embedded is not None:
+            embedded.close()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -280,6 +280,28 @@ async def test_a_reused_pid_does_not_keep_a_lost_job_waiting(tmp_path: Path) -> 
     assert "lost" in result.stderr
 
 
+async def test_a_lost_jobs_stderr_names_paths_relative_to_its_work_dir(tmp_path: Path) -> None:
+    # A supervisor that crashed: no request.json, so its traceback (in supervisor.log, which the
+    # lost job's stderr quotes) names the missing file by its absolute path.
+    request = job("lost-4", "true")
+    job_dir = tmp_path / "jobs" / "lost-4"
+    job_dir.mkdir(parents=True)
+    with (job_dir / "supervisor.log").open("ab") as log_file:
+        launcher = await asyncio.create_subprocess_exec(
+            sys.executable, "-I", supervisor.__file__, str(job_dir), "10", "1024",
+            stdout=log_file, stderr=log_file,
+        )  # fmt: skip
+        assert await launcher.wait() == 0  # it claimed the job, then crashed
+
+    result = await worker(tmp_path).run("local", request)
+
+    assert result.status == "failed"
+    assert "lost" in result.stderr
+    assert "FileNotFoundError" in result.stderr
+    assert str(tmp_path) not in result.stderr
+    assert "'../request.json'" in result.stderr
+
+
 async def test_launcher_that_died_before_spawning_is_lost(tmp_path: Path) -> None:
     marker = tmp_path / "marker"
     request = job("lost-3", "sh", "-c", f"echo ran >> {marker}")

@@ -109,6 +109,22 @@ async def test_file_exists_resolves_relative_paths_in_the_work_dir(tmp_path: Pat
     assert len(v.recommended_actions) == 1
 
 
+async def test_file_exists_names_the_file_as_the_check_gave_it(tmp_path: Path) -> None:
+    # Findings and actions reach the client; the work dir's absolute path is the server's.
+    (tmp_path / "here.txt").write_text("x")
+    present = Check(kind="file_exists", value="here.txt")
+    missing = Check(kind="file_exists", value="sub/gone.txt")
+
+    v = await verify(present, missing, work_dir=str(tmp_path))
+
+    details = [f.detail for f in v.findings if f.check == "file_exists"]
+    assert details == [
+        "expected file 'here.txt' to exist in the work dir, found",
+        "expected file 'sub/gone.txt' to exist in the work dir, missing",
+    ]
+    assert not any(str(tmp_path) in text for text in [*details, *v.recommended_actions])
+
+
 async def test_file_exists_refuses_to_leave_the_work_dir(tmp_path: Path) -> None:
     work = tmp_path / "work"
     work.mkdir()

@@ -21,7 +21,7 @@ class EngineProcess:
     def __init__(
         self,
         *,
-        db_url: str,
+        db_url: str | None,
         data_dir: Path,
         holder_id: str,
         ttl: int = 30,
@@ -30,7 +30,8 @@ class EngineProcess:
     ) -> None:
         env = {
             **os.environ,
-            "WORKFLOW_ENGINE_DATABASE_URL": db_url,
+            # None: no URL at all, so the engine starts (or finds) its embedded server.
+            "WORKFLOW_ENGINE_DATABASE_URL": db_url or "",
             "WORKFLOW_ENGINE_DATA_DIR": str(data_dir),
             "WORKFLOW_ENGINE_LISTEN": "127.0.0.1:0",
             "WORKFLOW_ENGINE_HOLDER_ID": holder_id,

@@ -70,3 +70,14 @@ async def test_grpcurl_lists_by_reflection_and_starts_a_workflow(running: Runnin
     assert got["status"] == "SUCCEEDED" and got["last_node_id"] == "finalize_summary"
     health = json.loads(await grpcurl(running.address, "grpc.health.v1.Health/Check"))
     assert health["status"] == "SERVING"
+
+
+async def test_grpcurl_health_list_answers_every_service(running: RunningEngine) -> None:
+    methods = (await grpcurl(running.address, "list", "grpc.health.v1.Health")).split()
+    assert "grpc.health.v1.Health.List" in methods
+    answer = json.loads(await grpcurl(running.address, "grpc.health.v1.Health/List"))
+    # grpcurl prints proto3 JSON, which leaves out the default ("UNKNOWN") status; both are set.
+    assert answer["statuses"] == {
+        "": {"status": "SERVING"},
+        "workflow_engine.v1.WorkflowEngine": {"status": "SERVING"},
+    }

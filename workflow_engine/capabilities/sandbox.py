@@ -238,11 +238,17 @@ def _declare_lost(job: JobRequest, job_dir: Path, reason: str) -> JobResult:
     """Record the job as failed without running it; an existing result wins over this one."""
     stderr = (
         f"job {job.job_id} was lost: {reason}; it is not run again for the same job id"
-        + _log_tail(job_dir)
+        + _relative_to_work_dir(_log_tail(job_dir), job_dir)
     )
     result = _record(job, job_dir, "failed", stderr)
     if result.status == "failed" and result.stderr == stderr:
-        log.warning("sandbox_job_lost", job_id=job.job_id, task_id=job.task_id, reason=reason)
+        log.warning(
+            "sandbox_job_lost",
+            job_id=job.job_id,
+            task_id=job.task_id,
+            reason=reason,
+            job_dir=str(job_dir),
+        )
     return result
 
 
@@ -274,8 +280,23 @@ def _log_tail(job_dir: Path) -> str:
     try:
         with (job_dir / supervisor.LOG_FILE).open("rb") as handle:
             handle.seek(0, os.SEEK_END)
-            handle.seek(max(0, handle.tell() - _LOG_TAIL_BYTES))
-            tail = handle.read().decode("utf-8", errors="replace").strip()
+            start = max(0, handle.tell() - _LOG_TAIL_BYTES)
+            handle.seek(start)
+            raw = handle.read()
     except FileNotFoundError:
         return ""
+    if start > 0:  # whole lines only: a cut path could not be made relative
+        raw = raw.partition(b"\n")[2]
+    tail = raw.decode("utf-8", errors="replace").strip()
     return f"\nsupervisor log:\n{tail}" if tail else ""
+
+
+def _relative_to_work_dir(text: str, job_dir: Path) -> str:
+    """`text` (the supervisor's own log) with the job's paths relative to its work directory.
+
+    A client reads a lost job's stderr; where the server keeps its jobs is not its business, and
+    a path relative to the work dir is what its checks use. The operator's log keeps `job_dir`.
+    """
+    work_dir = str(job_dir / supervisor.WORK_DIR)
+    text = text.replace(work_dir + os.sep, "").replace(work_dir, ".")
+    return text.replace(str(job_dir) + os.sep, ".." + os.sep).replace(str(job_dir), "..")

@@ -124,15 +124,25 @@ def _run_check(check: Check, result: JobResult) -> tuple[bool, str]:
 
 
 def _file_exists(value: str, work_dir: str | None) -> tuple[bool, str]:
+    """Whether `value` exists, relative paths in the job's work dir.
+
+    The detail names the file as the check gave it: a client reads it (findings, the error, the
+    next attempt's remediation), and the work dir's absolute path is the server's business.
+    """
     path = Path(value)
+    where = ""
     if not path.is_absolute():
         if work_dir is None:
             return False, f"expected file {value!r}, but the result has no work directory"
         if ".." in path.parts:
             return False, f"refused path {value!r}: relative paths may not leave the work dir"
         path = Path(work_dir) / path
-    exists = path.exists()
-    return exists, f"expected file {str(path)!r} to exist, {'found' if exists else 'missing'}"
+        where = " in the work dir"
+    try:
+        exists = path.exists()
+    except OSError as exc:  # its message would carry the absolute path
+        return False, f"expected file {value!r}{where}, but it cannot be checked: {exc.strerror}"
+    return exists, f"expected file {value!r} to exist{where}, {'found' if exists else 'missing'}"
 
 
 def _json_field(document: Any, dotted: str) -> Any:

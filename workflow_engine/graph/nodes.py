@@ -291,7 +291,7 @@ class Nodes:
             return Verification("fail", (finding,), ("verify the step again",))
 
     async def finalize_summary(self, state: WorkflowState) -> WorkflowState:
-        """Write the final summary: every step, its attempts, and where its output is."""
+        """Write the final summary: every step, its attempt, exit code and job id."""
         results = state.get("results", [])
         forced = state.get("forced_next") == "finalize_summary"
         lines = [
@@ -302,7 +302,7 @@ class Nodes:
         for r in results:
             lines.append(
                 f"- {r['step_id']}: attempt {r['attempt']}, exit {r['exit_code']}, "
-                f"job {r['job_id']}" + (f", work dir {r['work_dir']}" if r.get("work_dir") else "")
+                f"job {r['job_id']}"
             )
         if forced:
             lines += _remaining(state)
@@ -363,6 +363,8 @@ def _approval_request(step: Step, now: float) -> WorkflowState:
 
 
 def _result_record(step_id: str, attempt: int, result: JobResult) -> JsonObject:
+    """A passed step's entry in `results`, for clients: no `work_dir`, which is the server's
+    absolute path (the step's stored result keeps it for the verifier)."""
     return {
         "step_id": step_id,
         "attempt": attempt,
@@ -370,7 +372,6 @@ def _result_record(step_id: str, attempt: int, result: JobResult) -> JsonObject:
         "status": result.status,
         "exit_code": result.exit_code,
         "stdout": result.stdout[-2000:],
-        "work_dir": result.work_dir,
         "ended_at": result.ended_at,
     }
 

@@ -77,6 +77,37 @@ BAD_STARTS = [
         ),
         "task.acceptance_criteria[0].check.kind",
     ),
+    # json_field_equals without `equals` used to mean "equals null"; JSON null must be explicit.
+    (
+        start(task=task(step("s", "echo", expect=[check("json_field_equals", field="n")]))),
+        "task.steps[0].expect[0].equals",
+    ),
+    (
+        start(
+            task=task(
+                step("s", "echo"),
+                acceptance_criteria=[
+                    pb.AcceptanceCriterion(
+                        description="x", check=check("json_field_equals", field="n")
+                    )
+                ],
+            )
+        ),
+        "task.acceptance_criteria[0].check.equals",
+    ),
+    # A Value with none of its kinds set is no value at all (google.protobuf.Value says so).
+    (
+        start(
+            task=task(
+                step(
+                    "s",
+                    "echo",
+                    expect=[pb.Check(kind="exit_code", equals=struct_pb2.Value())],
+                )
+            )
+        ),
+        "task.steps[0].expect[0].equals",
+    ),
     (start(task=task(step("a", "echo"), step("a", "echo"))), "task.steps[1].id"),
     (start(task=task(step("bad id!", "echo"))), "task.steps[0].id"),
     (

@@ -17,6 +17,7 @@ from workflow_engine.errors import InvalidArgument
 from workflow_engine.graph import commands
 from workflow_engine.graph.commands import Decision, StateUpdate
 from workflow_engine.spec import (
+    CHECK_KINDS_NEEDING_EQUALS,
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_MAX_PARALLEL,
     AcceptanceCriterion,
@@ -114,7 +115,21 @@ def _step(msg: pb.Step, index: int) -> Step:
 
 
 def _check(msg: pb.Check, where: str) -> Check:
-    equals = _to_json(msg.equals, f"{where}.equals") if msg.HasField("equals") else None
+    """A check; `equals` absent and `equals` JSON null differ here, and only here.
+
+    The domain `Check` holds JSON, where both would be `None`, so a check whose kind needs an
+    `equals` is refused when the message has none; a JSON null arrives as a Value with
+    `null_value` set. A Value with no kind set is no value (the Value message calls it an error).
+    """
+    if not msg.HasField("equals"):
+        if msg.kind in CHECK_KINDS_NEEDING_EQUALS:
+            raise InvalidArgument(
+                f"{where}.equals", f"required for {msg.kind} (JSON null is written null)"
+            )
+        return Check(kind=msg.kind, value=msg.value, field=msg.field)
+    if msg.equals.WhichOneof("kind") is None:
+        raise InvalidArgument(f"{where}.equals", "a Value with no kind set")
+    equals = _to_json(msg.equals, f"{where}.equals")
     return Check(kind=msg.kind, value=msg.value, field=msg.field, equals=equals)
 
 

@@ -939,7 +939,8 @@ class Check(_message.Message):
       stderr_contains:    value (substring)
       stdout_matches:     value (Python regular expression, searched)
       file_exists:        value (path, relative to the job's work directory)
-      json_field_equals:  field (dotted path into stdout parsed as JSON), equals
+      json_field_equals:  field (dotted path into stdout parsed as JSON), equals (required; a
+                          JSON null is a Value with null_value set)
     """
 
     DESCRIPTOR: _descriptor.Descriptor

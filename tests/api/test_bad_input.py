@@ -227,3 +227,68 @@ async def test_undecodable_bytes_are_invalid_argument_naming_the_field(
     )
     await expect_error(raw(body), grpc.StatusCode.INVALID_ARGUMENT, field)
     assert await snapshot(db_url) == before
+
+
+def _decision(verdict: int) -> pb.ApprovalDecision:
+    return pb.ApprovalDecision(step_id="s", verdict=verdict, reason="r")  # type: ignore[arg-type]
+
+
+def _override(branch: int) -> pb.UpdateWorkflowRequest:
+    return pb.UpdateWorkflowRequest(operator="op", force_branch=branch)  # type: ignore[arg-type]
+
+
+# Every enum field of every request. A proto3 enum field carries numbers the contract does not
+# define as they are, so each must be told from the UNSPECIFIED (0) that means "not set".
+ENUM_CASES: list[tuple[str, CallFactory]] = [
+    (
+        "decision.verdict: unknown verdict 99",
+        lambda r, t: r.stub.ResumeWorkflow(
+            pb.ResumeWorkflowRequest(task_id=t, decision=_decision(99))
+        ),
+    ),
+    (
+        "decision.verdict: unknown verdict -1",
+        lambda r, t: r.stub.ResumeWorkflow(
+            pb.ResumeWorkflowRequest(task_id=t, decision=_decision(-1))
+        ),
+    ),
+    (
+        "decision.verdict: required: APPROVE, REJECT or EDIT",
+        lambda r, t: r.stub.ResumeWorkflow(
+            pb.ResumeWorkflowRequest(task_id=t, decision=_decision(0))
+        ),
+    ),
+    (
+        "force_branch: unknown branch 99",
+        lambda r, t: r.stub.UpdateWorkflow(_with_task(_override(99), t)),
+    ),
+    (
+        "force_branch: required: FINALIZE_SUMMARY or MARK_FAILED",
+        lambda r, t: r.stub.UpdateWorkflow(_with_task(_override(0), t)),
+    ),
+    (
+        "statuses[1]: unknown status 99",
+        lambda r, t: r.stub.ListWorkflows(pb.ListWorkflowsRequest(statuses=[1, 99])),  # type: ignore[list-item]
+    ),
+    (
+        "statuses[0]: WORKFLOW_STATUS_UNSPECIFIED is not a status",
+        lambda r, t: r.stub.ListWorkflows(pb.ListWorkflowsRequest(statuses=[0])),  # type: ignore[list-item]
+    ),
+]
+
+
+def _with_task(request: pb.UpdateWorkflowRequest, task_id: str) -> pb.UpdateWorkflowRequest:
+    request.task_id = task_id
+    return request
+
+
+@pytest.mark.parametrize(("message", "call"), ENUM_CASES, ids=[m for m, _ in ENUM_CASES])
+async def test_enum_values_are_told_apart_unknown_from_unset(
+    running: RunningEngine, db_url: str, seeded: str, message: str, call: CallFactory
+) -> None:
+    before = await snapshot(db_url)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await call(running, seeded)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
+    assert err.value.details() == message
+    assert await snapshot(db_url) == before

@@ -119,6 +119,10 @@ BAD_STARTS = [
     (start(task=task(step("a", "echo", timeout_seconds=999_999))), "task.steps[0].timeout_seconds"),
     (start(task=task(step("a", "echo"), max_attempts_per_step=1000)), "task.max_attempts_per_step"),
     (start(lease_ttl_seconds=1), "lease_ttl_seconds"),
+    # Nothing the planner can plan: refused at start, not FAILED by plan_steps later.
+    (start(task=pb.TaskSpec()), "task.steps"),
+    (start(task=pb.TaskSpec(prompt="just prose, no '$ command' lines")), "task.steps"),
+    (start(task=pb.TaskSpec(prompt="$ echo" + " a" * 300)), "task.prompt"),
     (start(holder_id="x" * 1000), "holder_id"),
 ]
 

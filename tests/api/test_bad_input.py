@@ -6,12 +6,19 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
-import psycopg
 import pytest
 from google.protobuf import struct_pb2
 
 from tests.conftest import RunningEngine
-from tests.helpers import check, new_task_id, step, task, wait_for_status
+from tests.helpers import (
+    check,
+    new_task_id,
+    snapshot,
+    step,
+    task,
+    wait_for_status,
+    wait_until_released,
+)
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 UNKNOWN_TASK = "00000000-0000-4000-8000-000000000000"
@@ -127,23 +134,15 @@ BAD_STARTS = [
 ]
 
 
-async def snapshot(db_url: str) -> dict[str, list[Any]]:
-    """Every row of the engine's tables, as text, in a stable order."""
-    tables = ["workflow_checkpoints", "task_workflow_leases", "workflow_tasks", "workflow_events"]
-    out: dict[str, list[Any]] = {}
-    async with await psycopg.AsyncConnection.connect(db_url) as conn:
-        for table in tables:
-            cur = await conn.execute(f"SELECT t::text FROM {table} t ORDER BY 1")
-            out[table] = await cur.fetchall()
-    return out
-
-
 @pytest.fixture
 async def seeded(running: RunningEngine, db_url: str) -> str:
     """A finished workflow, so the tables are not empty when we check nothing changed."""
     task_id = new_task_id()
     await running.stub.StartWorkflow(pb.StartWorkflowRequest(task_id=task_id, task=GOOD))
     await wait_for_status(running.stub, task_id)
+    # Its lease is released just after the final status; a release during a test would look
+    # like a change made by the refused request.
+    await wait_until_released(running.stub, task_id)
     return task_id
 
 

@@ -108,6 +108,7 @@ class WorkflowService:
             initial_state=dict(state),
         )
         if outcome.status == "STARTED":
+            assert outcome.lease is not None  # a started workflow holds the lease it took
             if self._on_task_stored is not None:
                 self._on_task_stored(task_id, task)
             self._runs.launch(

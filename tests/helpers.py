@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Iterable
 from typing import Any
 
+import psycopg
 from google.protobuf import json_format, struct_pb2
 
 from workflow_engine.v1 import workflow_engine_pb2 as pb
@@ -63,6 +64,20 @@ async def wait_for_status(
         await asyncio.sleep(0.05)
 
 
+async def wait_until_released(
+    stub: pb_grpc.WorkflowEngineStub, task_id: str, timeout: float = 60
+) -> pb.Workflow:
+    """Poll GetWorkflow until no one holds the lease: a run releases it after its last write."""
+    deadline = time.monotonic() + timeout
+    while True:
+        wf = await stub.GetWorkflow(pb.GetWorkflowRequest(task_id=task_id))
+        if not wf.lease_holder_id:
+            return wf
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"workflow {task_id} still leased by {wf.lease_holder_id!r}")
+        await asyncio.sleep(0.05)
+
+
 async def watch_until_end(
     stub: pb_grpc.WorkflowEngineStub, task_id: str, from_sequence: int = 0, timeout: float = 60
 ) -> list[pb.WorkflowEvent]:
@@ -75,3 +90,14 @@ async def watch_until_end(
         return [event async for event in call]
 
     return await asyncio.wait_for(collect(), timeout)
+
+
+async def snapshot(db_url: str) -> dict[str, list[Any]]:
+    """Every row of the engine's tables, as text, in a stable order."""
+    tables = ["workflow_checkpoints", "task_workflow_leases", "workflow_tasks", "workflow_events"]
+    out: dict[str, list[Any]] = {}
+    async with await psycopg.AsyncConnection.connect(db_url) as conn:
+        for table in tables:
+            cur = await conn.execute(f"SELECT t::text FROM {table} t ORDER BY 1")
+            out[table] = await cur.fetchall()
+    return out

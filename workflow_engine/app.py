@@ -162,6 +162,7 @@ class Engine:
             runs=runs,
             events=events,
             on_task_stored=source.remember if isinstance(source, InlineTaskSource) else None,
+            check_plannable=caps.planner.check,
         )
         recoverer = None
         if settings.recovery_enabled:

@@ -75,6 +75,7 @@ class WorkflowService:
         store: WorkflowStore,
         runs: RunManager,
         events: EventHub,
+        check_plannable: Callable[[TaskSpec], None],
         watch_poll_seconds: float = 1.0,
         on_task_stored: Callable[[str, TaskSpec], None] | None = None,
     ) -> None:
@@ -84,6 +85,9 @@ class WorkflowService:
         self._events = events
         self._watch_poll = watch_poll_seconds
         self._on_task_stored = on_task_stored
+        # The planner's up-front check (`Planner.check`): a task it cannot plan is refused at
+        # start instead of being stored and FAILED by plan_steps.
+        self._check_plannable = check_plannable
 
     def _ttl(self, requested: int) -> float:
         if requested == 0:
@@ -110,6 +114,7 @@ class WorkflowService:
     ) -> StartOutcome:
         """Validate, take the lease, store the first checkpoint, and run in the background."""
         validate_task(task)
+        self._check_plannable(task)
         ttl = self._ttl(lease_ttl_seconds)
         self._check_accepting()
         holder = holder_id or self._settings.holder_id
@@ -123,6 +128,7 @@ class WorkflowService:
             initial_state=dict(state),
         )
         if outcome.status == "STARTED":
+            assert outcome.lease is not None  # a started workflow holds the lease it took
             if self._on_task_stored is not None:
                 self._on_task_stored(task_id, task)
             self._runs.launch(

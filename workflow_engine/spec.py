@@ -27,6 +27,9 @@ CHECK_KINDS = frozenset(
         "json_field_equals",
     }
 )
+#: Kinds whose `equals` must be given: without one there is nothing to compare with. (JSON
+#: cannot tell an absent `equals` from a null one, so the request parser enforces this.)
+CHECK_KINDS_NEEDING_EQUALS = frozenset({"json_field_equals"})
 DEFAULT_MAX_ATTEMPTS = 3
 
 # Bounds on what one task may ask for. They keep a single request from exhausting the engine

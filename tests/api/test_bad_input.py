@@ -6,12 +6,19 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
-import psycopg
 import pytest
 from google.protobuf import struct_pb2
 
 from tests.conftest import RunningEngine
-from tests.helpers import check, new_task_id, step, task, wait_for_status
+from tests.helpers import (
+    check,
+    new_task_id,
+    snapshot,
+    step,
+    task,
+    wait_for_status,
+    wait_until_released,
+)
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 UNKNOWN_TASK = "00000000-0000-4000-8000-000000000000"
@@ -77,6 +84,37 @@ BAD_STARTS = [
         ),
         "task.acceptance_criteria[0].check.kind",
     ),
+    # json_field_equals without `equals` used to mean "equals null"; JSON null must be explicit.
+    (
+        start(task=task(step("s", "echo", expect=[check("json_field_equals", field="n")]))),
+        "task.steps[0].expect[0].equals",
+    ),
+    (
+        start(
+            task=task(
+                step("s", "echo"),
+                acceptance_criteria=[
+                    pb.AcceptanceCriterion(
+                        description="x", check=check("json_field_equals", field="n")
+                    )
+                ],
+            )
+        ),
+        "task.acceptance_criteria[0].check.equals",
+    ),
+    # A Value with none of its kinds set is no value at all (google.protobuf.Value says so).
+    (
+        start(
+            task=task(
+                step(
+                    "s",
+                    "echo",
+                    expect=[pb.Check(kind="exit_code", equals=struct_pb2.Value())],
+                )
+            )
+        ),
+        "task.steps[0].expect[0].equals",
+    ),
     (start(task=task(step("a", "echo"), step("a", "echo"))), "task.steps[1].id"),
     (start(task=task(step("bad id!", "echo"))), "task.steps[0].id"),
     (
@@ -88,19 +126,12 @@ BAD_STARTS = [
     (start(task=task(step("a", "echo", timeout_seconds=999_999))), "task.steps[0].timeout_seconds"),
     (start(task=task(step("a", "echo"), max_attempts_per_step=1000)), "task.max_attempts_per_step"),
     (start(lease_ttl_seconds=1), "lease_ttl_seconds"),
+    # Nothing the planner can plan: refused at start, not FAILED by plan_steps later.
+    (start(task=pb.TaskSpec()), "task.steps"),
+    (start(task=pb.TaskSpec(prompt="just prose, no '$ command' lines")), "task.steps"),
+    (start(task=pb.TaskSpec(prompt="$ echo" + " a" * 300)), "task.prompt"),
     (start(holder_id="x" * 1000), "holder_id"),
 ]
-
-
-async def snapshot(db_url: str) -> dict[str, list[Any]]:
-    """Every row of the engine's tables, as text, in a stable order."""
-    tables = ["workflow_checkpoints", "task_workflow_leases", "workflow_tasks", "workflow_events"]
-    out: dict[str, list[Any]] = {}
-    async with await psycopg.AsyncConnection.connect(db_url) as conn:
-        for table in tables:
-            cur = await conn.execute(f"SELECT t::text FROM {table} t ORDER BY 1")
-            out[table] = await cur.fetchall()
-    return out
 
 
 @pytest.fixture
@@ -109,6 +140,9 @@ async def seeded(running: RunningEngine, db_url: str) -> str:
     task_id = new_task_id()
     await running.stub.StartWorkflow(pb.StartWorkflowRequest(task_id=task_id, task=GOOD))
     await wait_for_status(running.stub, task_id)
+    # Its lease is released just after the final status; a release during a test would look
+    # like a change made by the refused request.
+    await wait_until_released(running.stub, task_id)
     return task_id
 
 
@@ -195,4 +229,69 @@ async def test_undecodable_bytes_are_invalid_argument_naming_the_field(
         response_deserializer=lambda b: b,
     )
     await expect_error(raw(body), grpc.StatusCode.INVALID_ARGUMENT, field)
+    assert await snapshot(db_url) == before
+
+
+def _decision(verdict: int) -> pb.ApprovalDecision:
+    return pb.ApprovalDecision(step_id="s", verdict=verdict, reason="r")  # type: ignore[arg-type]
+
+
+def _override(branch: int) -> pb.UpdateWorkflowRequest:
+    return pb.UpdateWorkflowRequest(operator="op", force_branch=branch)  # type: ignore[arg-type]
+
+
+# Every enum field of every request. A proto3 enum field carries numbers the contract does not
+# define as they are, so each must be told from the UNSPECIFIED (0) that means "not set".
+ENUM_CASES: list[tuple[str, CallFactory]] = [
+    (
+        "decision.verdict: unknown verdict 99",
+        lambda r, t: r.stub.ResumeWorkflow(
+            pb.ResumeWorkflowRequest(task_id=t, decision=_decision(99))
+        ),
+    ),
+    (
+        "decision.verdict: unknown verdict -1",
+        lambda r, t: r.stub.ResumeWorkflow(
+            pb.ResumeWorkflowRequest(task_id=t, decision=_decision(-1))
+        ),
+    ),
+    (
+        "decision.verdict: required: APPROVE, REJECT or EDIT",
+        lambda r, t: r.stub.ResumeWorkflow(
+            pb.ResumeWorkflowRequest(task_id=t, decision=_decision(0))
+        ),
+    ),
+    (
+        "force_branch: unknown branch 99",
+        lambda r, t: r.stub.UpdateWorkflow(_with_task(_override(99), t)),
+    ),
+    (
+        "force_branch: required: FINALIZE_SUMMARY or MARK_FAILED",
+        lambda r, t: r.stub.UpdateWorkflow(_with_task(_override(0), t)),
+    ),
+    (
+        "statuses[1]: unknown status 99",
+        lambda r, t: r.stub.ListWorkflows(pb.ListWorkflowsRequest(statuses=[1, 99])),  # type: ignore[list-item]
+    ),
+    (
+        "statuses[0]: WORKFLOW_STATUS_UNSPECIFIED is not a status",
+        lambda r, t: r.stub.ListWorkflows(pb.ListWorkflowsRequest(statuses=[0])),  # type: ignore[list-item]
+    ),
+]
+
+
+def _with_task(request: pb.UpdateWorkflowRequest, task_id: str) -> pb.UpdateWorkflowRequest:
+    request.task_id = task_id
+    return request
+
+
+@pytest.mark.parametrize(("message", "call"), ENUM_CASES, ids=[m for m, _ in ENUM_CASES])
+async def test_enum_values_are_told_apart_unknown_from_unset(
+    running: RunningEngine, db_url: str, seeded: str, message: str, call: CallFactory
+) -> None:
+    before = await snapshot(db_url)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await call(running, seeded)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
+    assert err.value.details() == message
     assert await snapshot(db_url) == before

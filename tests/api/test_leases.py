@@ -68,9 +68,10 @@ async def test_same_holder_and_key_again_is_already_running(running: RunningEngi
         assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
 
     await wait_for_status(running.stub, task_id)
-    # After it finished, the same start is still answered idempotently; a new key is refused.
+    # After it finished, the same start is answered with the truth; a new key is refused.
     late = await running.stub.StartWorkflow(request)
-    assert late.status == pb.ALREADY_RUNNING and late.run_id == first.run_id
+    assert late.status == pb.ALREADY_FINISHED and late.run_id == first.run_id
+    assert late.workflow_status == pb.SUCCEEDED
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await running.stub.StartWorkflow(
             pb.StartWorkflowRequest(task_id=task_id, task=task(step("s", "true")))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import psycopg
+from google.protobuf import struct_pb2
 
 from tests.conftest import RunningEngine
 from tests.helpers import (
@@ -12,6 +13,7 @@ from tests.helpers import (
     step,
     task,
     wait_for_status,
+    wait_until_released,
     watch_until_end,
 )
 from workflow_engine.v1 import workflow_engine_pb2 as pb
@@ -80,7 +82,8 @@ async def test_two_step_task_succeeds_with_one_upsert_per_node_in_order(
     wf = await wait_for_status(running.stub, task_id)
     assert wf.status == pb.SUCCEEDED
     assert wf.last_node_id == "finalize_summary"
-    assert wf.lease_holder_id == ""  # released
+    # Released, just after the final checkpoint (so possibly after the status was read).
+    assert (await wait_until_released(running.stub, task_id, timeout=5)).lease_holder_id == ""
     state = dict(wf.state)
     assert state["current_step_index"] == 2
     assert dict(state["attempts_by_step"]) == {"greet": 1, "json": 1}
@@ -148,6 +151,37 @@ async def test_prompt_without_steps_is_planned_from_its_command_lines(
     assert wf.status == pb.SUCCEEDED
     steps = dict(wf.state)["plan"]["steps"]
     assert [list(s["command"]) for s in steps] == [["echo", "hi"], ["echo", "hi again"]]
+
+
+async def test_json_field_equals_an_explicit_null_is_a_check_for_null(
+    running: RunningEngine,
+) -> None:
+    null = struct_pb2.Value(null_value=struct_pb2.NULL_VALUE)
+    spec = task(
+        shell_step(
+            "nothing",
+            'echo \'{"x": null, "y": 1}\'',
+            expect=[pb.Check(kind="json_field_equals", field="x", equals=null)],
+        ),
+        acceptance_criteria=[
+            pb.AcceptanceCriterion(
+                description="y is null",
+                check=pb.Check(kind="json_field_equals", field="y", equals=null),
+            )
+        ],
+        max_attempts_per_step=1,
+    )
+    task_id = new_task_id()
+    started = await running.stub.StartWorkflow(pb.StartWorkflowRequest(task_id=task_id, task=spec))
+    assert started.status == pb.STARTED
+    wf = await wait_for_status(running.stub, task_id)
+    # The step's check passes; the criterion's does not (y is 1), so null was compared, not
+    # skipped.
+    assert wf.status == pb.FAILED
+    findings = dict(wf.state)["verification"]["findings"]
+    passed = {f["check"]: f["passed"] for f in findings}
+    assert passed["json_field_equals"] is True
+    assert passed["criterion[0]:json_field_equals"] is False
 
 
 async def test_cancel_stops_a_running_workflow_and_releases_the_lease(

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
 from workflow_engine.capabilities.planner import StaticPlanner
+from workflow_engine.errors import InvalidArgument
 from workflow_engine.spec import Step, TaskSpec
 
 
@@ -56,3 +59,36 @@ async def test_nothing_to_derive_is_an_empty_plan_not_an_error() -> None:
 async def test_planning_is_deterministic() -> None:
     task = TaskSpec(prompt="$ a\n$ b c")
     assert await StaticPlanner().plan(task) == await StaticPlanner().plan(task)
+
+
+def test_check_accepts_what_plan_can_plan() -> None:
+    planner = StaticPlanner()
+    planner.check(TaskSpec(steps=(Step(id="a", command=("true",)),)))
+    planner.check(TaskSpec(prompt="prose first\n$ make check"))
+
+
+@pytest.mark.parametrize(
+    "prompt", ["", "just prose", "$ 'unbalanced", "$ ''", "$echo no space after the dollar"]
+)
+def test_check_refuses_a_task_with_nothing_to_plan(prompt: str) -> None:
+    with pytest.raises(InvalidArgument) as err:
+        StaticPlanner().check(TaskSpec(prompt=prompt))
+    assert err.value.field == "task.steps"
+    assert err.value.message.startswith("task.steps: required")
+    assert "'$ command' lines" in err.value.message
+
+
+@pytest.mark.parametrize(
+    ("prompt", "problem"),
+    [
+        ("$ echo" + " a" * 300, "more than 256 arguments"),
+        ("$ true\n" * 501, "more than 500 steps"),
+    ],
+)
+def test_check_refuses_command_lines_that_plan_steps_that_cannot_run(
+    prompt: str, problem: str
+) -> None:
+    with pytest.raises(InvalidArgument) as err:
+        StaticPlanner().check(TaskSpec(prompt=prompt))
+    assert err.value.field == "task.prompt"
+    assert problem in err.value.message

@@ -7,15 +7,18 @@ problem is an `InvalidArgument` naming the field as the client spelled it.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
+from google.protobuf.descriptor import EnumDescriptor
 
 from workflow_engine.errors import InvalidArgument
 from workflow_engine.graph import commands
-from workflow_engine.graph.commands import Change, Decision
+from workflow_engine.graph.commands import Branch, Change, Decision, Verdict
 from workflow_engine.spec import (
+    CHECK_KINDS_NEEDING_EQUALS,
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_MAX_PARALLEL,
     AcceptanceCriterion,
@@ -113,7 +116,21 @@ def _step(msg: pb.Step, index: int) -> Step:
 
 
 def _check(msg: pb.Check, where: str) -> Check:
-    equals = _to_json(msg.equals, f"{where}.equals") if msg.HasField("equals") else None
+    """A check; `equals` absent and `equals` JSON null differ here, and only here.
+
+    The domain `Check` holds JSON, where both would be `None`, so a check whose kind needs an
+    `equals` is refused when the message has none; a JSON null arrives as a Value with
+    `null_value` set. A Value with no kind set is no value (the Value message calls it an error).
+    """
+    if not msg.HasField("equals"):
+        if msg.kind in CHECK_KINDS_NEEDING_EQUALS:
+            raise InvalidArgument(
+                f"{where}.equals", f"required for {msg.kind} (JSON null is written null)"
+            )
+        return Check(kind=msg.kind, value=msg.value, field=msg.field)
+    if msg.equals.WhichOneof("kind") is None:
+        raise InvalidArgument(f"{where}.equals", "a Value with no kind set")
+    equals = _to_json(msg.equals, f"{where}.equals")
     return Check(kind=msg.kind, value=msg.value, field=msg.field, equals=equals)
 
 
@@ -194,8 +211,31 @@ def event_to_proto(task_id: str, event: WorkflowEventRecord) -> pb.WorkflowEvent
 
 
 MAX_REASON_CHARS = 4096
-_VERDICTS = {pb.APPROVE: "approve", pb.REJECT: "reject", pb.EDIT: "edit"}
-_BRANCHES = {pb.FINALIZE_SUMMARY: "finalize_summary", pb.MARK_FAILED: "mark_failed"}
+_VERDICTS: dict[int, Verdict] = {pb.APPROVE: "approve", pb.REJECT: "reject", pb.EDIT: "edit"}
+_BRANCHES: dict[int, Branch] = {
+    pb.FINALIZE_SUMMARY: "finalize_summary",
+    pb.MARK_FAILED: "mark_failed",
+}
+T = TypeVar("T")
+
+
+def parse_enum(
+    value: int, enum: EnumDescriptor, accepted: Mapping[int, T], field: str, noun: str
+) -> T:
+    """A request's enum field as the engine's value.
+
+    0 (..._UNSPECIFIED) is what an unset field reads as, so it is "required"; a number the
+    contract does not define (a proto3 enum field carries it as it is) is named as unknown.
+    """
+    if value in accepted:
+        return accepted[value]
+    names = [enum.values_by_number[number].name for number in accepted]
+    expected = ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else names[0]
+    if value == 0:
+        raise InvalidArgument(field, f"required: {expected}")
+    if value not in enum.values_by_number:
+        raise InvalidArgument(field, f"unknown {noun} {value}")
+    raise InvalidArgument(field, f"{enum.values_by_number[value].name} is not accepted: {expected}")
 
 
 def approval_to_proto(state: Any) -> pb.ApprovalRequest | None:
@@ -231,9 +271,9 @@ def parse_text(value: str, field: str, *, limit: int, required: bool = False) ->
 
 def decision_from_proto(msg: pb.ApprovalDecision) -> Decision:
     """ResumeWorkflow's `decision`, refused field by field when malformed."""
-    verdict = _VERDICTS.get(msg.verdict)
-    if verdict is None:
-        raise InvalidArgument("decision.verdict", "required: APPROVE, REJECT or EDIT")
+    verdict = parse_enum(
+        msg.verdict, pb.Verdict.DESCRIPTOR, _VERDICTS, "decision.verdict", "verdict"
+    )
     step_id = parse_text(msg.step_id, "decision.step_id", limit=256, required=True)
     reason = parse_text(
         msg.reason, "decision.reason", limit=MAX_REASON_CHARS, required=verdict == "reject"
@@ -251,7 +291,7 @@ def decision_from_proto(msg: pb.ApprovalDecision) -> Decision:
             raise InvalidArgument(f"decision.env[{key!r}]", "is not a valid variable")
     return Decision(
         step_id=step_id,
-        verdict=verdict,  # type: ignore[arg-type]  # a value of _VERDICTS
+        verdict=verdict,
         reason=reason,
         command=tuple(msg.command),
         env=dict(msg.env),
@@ -270,8 +310,8 @@ def update_from_proto(msg: pb.UpdateWorkflowRequest) -> Change:
     if action == "reject_last_result":
         return lambda state: commands.reject_last_result(state, operator, reason)
     if action == "force_branch":
-        branch = _BRANCHES.get(msg.force_branch)
-        if branch is None:
-            raise InvalidArgument("force_branch", "must be FINALIZE_SUMMARY or MARK_FAILED")
-        return lambda state: commands.force_branch(state, branch, operator, reason)  # type: ignore[arg-type]
+        branch = parse_enum(
+            msg.force_branch, pb.Branch.DESCRIPTOR, _BRANCHES, "force_branch", "branch"
+        )
+        return lambda state: commands.force_branch(state, branch, operator, reason)
     raise InvalidArgument("action", "required: set_state, reject_last_result or force_branch")

@@ -35,6 +35,11 @@ MAX_PAGE_BYTES = 1 << 20
 _MAX_TOKEN_CHARS = 512
 _TOKEN_VERSION = 1
 _TOKEN_CHARS = re.compile(r"[A-Za-z0-9_-]+")
+_STATUS_NAMES: dict[int, str] = {
+    number: name
+    for name, number in pb.WorkflowStatus.items()
+    if number != pb.WORKFLOW_STATUS_UNSPECIFIED
+}
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # google.protobuf.Timestamp's valid range: 0001-01-01T00:00:00Z to 9999-12-31T23:59:59Z.
 _MIN_SECONDS = -62_135_596_800
@@ -47,9 +52,11 @@ def parse_list_request(msg: pb.ListWorkflowsRequest) -> WorkflowQuery:
     for i, value in enumerate(msg.statuses):
         if value == pb.WORKFLOW_STATUS_UNSPECIFIED:
             raise InvalidArgument(f"statuses[{i}]", "WORKFLOW_STATUS_UNSPECIFIED is not a status")
-        if value not in pb.WorkflowStatus.values():
-            raise InvalidArgument(f"statuses[{i}]", f"unknown status {value}")
-        statuses.add(pb.WorkflowStatus.Name(value))
+        statuses.add(
+            convert.parse_enum(
+                value, pb.WorkflowStatus.DESCRIPTOR, _STATUS_NAMES, f"statuses[{i}]", "status"
+            )
+        )
     user_id = _parse_filter(msg.user_id, "user_id")
     project_id = _parse_filter(msg.project_id, "project_id")
     after = _parse_time(msg.updated_after, "updated_after", msg.HasField("updated_after"))

@@ -66,13 +66,15 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
             task=convert.task_from_proto(request.task),
             lease_ttl_seconds=request.lease_ttl_seconds,
         )
+        lease = outcome.lease
         return pb.StartWorkflowResponse(
             run_id=outcome.run_id,
-            lease_id=outcome.lease.lease_id,
+            lease_id=lease.lease_id if lease else "",
             status=pb.StartStatus.Value(outcome.status),
             task_id=task_id,
-            holder_id=outcome.lease.holder_id or "",
-            lease_expires_at=convert.to_timestamp(outcome.lease.expires_at),
+            holder_id=(lease.holder_id or "") if lease else "",
+            lease_expires_at=convert.to_timestamp(lease.expires_at) if lease else None,
+            workflow_status=convert.status_to_proto(outcome.workflow_status),
         )
 
     @_unary

@@ -197,6 +197,15 @@ class Planner(Protocol):
 
     async def plan(self, task: TaskSpec) -> Plan: ...
 
+    def check(self, task: TaskSpec) -> None:
+        """Raise `InvalidArgument` naming the field when `task` certainly cannot be planned.
+
+        StartWorkflow calls it before anything is stored, so it must be cheap and pure: no I/O,
+        no model call. Refuse only what this planner can tell up front (the static planner: no
+        steps and no `$ command` lines); a task it might plan is accepted, and `plan` decides.
+        """
+        ...
+
 
 class Worker(Protocol):
     """Runs jobs (`dispatch_step` chooses the target, `collect_result` runs or re-attaches)."""

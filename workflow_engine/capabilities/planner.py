@@ -11,11 +11,14 @@ import shlex
 import structlog
 
 from workflow_engine.capabilities.base import Plan
-from workflow_engine.spec import Step, TaskSpec
+from workflow_engine.errors import InvalidArgument
+from workflow_engine.spec import Step, TaskSpec, validate_steps
 
 log = structlog.get_logger(__name__)
 
 _COMMAND_PREFIX = "$ "
+# Skipped prompt lines named in a refusal, at most; the message stays a few hundred characters.
+_SKIPPED_NAMED = 3
 
 
 class StaticPlanner:
@@ -23,31 +26,57 @@ class StaticPlanner:
 
     async def plan(self, task: TaskSpec) -> Plan:
         """Return the plan; an empty plan (never an exception) when nothing can be derived."""
-        if task.steps:
-            return Plan(steps=task.steps, assumptions=("steps given by the task",))
-        steps: list[Step] = []
-        assumptions: list[str] = []
-        for number, line in enumerate(task.prompt.splitlines(), start=1):
-            text = line.strip()
-            if not text.startswith(_COMMAND_PREFIX):
-                continue
+        plan = derive_plan(task)
+        if not task.steps:
+            log.info("plan_derived", steps=len(plan.steps), skipped=len(plan.assumptions) - 1)
+        return plan
+
+    def check(self, task: TaskSpec) -> None:
+        """Refuse a task whose plan would be empty or could not run: the plan is all it takes."""
+        plan = derive_plan(task)
+        if not plan.steps:
+            skipped = [note for note in plan.assumptions if note.startswith("skipped")]
+            more = len(skipped) - _SKIPPED_NAMED
+            raise InvalidArgument(
+                "task.steps",
+                "required: the task has no steps and its prompt has no usable '$ command' lines"
+                + "".join(f"; {note}" for note in skipped[:_SKIPPED_NAMED])
+                + (f"; and {more} more skipped line(s)" if more > 0 else ""),
+            )
+        if not task.steps:  # given steps are checked with the rest of the task
             try:
-                argv = shlex.split(text[len(_COMMAND_PREFIX) :])
-            except ValueError as exc:
-                assumptions.append(f"skipped prompt line {number} ({exc}): {text[:200]}")
-                continue
-            if not argv or not argv[0]:
-                assumptions.append(f"skipped prompt line {number} (no program): {text[:200]}")
-                continue
-            steps.append(Step(id=f"step-{len(steps) + 1}", command=tuple(argv), description=text))
-        if steps:
-            assumptions.insert(
-                0, f"steps derived from {len(steps)} '$ command' line(s) of the prompt"
-            )
-        else:
-            assumptions.append(
-                "the task gave no steps and its prompt has no usable '$ command' lines, "
-                "so there is nothing to run"
-            )
-        log.info("plan_derived", steps=len(steps), skipped=len(assumptions) - 1)
-        return Plan(steps=tuple(steps), assumptions=tuple(assumptions))
+                validate_steps(plan.steps, prefix="plan.steps")
+            except InvalidArgument as exc:
+                raise InvalidArgument(
+                    "task.prompt",
+                    f"its '$ command' lines plan steps that cannot run: {exc.message}",
+                ) from None
+
+
+def derive_plan(task: TaskSpec) -> Plan:
+    """The task's plan: its own steps, or one step per usable `$ command` prompt line."""
+    if task.steps:
+        return Plan(steps=task.steps, assumptions=("steps given by the task",))
+    steps: list[Step] = []
+    assumptions: list[str] = []
+    for number, line in enumerate(task.prompt.splitlines(), start=1):
+        text = line.strip()
+        if not text.startswith(_COMMAND_PREFIX):
+            continue
+        try:
+            argv = shlex.split(text[len(_COMMAND_PREFIX) :])
+        except ValueError as exc:
+            assumptions.append(f"skipped prompt line {number} ({exc}): {text[:200]}")
+            continue
+        if not argv or not argv[0]:
+            assumptions.append(f"skipped prompt line {number} (no program): {text[:200]}")
+            continue
+        steps.append(Step(id=f"step-{len(steps) + 1}", command=tuple(argv), description=text))
+    if steps:
+        assumptions.insert(0, f"steps derived from {len(steps)} '$ command' line(s) of the prompt")
+    else:
+        assumptions.append(
+            "the task gave no steps and its prompt has no usable '$ command' lines, "
+            "so there is nothing to run"
+        )
+    return Plan(steps=tuple(steps), assumptions=tuple(assumptions))

@@ -162,9 +162,17 @@ class WorkflowRecord:
 
 @dataclass(frozen=True, slots=True)
 class StartOutcome:
-    status: Literal["STARTED", "ALREADY_RUNNING"]
+    """How a start was answered, and the truth about the workflow it is about.
+
+    STARTED: this call stored and leased it. ALREADY_RUNNING / ALREADY_FINISHED: its idempotency
+    key started the workflow, which is not finished / finished; nothing changed. `lease` is the
+    live lease on the task, `None` when none is (paused, finished, or its runner stopped).
+    """
+
+    status: Literal["STARTED", "ALREADY_RUNNING", "ALREADY_FINISHED"]
     run_id: str
-    lease: Lease
+    workflow_status: str
+    lease: Lease | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,10 +271,8 @@ class WorkflowStore:
                         run_id,
                     )
                 )
-            except _Refused as refused:
-                outcome = await self._explain_refused_start(
-                    refused.reason, task_id, holder_id, idempotency_key
-                )
+            except _Refused:
+                outcome = await self._explain_refused_start(task_id, holder_id, idempotency_key)
                 if outcome is not None:
                     return outcome
         raise LeaseHeld(task_id, None, None)
@@ -312,30 +318,39 @@ class WorkflowStore:
                 _INSERT_STATUS_EVENT,
                 {"task_id": task_id, "seq": 1, "run_id": run_id, "status": "RUNNING"},
             )
-        return StartOutcome(status="STARTED", run_id=run_id, lease=lease)
+        return StartOutcome(status="STARTED", run_id=run_id, workflow_status="RUNNING", lease=lease)
 
     async def _explain_refused_start(
-        self, reason: str, task_id: str, holder_id: str, idempotency_key: str | None
+        self, task_id: str, holder_id: str, idempotency_key: str | None
     ) -> StartOutcome | None:
-        """Turn a refused start into ALREADY_RUNNING or an error; `None` means try again."""
-        async with self._pool.connection() as conn:
+        """Answer a start that could not store a workflow; `None` means try again.
+
+        Decided from one snapshot of the lease and the workflow, in this order:
+        - the workflow this key started: finished, ALREADY_FINISHED; not finished and no lease
+          live, or the requesting holder's live lease, ALREADY_RUNNING (with its real status);
+        - anyone else's live lease, or the holder's own under another key or none: LeaseHeld;
+        - a workflow started under another key or none, with no lease live: WorkflowExists;
+        - neither a live lease nor a workflow (the lease was released meanwhile): try again.
+        """
+        async with self._pool.connection() as conn, conn.transaction():
+            await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             lease = await leases.current(conn, task_id)
             record = await _select_workflow(conn, task_id)
-        same_start = (
-            idempotency_key is not None
-            and record is not None
+        live = lease if lease is not None and lease.live else None
+        if (
+            record is not None
+            and idempotency_key is not None
             and record.idempotency_key == idempotency_key
-        )
-        if reason == "lease":
-            if lease is None or not lease.live:
-                return None
-            if same_start and lease.holder_id == holder_id and record is not None:
-                return StartOutcome(status="ALREADY_RUNNING", run_id=record.run_id, lease=lease)
-            raise LeaseHeld(task_id, lease.holder_id, lease.expires_at)
-        assert record is not None
-        if same_start and lease is not None:
-            return StartOutcome(status="ALREADY_RUNNING", run_id=record.run_id, lease=lease)
-        raise WorkflowExists(task_id, record.status)
+        ):
+            if record.terminal:
+                return StartOutcome("ALREADY_FINISHED", record.run_id, record.status, None)
+            if live is None or live.holder_id == holder_id:
+                return StartOutcome("ALREADY_RUNNING", record.run_id, record.status, live)
+        if live is not None:
+            raise LeaseHeld(task_id, live.holder_id, live.expires_at)
+        if record is not None:
+            raise WorkflowExists(task_id, record.status)
+        return None
 
     async def claim_for_resume(
         self,

@@ -58,17 +58,38 @@ class _StartStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_StartStat
     DESCRIPTOR: _descriptor.EnumDescriptor
     START_STATUS_UNSPECIFIED: _StartStatus.ValueType  # 0
     STARTED: _StartStatus.ValueType  # 1
-    """This call took the lease and started the workflow."""
+    """This call took the lease, stored the workflow and started it (workflow_status RUNNING)."""
     ALREADY_RUNNING: _StartStatus.ValueType  # 2
-    """The same holder already started this task with the same idempotency key; nothing new ran."""
+    """This idempotency key started the task's workflow, which has not finished; nothing new ran
+    and nothing changed. Either the same holder runs it under a live lease (workflow_status
+    RUNNING), or no lease is live: it waits (WAITING_FOR_APPROVAL or SUSPENDED: continue it
+    with ResumeWorkflow) or its runner stopped (RUNNING: recovery or ResumeWorkflow picks it up).
+    """
+    ALREADY_FINISHED: _StartStatus.ValueType  # 3
+    """This idempotency key started the task's workflow, which has finished: workflow_status is
+    SUCCEEDED, FAILED or CANCELLED. Nothing ran and nothing changed.
+    """
 
-class StartStatus(_StartStatus, metaclass=_StartStatusEnumTypeWrapper): ...
+class StartStatus(_StartStatus, metaclass=_StartStatusEnumTypeWrapper):
+    """How StartWorkflow answered; see StartWorkflowResponse.workflow_status for where the workflow
+    is. A start that neither of these fits is an error: another holder's live lease, or the same
+    holder's under another key (or none), is FAILED_PRECONDITION naming the holder and expiry; a
+    workflow started under another key (or none) whose lease is not live is ALREADY_EXISTS.
+    """
 
 START_STATUS_UNSPECIFIED: StartStatus.ValueType  # 0
 STARTED: StartStatus.ValueType  # 1
-"""This call took the lease and started the workflow."""
+"""This call took the lease, stored the workflow and started it (workflow_status RUNNING)."""
 ALREADY_RUNNING: StartStatus.ValueType  # 2
-"""The same holder already started this task with the same idempotency key; nothing new ran."""
+"""This idempotency key started the task's workflow, which has not finished; nothing new ran
+and nothing changed. Either the same holder runs it under a live lease (workflow_status
+RUNNING), or no lease is live: it waits (WAITING_FOR_APPROVAL or SUSPENDED: continue it
+with ResumeWorkflow) or its runner stopped (RUNNING: recovery or ResumeWorkflow picks it up).
+"""
+ALREADY_FINISHED: StartStatus.ValueType  # 3
+"""This idempotency key started the task's workflow, which has finished: workflow_status is
+SUCCEEDED, FAILED or CANCELLED. Nothing ran and nothing changed.
+"""
 Global___StartStatus: _TypeAlias = StartStatus  # noqa: Y015
 
 class _Verdict:
@@ -156,8 +177,8 @@ class StartWorkflowRequest(_message.Message):
     holder_id: _builtins.str
     """Identity of the runner taking the lease. Defaults to this process's own holder id."""
     idempotency_key: _builtins.str
-    """Optional UUID. Repeating a start with the same holder and key is answered ALREADY_RUNNING.
-    It becomes the lease_id.
+    """Optional UUID. Repeating a start with the same key is answered ALREADY_RUNNING or
+    ALREADY_FINISHED (see StartStatus) and changes nothing. It becomes the lease_id.
     """
     lease_ttl_seconds: _builtins.int
     """Lease time to live; 0 means the engine's default. The lease is renewed every ttl/3."""
@@ -192,11 +213,18 @@ class StartWorkflowResponse(_message.Message):
     TASK_ID_FIELD_NUMBER: _builtins.int
     HOLDER_ID_FIELD_NUMBER: _builtins.int
     LEASE_EXPIRES_AT_FIELD_NUMBER: _builtins.int
+    WORKFLOW_STATUS_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
+    """The workflow's run; on ALREADY_RUNNING and ALREADY_FINISHED the one the key started."""
     lease_id: _builtins.str
+    """The live lease on the task, its holder and expiry; empty when no lease is live (the
+    workflow waits, finished, or its runner stopped).
+    """
     status: Global___StartStatus.ValueType
     task_id: _builtins.str
     holder_id: _builtins.str
+    workflow_status: Global___WorkflowStatus.ValueType
+    """The workflow's status as of this answer, in every answer."""
     @_builtins.property
     def lease_expires_at(self) -> _timestamp_pb2.Timestamp: ...
     def __init__(
@@ -208,10 +236,11 @@ class StartWorkflowResponse(_message.Message):
         task_id: _builtins.str = ...,
         holder_id: _builtins.str = ...,
         lease_expires_at: _timestamp_pb2.Timestamp | None = ...,
+        workflow_status: Global___WorkflowStatus.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["lease_expires_at", b"lease_expires_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["holder_id", b"holder_id", "lease_expires_at", b"lease_expires_at", "lease_id", b"lease_id", "run_id", b"run_id", "status", b"status", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["holder_id", b"holder_id", "lease_expires_at", b"lease_expires_at", "lease_id", b"lease_id", "run_id", b"run_id", "status", b"status", "task_id", b"task_id", "workflow_status", b"workflow_status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -939,7 +968,8 @@ class Check(_message.Message):
       stderr_contains:    value (substring)
       stdout_matches:     value (Python regular expression, searched)
       file_exists:        value (path, relative to the job's work directory)
-      json_field_equals:  field (dotted path into stdout parsed as JSON), equals
+      json_field_equals:  field (dotted path into stdout parsed as JSON), equals (required; a
+                          JSON null is a Value with null_value set)
     """
 
     DESCRIPTOR: _descriptor.Descriptor

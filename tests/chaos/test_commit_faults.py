@@ -53,6 +53,8 @@ async def run_once(settings: Settings, faults: str) -> tuple[dict[str, Any], int
         await replica.stub.StartWorkflow(pb.StartWorkflowRequest(task_id=task_id, task=spec))
         events = await watch_until_end(replica.stub, task_id)
         wf = await wait_for_status(replica.stub, task_id)
+        # The last fault fires after the final commit, which the watch may see first.
+        assert await replica.engine.runs.wait(task_id, 30)
         plan = replica.engine.runs.faults
         return outcome(wf, events), plan.fired if plan else 0
     finally:

@@ -402,11 +402,14 @@ class ResumeWorkflowResponse(_message.Message):
     run_id: _builtins.str
     last_node_id: _builtins.str
     status: Global___WorkflowStatus.ValueType
+    """The status the workflow has, or is committed to, after this call (e.g. FAILED after a
+    REJECT, before mark_failed has run).
+    """
     lease_id: _builtins.str
     """The lease this resume holds; empty when nothing was resumed (a finished workflow)."""
     resumed: _builtins.bool
-    """True when this call started a runner; false when the workflow had already ended or was
-    already running in this process.
+    """True when this call started a runner or applied its decision or budget; false when the
+    workflow had already ended or was already running in this process (nothing to apply).
     """
     @_builtins.property
     def state(self) -> _struct_pb2.Struct:

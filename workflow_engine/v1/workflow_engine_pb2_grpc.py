@@ -97,7 +97,8 @@ class WorkflowEngineServicer:
         raise NotImplementedError('Method not implemented!')
 
     def CancelWorkflow(self, request, context):
-        """Marks the workflow cancelled and releases its lease; the runner stops at its next node.
+        """Marks the workflow cancelled and revokes its lease, answering once that is stored; then the
+        runner abandons its node and the workflow's running jobs are stopped. No job starts after.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -120,9 +121,10 @@ class WorkflowEngineServicer:
         raise NotImplementedError('Method not implemented!')
 
     def UpdateWorkflow(self, request, context):
-        """An operator's override on a workflow that is paused or between nodes: edit state fields,
-        reject the last result (one more attempt) or force finalize_summary / mark_failed. Fenced by
-        the lease, validated, and recorded in the history with who made it.
+        """An operator's override: edit state fields, reject the last result (one more attempt) or force
+        finalize_summary / mark_failed. Applied at once (a running node is abandoned and runs again),
+        fenced by the lease, validated, and recorded in the history with who made it. The answer's
+        status is the one the workflow has or is committed to (FAILED for a forced mark_failed).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -44,7 +44,9 @@ class WorkflowEngineStub:
     GetWorkflow: _grpc.UnaryUnaryMultiCallable[_workflow_engine_pb2.GetWorkflowRequest, _workflow_engine_pb2.Workflow]
     """Current status, last completed node, state and lease holder of a task's workflow."""
     CancelWorkflow: _grpc.UnaryUnaryMultiCallable[_workflow_engine_pb2.CancelWorkflowRequest, _workflow_engine_pb2.Workflow]
-    """Marks the workflow cancelled and releases its lease; the runner stops at its next node."""
+    """Marks the workflow cancelled and revokes its lease, answering once that is stored; then the
+    runner abandons its node and the workflow's running jobs are stopped. No job starts after.
+    """
     WatchWorkflow: _grpc.UnaryStreamMultiCallable[_workflow_engine_pb2.WatchWorkflowRequest, _workflow_engine_pb2.WorkflowEvent]
     """One event per completed node and per status change, from a sequence number on. The stream
     ends after the event that moves the workflow to SUCCEEDED, FAILED or CANCELLED.
@@ -54,9 +56,10 @@ class WorkflowEngineStub:
     Items carry no state or history; GetWorkflow has them.
     """
     UpdateWorkflow: _grpc.UnaryUnaryMultiCallable[_workflow_engine_pb2.UpdateWorkflowRequest, _workflow_engine_pb2.Workflow]
-    """An operator's override on a workflow that is paused or between nodes: edit state fields,
-    reject the last result (one more attempt) or force finalize_summary / mark_failed. Fenced by
-    the lease, validated, and recorded in the history with who made it.
+    """An operator's override: edit state fields, reject the last result (one more attempt) or force
+    finalize_summary / mark_failed. Applied at once (a running node is abandoned and runs again),
+    fenced by the lease, validated, and recorded in the history with who made it. The answer's
+    status is the one the workflow has or is committed to (FAILED for a forced mark_failed).
     """
 
 @_typing.type_check_only
@@ -71,7 +74,9 @@ class WorkflowEngineAsyncStub(WorkflowEngineStub):
     GetWorkflow: _aio.UnaryUnaryMultiCallable[_workflow_engine_pb2.GetWorkflowRequest, _workflow_engine_pb2.Workflow]  # type: ignore[assignment]
     """Current status, last completed node, state and lease holder of a task's workflow."""
     CancelWorkflow: _aio.UnaryUnaryMultiCallable[_workflow_engine_pb2.CancelWorkflowRequest, _workflow_engine_pb2.Workflow]  # type: ignore[assignment]
-    """Marks the workflow cancelled and releases its lease; the runner stops at its next node."""
+    """Marks the workflow cancelled and revokes its lease, answering once that is stored; then the
+    runner abandons its node and the workflow's running jobs are stopped. No job starts after.
+    """
     WatchWorkflow: _aio.UnaryStreamMultiCallable[_workflow_engine_pb2.WatchWorkflowRequest, _workflow_engine_pb2.WorkflowEvent]  # type: ignore[assignment]
     """One event per completed node and per status change, from a sequence number on. The stream
     ends after the event that moves the workflow to SUCCEEDED, FAILED or CANCELLED.
@@ -81,9 +86,10 @@ class WorkflowEngineAsyncStub(WorkflowEngineStub):
     Items carry no state or history; GetWorkflow has them.
     """
     UpdateWorkflow: _aio.UnaryUnaryMultiCallable[_workflow_engine_pb2.UpdateWorkflowRequest, _workflow_engine_pb2.Workflow]  # type: ignore[assignment]
-    """An operator's override on a workflow that is paused or between nodes: edit state fields,
-    reject the last result (one more attempt) or force finalize_summary / mark_failed. Fenced by
-    the lease, validated, and recorded in the history with who made it.
+    """An operator's override: edit state fields, reject the last result (one more attempt) or force
+    finalize_summary / mark_failed. Applied at once (a running node is abandoned and runs again),
+    fenced by the lease, validated, and recorded in the history with who made it. The answer's
+    status is the one the workflow has or is committed to (FAILED for a forced mark_failed).
     """
 
 class WorkflowEngineServicer(metaclass=_abc_1.ABCMeta):
@@ -119,7 +125,9 @@ class WorkflowEngineServicer(metaclass=_abc_1.ABCMeta):
         request: _workflow_engine_pb2.CancelWorkflowRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_workflow_engine_pb2.Workflow, _abc.Awaitable[_workflow_engine_pb2.Workflow]]:
-        """Marks the workflow cancelled and releases its lease; the runner stops at its next node."""
+        """Marks the workflow cancelled and revokes its lease, answering once that is stored; then the
+        runner abandons its node and the workflow's running jobs are stopped. No job starts after.
+        """
 
     @_abc_1.abstractmethod
     def WatchWorkflow(
@@ -147,9 +155,10 @@ class WorkflowEngineServicer(metaclass=_abc_1.ABCMeta):
         request: _workflow_engine_pb2.UpdateWorkflowRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_workflow_engine_pb2.Workflow, _abc.Awaitable[_workflow_engine_pb2.Workflow]]:
-        """An operator's override on a workflow that is paused or between nodes: edit state fields,
-        reject the last result (one more attempt) or force finalize_summary / mark_failed. Fenced by
-        the lease, validated, and recorded in the history with who made it.
+        """An operator's override: edit state fields, reject the last result (one more attempt) or force
+        finalize_summary / mark_failed. Applied at once (a running node is abandoned and runs again),
+        fenced by the lease, validated, and recorded in the history with who made it. The answer's
+        status is the one the workflow has or is committed to (FAILED for a forced mark_failed).
         """
 
 def add_WorkflowEngineServicer_to_server(servicer: WorkflowEngineServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed-stamp
 PROTO_SRC := proto/workflow_engine/v1/workflow_engine.proto
 PROTO_OUT := workflow_engine/v1
 
-.PHONY: install run migrate test chaos lint fmt proto proto-check bench profile clean
+.PHONY: install run migrate test test-pooler pgbouncer chaos lint fmt proto proto-check bench bench-pooler profile clean
 
 install: $(STAMP)
 
@@ -24,8 +24,21 @@ run: install
 migrate: install
 	$(BIN)/workflow-engine migrate
 
-test: install
+test: install pgbouncer
 	$(BIN)/pytest
+
+# The integration, end-to-end and chaos tests once more, every engine and test connection
+# through a transaction-mode PgBouncer that the fixtures start (see tests/database.py).
+POOLED_TESTS := tests/api tests/features tests/storage tests/runtime tests/e2e tests/chaos
+test-pooler: install pgbouncer
+	WORKFLOW_ENGINE_TEST_POOLER=pgbouncer $(BIN)/pytest -p no:cacheprovider $(POOLED_TESTS)
+
+# Debian's PgBouncer, for the tests that run behind a pooler; installed once, as root.
+pgbouncer:
+	@command -v pgbouncer >/dev/null 2>&1 || test -x /usr/sbin/pgbouncer || { \
+	  echo "installing Debian's pgbouncer (the pooler tests start it themselves)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    --no-install-recommends pgbouncer >/dev/null; }
 
 # The fault suite at full size: every case, with its figures as a table and JSON
 # (also in chaos-results.json). `make test` runs the fast variants.
@@ -34,9 +47,14 @@ chaos: install
 
 # Durability's cost side by side with the peers (table, JSON, bench-results/throughput.png),
 # then what one workflow costs in statements and commits (exact, from the server log).
-bench: install
+bench: install pgbouncer
 	$(BIN)/python benchmarks/compare.py
 	$(BIN)/python benchmarks/node_cost.py
+	$(BIN)/python benchmarks/pooler.py
+
+# Watch delay and throughput direct vs behind a transaction-mode PgBouncer (bench-results/pooler.*).
+bench-pooler: install pgbouncer
+	$(BIN)/python benchmarks/pooler.py
 
 # Where the in-process engine's CPU goes (py-spy samples, summed by layer).
 profile: install

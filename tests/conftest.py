@@ -1,13 +1,15 @@
 """Shared fixtures: a real PostgreSQL, a fresh database per test, a real gRPC server.
 
 No database is mocked. One server per session (the embedded `pgserver`, or the one named by
-``WORKFLOW_ENGINE_TEST_DATABASE_URL``); every test gets its own database cloned from a migrated
-template, so tests cannot see each other's rows and cloning is fast.
+``WORKFLOW_ENGINE_TEST_DATABASE_URL``), reached directly or through a pooler (see
+`tests.database`); every test gets its own database cloned from a migrated template, so tests
+cannot see each other's rows and cloning is fast.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, replace
@@ -18,6 +20,8 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
+from tests import database
+from tests.pgbouncer import PgBouncer
 from workflow_engine.app import Engine, GrpcServer, run_migrations
 from workflow_engine.config import Settings
 from workflow_engine.graph.nodes import Capabilities
@@ -34,18 +38,40 @@ EMBEDDED_PGDATA = Path(__file__).resolve().parent.parent / ".data" / "test-pgdat
 
 @pytest.fixture(scope="session")
 def pg_server_url() -> Iterator[str]:
-    """URL of the session's PostgreSQL server (its maintenance database)."""
+    """URL of the session's PostgreSQL server (its maintenance database), reached directly.
+
+    Also sets `tests.database.ROUTE`: how tests and engines reach the test databases (through
+    a pooler when the environment asks for one).
+    """
     configure_logging("warning")
     given = os.environ.get("WORKFLOW_ENGINE_TEST_DATABASE_URL")
-    if given:
-        yield given
-        return
-    from pgserver.postgres_server import get_server
+    admin = os.environ.get("WORKFLOW_ENGINE_TEST_ADMIN_DATABASE_URL") or given
+    server = None
+    if not admin:
+        from pgserver.postgres_server import get_server
 
-    EMBEDDED_PGDATA.parent.mkdir(parents=True, exist_ok=True)
-    server = get_server(EMBEDDED_PGDATA, cleanup_mode="stop")
-    yield str(server.get_uri())
-    server.cleanup()
+        EMBEDDED_PGDATA.parent.mkdir(parents=True, exist_ok=True)
+        server = get_server(EMBEDDED_PGDATA, cleanup_mode="stop")
+        admin = str(server.get_uri())
+    bouncer = None
+    if os.environ.get("WORKFLOW_ENGINE_TEST_POOLER") == "pgbouncer":
+        # Beside the embedded server, not under pytest's root-only temporary directory: the
+        # pooler runs as the server's unprivileged user.
+        workdir = EMBEDDED_PGDATA.parent / f"test-pgbouncer-{os.getpid()}"
+        shutil.rmtree(workdir, ignore_errors=True)
+        bouncer = PgBouncer(admin, workdir)
+        database.ROUTE = database.Route(admin, bouncer.url("postgres"), pooled=True)
+    else:
+        database.ROUTE = database.Route(admin, given or admin, pooled=given not in (None, admin))
+    try:
+        yield admin
+    finally:
+        database.ROUTE = None
+        if bouncer is not None:
+            bouncer.stop()
+            shutil.rmtree(bouncer.workdir, ignore_errors=True)
+        if server is not None:
+            server.cleanup()
 
 
 @pytest.fixture(scope="session")
@@ -70,7 +96,8 @@ async def db_url(pg_server_url: str, template_db: str) -> AsyncIterator[str]:
     name = f"t_{uuid.uuid4().hex[:12]}"
     async with await psycopg.AsyncConnection.connect(pg_server_url, autocommit=True) as admin:
         await admin.execute(f"CREATE DATABASE {name} TEMPLATE {template_db}")
-    yield make_conninfo(pg_server_url, dbname=name)
+    assert database.ROUTE is not None
+    yield database.ROUTE.client(name)
     async with await psycopg.AsyncConnection.connect(pg_server_url, autocommit=True) as admin:
         await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
@@ -78,6 +105,7 @@ async def db_url(pg_server_url: str, template_db: str) -> AsyncIterator[str]:
 @pytest.fixture
 def settings(db_url: str, tmp_path: Path) -> Settings:
     return Settings(
+        **database.engine_settings(db_url),  # type: ignore[arg-type]
         database_url=db_url,
         listen="127.0.0.1:0",
         data_dir=tmp_path / "data",

@@ -72,7 +72,7 @@ async def open_pool(url: str, settings: Settings) -> AsyncConnectionPool[Any]:
         url,
         min_size=settings.pool_min_size,
         max_size=settings.pool_max_size,
-        kwargs={"autocommit": True},
+        kwargs={"autocommit": True, "prepare_threshold": settings.prepare_threshold},
         open=False,
         name="workflow-engine",
     )
@@ -153,10 +153,11 @@ class Engine:
         jobs = JobTracker(caps.worker, max_running=caps.max_running_jobs)
         graph = build_graph(caps, saver, jobs=jobs)
         runs = RunManager(graph=graph, store=store, jobs=jobs, faults=faults)
-        events = EventHub(url, on_control=runs.cancel)
+        events = EventHub(settings.listen_url(url), on_control=runs.cancel)
         events.start()
         source = caps.task_source
         service = WorkflowService(
+            watch_poll_seconds=settings.watch_poll_seconds,
             settings=settings,
             store=store,
             runs=runs,

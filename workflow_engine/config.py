@@ -15,6 +15,9 @@ from pathlib import Path
 from typing import Any
 
 ENV_PREFIX = "WORKFLOW_ENGINE_"
+PREPARE_MODES = ("auto", "off")
+#: `listen_database_url` value that turns watch notifications off.
+LISTEN_NONE = "none"
 
 
 def _default_holder_id() -> str:
@@ -40,6 +43,17 @@ class Settings:
     #: Connection pool bounds.
     pool_min_size: int = 2
     pool_max_size: int = 10
+    #: Server-side prepared statements: "auto" prepares a statement once it has run a few times
+    #: on a connection (psycopg's default); "off" never prepares, as a transaction-mode pooler
+    #: that does not track prepared statements (PgBouncer before 1.21) requires.
+    database_prepare: str = "auto"
+    #: Where watch notifications are LISTENed for: empty means `database_url`; a URL (direct to
+    #: PostgreSQL, or through a session-mode pool) when `database_url` is a transaction-mode
+    #: pooler; "none" turns notifications off: watchers poll every `watch_poll_seconds`.
+    listen_database_url: str = ""
+    #: How often a watcher re-reads its workflow's events without a notification: the longest
+    #: an event waits when notifications are off or lost.
+    watch_poll_seconds: float = 1.0
     #: How long SIGTERM waits for running workflows to reach a node boundary.
     drain_timeout_seconds: float = 20.0
     #: Largest request the gRPC server accepts, in bytes.
@@ -65,6 +79,26 @@ class Settings:
     worker: str = "sandbox"
     #: Log level for the JSON logs on stderr (debug, info, warning, error).
     log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        if self.database_prepare not in PREPARE_MODES:
+            raise ValueError(
+                f"{ENV_PREFIX}DATABASE_PREPARE: expected one of {', '.join(PREPARE_MODES)}, "
+                f"got {self.database_prepare!r}"
+            )
+        if not 0 < self.watch_poll_seconds <= 60:
+            raise ValueError(f"{ENV_PREFIX}WATCH_POLL_SECONDS: expected 0 < seconds <= 60")
+
+    @property
+    def prepare_threshold(self) -> int | None:
+        """psycopg's `prepare_threshold` for `database_prepare` (None: never prepare)."""
+        return None if self.database_prepare == "off" else 5
+
+    def listen_url(self, database_url: str) -> str | None:
+        """Where to LISTEN, given the URL the pool uses; None: notifications are off."""
+        if self.listen_database_url == LISTEN_NONE:
+            return None
+        return self.listen_database_url or database_url
 
     @property
     def jobs_dir(self) -> Path:

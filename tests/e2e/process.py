@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import IO
 
+from tests.database import engine_env
+
 ENGINE = Path(sys.executable).parent / "workflow-engine"
 
 
@@ -27,6 +29,7 @@ class EngineProcess:
         ttl: int = 30,
         recovery: bool = True,
         faults: str = "",
+        extra_env: dict[str, str] | None = None,
     ) -> None:
         env = {
             **os.environ,
@@ -39,6 +42,8 @@ class EngineProcess:
             "WORKFLOW_ENGINE_RECOVERY_ENABLED": "true" if recovery else "false",
             "WORKFLOW_ENGINE_RECOVERY_INTERVAL_SECONDS": "0.5",
             "WORKFLOW_ENGINE_FAULTS": faults,
+            **(engine_env(db_url) if db_url else {}),
+            **(extra_env or {}),
         }
         self.proc = subprocess.Popen(
             [str(ENGINE), "serve"], env=env, stderr=subprocess.PIPE, text=True

@@ -41,3 +41,30 @@ def test_flags_override_env() -> None:
     args = _parser().parse_args(["serve", "--listen", "127.0.0.1:7"])
     s = settings_from_args(args, base)
     assert s.listen == "127.0.0.1:7" and s.holder_id == "env"
+
+
+def test_pooler_settings() -> None:
+    s = settings_from_env(
+        {
+            "WORKFLOW_ENGINE_DATABASE_PREPARE": "off",
+            "WORKFLOW_ENGINE_LISTEN_DATABASE_URL": "postgresql://direct/db",
+            "WORKFLOW_ENGINE_WATCH_POLL_SECONDS": "0.2",
+        }
+    )
+    assert s.prepare_threshold is None
+    assert s.listen_url("postgresql://pooler/db") == "postgresql://direct/db"
+    assert s.watch_poll_seconds == 0.2
+    default = settings_from_env({})
+    assert default.prepare_threshold == 5  # psycopg's own default
+    assert default.listen_url("postgresql://db") == "postgresql://db"
+    off = settings_from_env({"WORKFLOW_ENGINE_LISTEN_DATABASE_URL": "none"})
+    assert off.listen_url("postgresql://db") is None
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("DATABASE_PREPARE", "sometimes"), ("WATCH_POLL_SECONDS", "0"), ("WATCH_POLL_SECONDS", "-1")],
+)
+def test_bad_pooler_settings_name_the_variable(name: str, value: str) -> None:
+    with pytest.raises(ValueError, match=f"WORKFLOW_ENGINE_{name}"):
+        settings_from_env({f"WORKFLOW_ENGINE_{name}": value})

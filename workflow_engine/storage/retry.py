@@ -6,6 +6,10 @@ resources (53), an operator or shutdown intervened (57, e.g. ``admin_shutdown`` 
 restart), or the server rolled the transaction back to break a deadlock (40). Everything else
 (constraint violations, syntax, a lost lease) is a real answer and is raised at once. Every
 operation wrapped here must be safe to run twice.
+
+One code of class 08 is not retried: 08P01, protocol violation. The connection is up; what it
+ran was wrong (behind a transaction-mode pooler, a prepared statement of another server
+connection), and a retry could land on yet another wrong statement.
 """
 
 from __future__ import annotations
@@ -37,6 +41,12 @@ RETRYABLE_SQLSTATE_CLASSES = {
 }
 
 
+#: Codes inside those classes that are not transient, and why.
+NOT_RETRYABLE_SQLSTATES = {
+    "08P01": "protocol violation: the statement itself went wrong, not the connection",
+}
+
+
 def is_transient(exc: BaseException) -> bool:
     """True when `exc` is a database failure that a retry on a new connection may cure."""
     if isinstance(exc, psycopg_pool.PoolTimeout):
@@ -46,6 +56,8 @@ def is_transient(exc: BaseException) -> bool:
     sqlstate = exc.sqlstate
     if sqlstate is None:  # connection lost before the server could say why
         return True
+    if sqlstate in NOT_RETRYABLE_SQLSTATES:
+        return False
     return sqlstate[:2] in RETRYABLE_SQLSTATE_CLASSES
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,19 +17,15 @@ import orjson
 import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from psycopg import AsyncConnection
 from psycopg.types.json import set_json_dumps, set_json_loads
 from psycopg_pool import AsyncConnectionPool
 
 from workflow_engine.api.decoding import generic_handler
 from workflow_engine.api.health import HealthServicer
 from workflow_engine.api.servicer import WorkflowEngineServicer
-from workflow_engine.capabilities.base import Worker
+from workflow_engine.capabilities.factory import Lent, build_capabilities, check_choices, opened
 from workflow_engine.capabilities.jobs import JobTracker
-from workflow_engine.capabilities.planner import StaticPlanner
-from workflow_engine.capabilities.sandbox import LocalSandboxWorker
-from workflow_engine.capabilities.simulated import SimulatedWorker
-from workflow_engine.capabilities.task_source import InlineTaskSource
-from workflow_engine.capabilities.verifier import MachineVerifier
 from workflow_engine.config import Settings
 from workflow_engine.graph.builder import build_graph
 from workflow_engine.graph.nodes import Capabilities
@@ -61,10 +58,14 @@ def open_database(settings: Settings) -> tuple[str, EmbeddedPostgres | None]:
     return embedded.url, embedded
 
 
-# orjson encodes and decodes JSON several times faster than the standard library; the state
-# written after every node is JSON, so this is on the hot path. Set once, process-wide.
-set_json_dumps(orjson.dumps)
-set_json_loads(orjson.loads)
+async def configure_connection(conn: AsyncConnection[Any]) -> None:
+    """Per-connection set-up of the engine's pool (nothing is changed process-wide).
+
+    orjson encodes and decodes JSON several times faster than the standard library; the state
+    written after every node is JSON, so this is on the hot path.
+    """
+    set_json_dumps(orjson.dumps, conn)
+    set_json_loads(orjson.loads, conn)
 
 
 async def open_pool(url: str, settings: Settings) -> AsyncConnectionPool[Any]:
@@ -73,6 +74,7 @@ async def open_pool(url: str, settings: Settings) -> AsyncConnectionPool[Any]:
         min_size=settings.pool_min_size,
         max_size=settings.pool_max_size,
         kwargs={"autocommit": True, "prepare_threshold": settings.prepare_threshold},
+        configure=configure_connection,
         open=False,
         name="workflow-engine",
     )
@@ -83,29 +85,6 @@ async def open_pool(url: str, settings: Settings) -> AsyncConnectionPool[Any]:
 async def run_migrations(pool: AsyncConnectionPool[Any]) -> int:
     async with pool.connection() as conn:
         return await migrate(conn)
-
-
-def default_capabilities(settings: Settings, store: WorkflowStore) -> Capabilities:
-    """The embedded capabilities: inline tasks, static planner, the configured worker, checks."""
-    worker: Worker
-    if settings.worker == "simulated":
-        worker = SimulatedWorker()
-    elif settings.worker == "sandbox":
-        worker = LocalSandboxWorker(
-            jobs_dir=settings.jobs_dir,
-            default_timeout_seconds=settings.job_timeout_seconds,
-            max_output_bytes=settings.job_output_bytes,
-        )
-    else:
-        raise ValueError(f"WORKFLOW_ENGINE_WORKER: unknown worker {settings.worker!r}")
-    return Capabilities(
-        task_source=InlineTaskSource(store),
-        planner=StaticPlanner(),
-        worker=worker,
-        verifier=MachineVerifier(),
-        context_budget_chars=settings.context_budget_chars,
-        max_running_jobs=settings.max_running_jobs,
-    )
 
 
 @dataclass
@@ -120,11 +99,15 @@ class Engine:
     service: WorkflowService
     recoverer: Recoverer | None
     saver: RowCheckpointSaver
+    #: The capabilities' resources (HTTP and model clients), closed with the engine.
+    resources: AsyncExitStack
     #: The embedded server, when no database URL is configured; closed with the engine.
     embedded: EmbeddedPostgres | None = None
 
     @classmethod
     async def start(cls, settings: Settings, *, capabilities: Capabilities | None = None) -> Engine:
+        if capabilities is None:
+            check_choices(settings)  # a bad setting is refused before anything starts
         url, embedded = open_database(settings)
         try:
             return await cls._start(settings, url, embedded, capabilities)
@@ -145,7 +128,9 @@ class Engine:
         applied = await run_migrations(pool)
         log.info("schema_ready", migrations=applied)
         store = WorkflowStore(pool)
-        caps = capabilities or default_capabilities(settings, store)
+        caps = capabilities or build_capabilities(settings, Lent(load_task=store.load_task))
+        resources = AsyncExitStack()
+        await resources.enter_async_context(opened(caps))
         faults = FaultPlan.parse(settings.faults)
         if faults:
             log.warning("fault_injection_enabled", faults=settings.faults)
@@ -155,14 +140,13 @@ class Engine:
         runs = RunManager(graph=graph, store=store, jobs=jobs, faults=faults)
         events = EventHub(settings.listen_url(url), on_control=runs.cancel)
         events.start()
-        source = caps.task_source
         service = WorkflowService(
             watch_poll_seconds=settings.watch_poll_seconds,
             settings=settings,
             store=store,
             runs=runs,
             events=events,
-            on_task_stored=source.remember if isinstance(source, InlineTaskSource) else None,
+            on_task_stored=caps.task_source.stored,
             check_plannable=caps.planner.check,
         )
         recoverer = None
@@ -174,7 +158,9 @@ class Engine:
                 interval_seconds=settings.recovery_interval_seconds,
             )
             recoverer.start()
-        return cls(settings, pool, store, runs, events, service, recoverer, saver, embedded)
+        return cls(
+            settings, pool, store, runs, events, service, recoverer, saver, resources, embedded
+        )
 
     async def close(self, *, drain_timeout: float | None = None) -> None:
         """Drain the runs (see `RunManager.drain`), close connections, then the embedded server."""
@@ -182,6 +168,7 @@ class Engine:
         if self.recoverer is not None:
             await self.recoverer.close()
         await self.runs.drain(timeout)
+        await self.resources.aclose()
         await self.saver.close()
         await self.events.close()
         await self.pool.close()

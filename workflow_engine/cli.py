@@ -13,6 +13,7 @@ from pathlib import Path
 import structlog
 
 from workflow_engine.app import open_database, open_pool, run_migrations, serve
+from workflow_engine.capabilities.factory import UnknownCapability
 from workflow_engine.config import Settings, settings_from_env
 from workflow_engine.logs import configure_logging
 
@@ -68,10 +69,14 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"workflow-engine: {exc}", file=sys.stderr)
         return 2
-    if args.command == "migrate":
-        asyncio.run(_migrate(settings))
-    else:
-        asyncio.run(serve(settings))
+    try:
+        if args.command == "migrate":
+            asyncio.run(_migrate(settings))
+        else:
+            asyncio.run(serve(settings))
+    except UnknownCapability as exc:
+        print(f"workflow-engine: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -74,9 +74,14 @@ class Settings:
     recovery_max_attempts: int = 5
     #: Fault injection for the fault suite only; see `workflow_engine.runtime.faults`.
     faults: str = ""
-    #: Which worker runs jobs: "sandbox" (local processes) or "simulated" (in-process true /
-    #: echo / sleep, for benchmarks and dry runs).
+    #: Which implementation each capability uses (see `capabilities.factory` for the choices).
+    #: Worker: "sandbox" (local processes) or "simulated" (in-process true / echo / sleep, for
+    #: benchmarks and dry runs).
     worker: str = "sandbox"
+    task_source: str = "inline"
+    planner: str = "static"
+    verifier: str = "checks"
+    compressor: str = "truncate"
     #: Log level for the JSON logs on stderr (debug, info, warning, error).
     log_level: str = "info"
 

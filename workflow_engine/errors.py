@@ -59,18 +59,6 @@ class LeaseHeld(WorkflowEngineError):
         self.expires_at = expires_at
 
 
-class LeaseLost(WorkflowEngineError):
-    """This runner no longer holds the lease it was fenced with; it must stop."""
-
-    def __init__(self, task_id: str, holder_id: str, epoch: int) -> None:
-        super().__init__(
-            f"lease on task {task_id} lost by holder {holder_id!r} (epoch {epoch})",
-            task_id=task_id,
-        )
-        self.holder_id = holder_id
-        self.epoch = epoch
-
-
 class InvalidState(WorkflowEngineError):
     """The request is well formed but the workflow is not in a state that allows it."""
 
@@ -83,9 +71,35 @@ class CheckpointCorrupt(WorkflowEngineError):
     """A stored checkpoint cannot be read back; nothing is executed from it."""
 
 
-class RunStopped(WorkflowEngineError):
-    """A run was asked to stop (cancel, shutdown) and did so at a node boundary."""
+class RunControl(BaseException):
+    """A signal that stops a run, not an error of the task.
+
+    Derived from `BaseException`, as `asyncio.CancelledError` is, so that the `except Exception`
+    of a node or a capability cannot catch it and turn a lost lease into a task failure. Only
+    the run that drives the graph (and the API boundary, for a change that met one) handles it.
+    """
+
+    def __init__(self, message: str, *, task_id: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.task_id = task_id
+
+
+class RunStopped(RunControl):
+    """A run was asked to stop (cancel, shutdown, a change to apply) and did so."""
 
     def __init__(self, task_id: str, reason: str) -> None:
         super().__init__(f"run of task {task_id} stopped: {reason}", task_id=task_id)
         self.reason = reason
+
+
+class LeaseLost(RunControl):
+    """This runner no longer holds the lease it was fenced with; it must stop."""
+
+    def __init__(self, task_id: str, holder_id: str, epoch: int) -> None:
+        super().__init__(
+            f"lease on task {task_id} lost by holder {holder_id!r} (epoch {epoch})",
+            task_id=task_id,
+        )
+        self.holder_id = holder_id
+        self.epoch = epoch

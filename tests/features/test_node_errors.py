@@ -10,11 +10,10 @@ from google.protobuf import json_format
 
 from tests.conftest import RunningEngine, start_engine, stop_engine
 from tests.helpers import new_task_id, step, task, wait_for_status
-from workflow_engine.app import default_capabilities
 from workflow_engine.capabilities.base import JobRequest, JobResult, Verification
+from workflow_engine.capabilities.factory import Lent, build_capabilities
 from workflow_engine.config import Settings
 from workflow_engine.spec import AcceptanceCriterion, Step, TaskSpec
-from workflow_engine.storage.workflows import WorkflowStore
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 
@@ -55,6 +54,9 @@ class BrokenSource:
     async def load(self, task_id: str) -> TaskSpec:
         raise RuntimeError("task table unreachable")
 
+    def stored(self, task_id: str, spec: TaskSpec) -> None:
+        pass
+
 
 @pytest.fixture
 async def engine_with(settings: Settings) -> AsyncIterator[object]:
@@ -62,7 +64,7 @@ async def engine_with(settings: Settings) -> AsyncIterator[object]:
     started: list[RunningEngine] = []
 
     async def start(change: object) -> RunningEngine:
-        engine_caps = default_capabilities(settings, WorkflowStore(None))  # type: ignore[arg-type]
+        engine_caps = build_capabilities(settings, Lent(load_task=None))  # type: ignore[arg-type]
         running = await start_engine(settings, change(engine_caps))  # type: ignore[operator]
         started.append(running)
         return running

@@ -17,6 +17,7 @@ from workflow_engine.errors import (
     InvalidState,
     LeaseHeld,
     LeaseLost,
+    RunControl,
     ShuttingDown,
     WorkflowEngineError,
     WorkflowExists,
@@ -26,7 +27,7 @@ from workflow_engine.storage.retry import is_transient
 
 log = structlog.get_logger(__name__)
 
-_CODES: list[tuple[type[WorkflowEngineError], grpc.StatusCode]] = [
+_CODES: list[tuple[type[WorkflowEngineError | RunControl], grpc.StatusCode]] = [
     (InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
     (WorkflowNotFound, grpc.StatusCode.NOT_FOUND),
     (WorkflowExists, grpc.StatusCode.ALREADY_EXISTS),

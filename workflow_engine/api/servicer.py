@@ -17,7 +17,7 @@ import grpc
 from workflow_engine.api import convert, listing
 from workflow_engine.api.decoding import UndecodableRequest
 from workflow_engine.api.errors import status_for
-from workflow_engine.errors import InvalidArgument
+from workflow_engine.errors import InvalidArgument, RunControl
 from workflow_engine.service import WorkflowService
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
@@ -36,7 +36,7 @@ def _unary(
             if isinstance(request, UndecodableRequest):
                 raise request.error()
             return await method(self, request, context)
-        except Exception as exc:
+        except (Exception, RunControl) as exc:
             code, message = status_for(exc)
             await context.abort(code, message)
             raise AssertionError("unreachable: abort raises") from exc
@@ -137,7 +137,7 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
             task_id = convert.parse_task_id(request.task_id)
             async for event in self._service.watch(task_id, request.from_sequence):
                 yield convert.event_to_proto(task_id, event)
-        except Exception as exc:
+        except (Exception, RunControl) as exc:
             code, message = status_for(exc)
             await context.abort(code, message)
 

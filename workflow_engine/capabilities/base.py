@@ -2,7 +2,9 @@
 
 Every node does its work through one capability, chosen by configuration: the embedded defaults
 in this package work offline; real integrations (the orchestrator's task table, an LLM planner,
-the HTTP Worker API, an LLM judge) implement the same `Protocol`.
+the HTTP Worker API, an LLM judge) implement the same `Protocol`. `capabilities.factory` builds
+the ones the settings name; one that owns resources is an async context manager, entered when
+the engine starts and exited when it closes.
 """
 
 from __future__ import annotations
@@ -189,6 +191,10 @@ class TaskSource(Protocol):
 
     async def load(self, task_id: str) -> TaskSpec:
         """Return the task; raise `WorkflowNotFound` when there is none."""
+        ...
+
+    def stored(self, task_id: str, spec: TaskSpec) -> None:
+        """StartWorkflow stored `spec` with the workflow (a source may cache it, or ignore it)."""
         ...
 
 

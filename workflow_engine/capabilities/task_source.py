@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 
-from workflow_engine.spec import TaskSpec
-from workflow_engine.storage.workflows import WorkflowStore
+from workflow_engine.spec import JsonObject, TaskSpec
 
 
 class InlineTaskSource:
-    """Loads a task from `workflow_tasks`; specs never change after start, so they are cached."""
+    """Loads a task as StartWorkflow stored it; specs never change after start, so they are
+    cached. `load_task` reads the stored JSON (lent by the engine: no storage import here)."""
 
-    def __init__(self, store: WorkflowStore, *, cache_size: int = 1024) -> None:
-        self._store = store
+    def __init__(
+        self, load_task: Callable[[str], Awaitable[JsonObject]], *, cache_size: int = 1024
+    ) -> None:
+        self._load_task = load_task
         self._cache: OrderedDict[str, TaskSpec] = OrderedDict()
         self._cache_size = cache_size
 
-    def remember(self, task_id: str, spec: TaskSpec) -> None:
+    def stored(self, task_id: str, spec: TaskSpec) -> None:
         """Cache a task just stored (StartWorkflow), so its first load needs no read."""
         self._cache[task_id] = spec
         if len(self._cache) > self._cache_size:
@@ -27,6 +30,6 @@ class InlineTaskSource:
         if cached is not None:
             self._cache.move_to_end(task_id)
             return cached
-        spec = TaskSpec.from_json(await self._store.load_task(task_id))
-        self.remember(task_id, spec)
+        spec = TaskSpec.from_json(await self._load_task(task_id))
+        self.stored(task_id, spec)
         return spec

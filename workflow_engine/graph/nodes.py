@@ -31,7 +31,7 @@ from workflow_engine.capabilities.base import (
 from workflow_engine.capabilities.context import TruncatingCompressor
 from workflow_engine.capabilities.jobs import JobTracker
 from workflow_engine.capabilities.preferences import merge_preferences
-from workflow_engine.errors import InvalidArgument, WorkflowEngineError
+from workflow_engine.errors import InvalidArgument, RunControl
 from workflow_engine.graph import routing
 from workflow_engine.graph.state import StepState, StepStatus, WorkflowState
 from workflow_engine.spec import AcceptanceCriterion, JsonObject, Step, validate_steps
@@ -63,8 +63,10 @@ class Capabilities:
 
 
 def is_control(exc: BaseException) -> bool:
-    """Errors that must stop the run rather than be recorded as the task's failure."""
-    return isinstance(exc, WorkflowEngineError | psycopg.Error)
+    """What must stop the run rather than be recorded as the task's failure: a run-control
+    signal (which no `except Exception` catches anyway), or a database that stayed unreachable
+    beyond the retries (the checkpoint is intact; a resume continues)."""
+    return isinstance(exc, RunControl | psycopg.Error)
 
 
 class Nodes:

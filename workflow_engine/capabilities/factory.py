@@ -1,0 +1,127 @@
+"""Builds the capabilities the settings name, and opens and closes them with the engine.
+
+Each kind (task source, planner, worker, verifier, context compressor) has a setting that names
+its implementation and a registry below mapping that name to a builder. A builder gets the
+settings and what the engine lends capabilities (`Lent`: today, how to read a stored task), and
+returns the implementation. Adding one, say an LLM planner, is one new module and one line here:
+
+    PLANNERS = {"static": ..., "llm": lambda s, lent: LlmPlanner(s.llm)}
+
+A capability that owns resources (HTTP clients, model clients) is an async context manager:
+`opened` enters it when the engine starts and exits it, in reverse order, when the engine
+closes. The embedded defaults own nothing and work offline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, fields
+from typing import Any, TypeVar
+
+from workflow_engine.capabilities.base import (
+    ContextCompressor,
+    Planner,
+    TaskSource,
+    Verifier,
+    Worker,
+)
+from workflow_engine.capabilities.context import TruncatingCompressor
+from workflow_engine.capabilities.planner import StaticPlanner
+from workflow_engine.capabilities.sandbox import LocalSandboxWorker
+from workflow_engine.capabilities.simulated import SimulatedWorker
+from workflow_engine.capabilities.task_source import InlineTaskSource
+from workflow_engine.capabilities.verifier import MachineVerifier
+from workflow_engine.config import ENV_PREFIX, Settings
+from workflow_engine.graph.nodes import Capabilities
+from workflow_engine.spec import JsonObject
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Lent:
+    """What the engine lends its capabilities: plain callables, never the engine's objects."""
+
+    #: The task stored with a workflow (its JSON), by task id; raises `WorkflowNotFound`.
+    load_task: Callable[[str], Awaitable[JsonObject]]
+
+
+Builder = Callable[[Settings, Lent], T]
+
+TASK_SOURCES: Mapping[str, Builder[TaskSource]] = {
+    "inline": lambda s, lent: InlineTaskSource(lent.load_task),
+}
+PLANNERS: Mapping[str, Builder[Planner]] = {
+    "static": lambda s, lent: StaticPlanner(),
+}
+WORKERS: Mapping[str, Builder[Worker]] = {
+    "sandbox": lambda s, lent: LocalSandboxWorker(
+        jobs_dir=s.jobs_dir,
+        default_timeout_seconds=s.job_timeout_seconds,
+        max_output_bytes=s.job_output_bytes,
+    ),
+    "simulated": lambda s, lent: SimulatedWorker(),
+}
+VERIFIERS: Mapping[str, Builder[Verifier]] = {
+    "checks": lambda s, lent: MachineVerifier(),
+}
+COMPRESSORS: Mapping[str, Builder[ContextCompressor]] = {
+    "truncate": lambda s, lent: TruncatingCompressor(),
+}
+
+
+class UnknownCapability(ValueError):
+    """A setting names an implementation no registry has."""
+
+
+_REGISTRIES: Mapping[str, Mapping[str, Builder[Any]]] = {
+    "task_source": TASK_SOURCES,
+    "planner": PLANNERS,
+    "worker": WORKERS,
+    "verifier": VERIFIERS,
+    "compressor": COMPRESSORS,
+}
+
+
+def check_choices(settings: Settings) -> None:
+    """Raise `UnknownCapability` naming the first setting that names no implementation.
+
+    Cheap and pure, so the engine can refuse a bad configuration before it starts anything.
+    """
+    for setting, registry in _REGISTRIES.items():
+        name = getattr(settings, setting)
+        if name not in registry:
+            raise UnknownCapability(
+                f"{ENV_PREFIX}{setting.upper()}: unknown {setting.replace('_', ' ')} {name!r}; "
+                f"expected one of {', '.join(sorted(registry))}"
+            )
+
+
+def _build(registry: Mapping[str, Builder[T]], setting: str, settings: Settings, lent: Lent) -> T:
+    return registry[getattr(settings, setting)](settings, lent)
+
+
+def build_capabilities(settings: Settings, lent: Lent) -> Capabilities:
+    """The capabilities `settings` name; raises `UnknownCapability` naming the setting."""
+    check_choices(settings)
+    return Capabilities(
+        task_source=_build(TASK_SOURCES, "task_source", settings, lent),
+        planner=_build(PLANNERS, "planner", settings, lent),
+        worker=_build(WORKERS, "worker", settings, lent),
+        verifier=_build(VERIFIERS, "verifier", settings, lent),
+        compressor=_build(COMPRESSORS, "compressor", settings, lent),
+        context_budget_chars=settings.context_budget_chars,
+        max_running_jobs=settings.max_running_jobs,
+    )
+
+
+@asynccontextmanager
+async def opened(capabilities: Capabilities) -> AsyncIterator[Capabilities]:
+    """Enter every capability that is an async context manager; exit them in reverse order."""
+    async with AsyncExitStack() as stack:
+        for field in fields(capabilities):
+            value: Any = getattr(capabilities, field.name)
+            if isinstance(value, AbstractAsyncContextManager):
+                await stack.enter_async_context(value)
+        yield capabilities

@@ -145,4 +145,22 @@ def build_graph(
     builder.add_edge("finalize_summary", END)
     builder.add_edge("mark_failed", END)
     builder.add_edge("suspend_workflow", END)
+    assert_one_node_per_step(builder)
     return builder.compile(checkpointer=checkpointer)
+
+
+def assert_one_node_per_step(builder: StateGraph[Any, Any, Any, Any]) -> None:
+    """Every node leads to at most one next node: one static edge or one router (returning one
+    name), no fan-out, no joins. The row checkpointer keeps no intermediate writes, which is
+    only correct while every superstep runs one node (see `storage.checkpointer`); a graph that
+    would run two at once is refused here rather than lose a node's writes on resume."""
+    if builder.waiting_edges:
+        raise ValueError(f"joins run nodes side by side: {sorted(builder.waiting_edges)}")
+    for node in [START, *builder.nodes]:
+        static = [end for start, end in builder.edges if start == node]
+        routers = builder.branches.get(node, {})
+        if len(static) + len(routers) > 1:
+            raise ValueError(
+                f"node {node!r} leads to several nodes at once ({static}, routers "
+                f"{sorted(routers)}): the row checkpointer needs one node per superstep"
+            )

@@ -18,6 +18,9 @@ What is deliberately not kept:
   holds the input, and a run that dies before its first node simply starts again;
 - intermediate writes (`aput_writes`): every superstep of this graph is one node, whose writes
   are part of the checkpoint written right after it. A node that dies half-way runs again.
+  `build_graph` refuses a graph that could run two nodes in one superstep, and `aput_writes`
+  raises if writes of a second node ever arrive for the same checkpoint, so a future fan-out
+  cannot silently lose writes on resume.
 """
 
 from __future__ import annotations
@@ -42,6 +45,11 @@ from workflow_engine.storage.group_commit import CheckpointRow, GroupCommitter
 from workflow_engine.storage.leases import Fence
 from workflow_engine.storage.retry import with_retry
 from workflow_engine.storage.workflows import FINAL_STATUSES
+
+#: The task id LangGraph gives the writes of `update_state` (not a node's).
+NULL_TASK_ID = "00000000-0000-0000-0000-000000000000"
+#: How many threads `aput_writes` remembers the last writer of (oldest forgotten first).
+_MAX_TRACKED_THREADS = 100_000
 
 #: Key in `config["configurable"]` under which a run passes its `RunContext` to the saver.
 RUN_CONTEXT_KEY = "workflow_engine_run"
@@ -113,6 +121,8 @@ class RowCheckpointSaver(BaseCheckpointSaver[int]):
         self._state_keys = state_keys
         self._faults = faults or FaultPlan()
         self._committer = GroupCommitter(pool)
+        # thread id -> (checkpoint id, task id) of the last node that wrote in that superstep.
+        self._step_writers: dict[str, tuple[str, str]] = {}
 
     async def close(self) -> None:
         """Stop the group committer's flushers."""
@@ -236,7 +246,24 @@ class RowCheckpointSaver(BaseCheckpointSaver[int]):
         task_id: str,
         task_path: str = "",
     ) -> None:
-        """Intermediate writes are folded into the next checkpoint; see the module docstring."""
+        """Intermediate writes are folded into the next checkpoint; see the module docstring.
+
+        Only one node may write per superstep (per checkpoint id): a second one would have its
+        writes lost by a resume, so it is refused.
+        """
+        if task_id == NULL_TASK_ID:  # aupdate_state's writes, applied at once
+            return
+        configurable = config.get("configurable", {})
+        step = (str(configurable.get("thread_id")), str(configurable.get("checkpoint_id")))
+        writer = self._step_writers.get(step[0])
+        if writer is not None and writer[0] == step[1] and writer[1] != task_id:
+            raise RuntimeError(
+                f"task {step[0]}: two nodes wrote in one superstep; the row checkpointer keeps "
+                "no intermediate writes, so a resume would lose one (see build_graph)"
+            )
+        self._step_writers[step[0]] = (step[1], task_id)
+        if len(self._step_writers) > _MAX_TRACKED_THREADS:
+            self._step_writers.pop(next(iter(self._step_writers)))
 
     async def adelete_thread(self, thread_id: str) -> None:
         """Delete the task's workflow row and its events."""

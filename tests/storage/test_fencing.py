@@ -16,7 +16,7 @@ from tests.conftest import RunningEngine
 from tests.helpers import new_task_id, step, task
 from workflow_engine.errors import LeaseLost
 from workflow_engine.graph.state import STATE_KEYS, initial_state
-from workflow_engine.storage.checkpointer import RUN_CONTEXT_KEY, NodeEvent, RowCheckpointSaver
+from workflow_engine.storage.checkpointer import FENCE_KEY, NODE_EVENT, RowCheckpointSaver
 from workflow_engine.storage.leases import Fence
 from workflow_engine.storage.workflows import StartOutcome, WorkflowStore
 from workflow_engine.v1 import workflow_engine_pb2 as pb
@@ -26,19 +26,12 @@ EXPIRE = "UPDATE task_workflow_leases SET expires_at = now() - interval '1 secon
 
 @dataclass
 class WriterContext:
-    """The run side of the checkpointer's contract: which fence, which node just finished."""
+    """What a run hands the checkpointer: its fence (a plain value in the config) and, in the
+    checkpoint's `node_event` channel, the node that just finished."""
 
     fence: Fence
-    status: str = "RUNNING"
     node: str | None = "load_task_context"
     written: list[str] = field(default_factory=list)
-
-    def take_completed_node(self) -> NodeEvent | None:
-        node, self.node = self.node, None
-        return NodeEvent(node) if node else None
-
-    def checkpoint_written(self, node: str, status: str) -> None:
-        self.written.append(node)
 
 
 @pytest.fixture
@@ -49,9 +42,16 @@ async def pool(db_url: str) -> AsyncIterator[AsyncConnectionPool[Any]]:
 
 async def put(saver: RowCheckpointSaver, ctx: WriterContext, note: str) -> None:
     checkpoint = empty_checkpoint()
-    checkpoint["channel_values"] = {**initial_state(ctx.fence.task_id), "summary": note}
-    config: Any = {"configurable": {"thread_id": ctx.fence.task_id, RUN_CONTEXT_KEY: ctx}}
-    await saver.aput(config, checkpoint, {"source": "loop", "step": 1}, {})
+    checkpoint["channel_values"] = {
+        **initial_state(ctx.fence.task_id),
+        "summary": note,
+        NODE_EVENT: {"node": ctx.node, "kind": "node"},
+    }
+    config: Any = {"configurable": {"thread_id": ctx.fence.task_id, FENCE_KEY: ctx.fence}}
+    await saver.aput(config, checkpoint, {"source": "loop", "step": 1}, {NODE_EVENT: 1})
+    assert ctx.node is not None
+    ctx.written.append(ctx.node)  # reached only when the write landed (else LeaseLost)
+    ctx.node = None
 
 
 @pytest.fixture

@@ -8,54 +8,77 @@
 decisions, raised budgets and operator overrides continue it from `verify_step_result`'s
 router (see `workflow_engine.graph.commands`).
 
-Every node is wrapped so that the run driving it can stop it at a node boundary (cancel, lost
-lease, shutdown) and learns which node just completed and what came of it, which the
-checkpointer writes as `last_node_id` and the node's event. An exception a node does not handle
-itself ends the workflow in `mark_failed` with the exception as its error: never silently.
+Every node is wrapped: its body runs through the run's `guard` (LangGraph's runtime context
+carries the run's hooks), so the run can stop it at a node boundary or interrupt it (cancel, a
+change to apply, a lost lease); and it records what completed and what came of it in the
+internal `node_event` channel, which the checkpointer writes as `last_node_id` and the node's
+event. An exception a node does not handle itself ends the workflow in `mark_failed` with the
+exception as its error: never silently.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import structlog
-from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
+from langgraph.runtime import Runtime
 
 from workflow_engine.capabilities.jobs import JobTracker
 from workflow_engine.graph import routing
 from workflow_engine.graph.nodes import Capabilities, Nodes, is_control, node_functions
 from workflow_engine.graph.state import WorkflowState
-from workflow_engine.storage.checkpointer import RUN_CONTEXT_KEY
+from workflow_engine.spec import JsonObject
 
 log = structlog.get_logger(__name__)
 
 NodeFn = Callable[[WorkflowState], Awaitable[WorkflowState]]
 
 
-class WrappedNode(Protocol):
-    def __call__(
-        self, state: WorkflowState, config: RunnableConfig
-    ) -> Awaitable[WorkflowState]: ...
+class GraphState(WorkflowState, total=False):
+    """The graph's channels: the workflow state, plus what the last node recorded.
+
+    `node_event` is not in `STATE_KEYS`, so the checkpointer keeps it in its bookkeeping, not in
+    the `state` column.
+    """
+
+    node_event: JsonObject
 
 
 class NodeHooks(Protocol):
-    """What a run is told around each node (see `workflow_engine.runtime.run`)."""
+    """What a run is told around each node (see `workflow_engine.runtime.run`); passed as
+    LangGraph's runtime context."""
 
     def guard(self, node: str, body: Awaitable[WorkflowState]) -> Awaitable[WorkflowState]:
         """Run the node's body; raise instead when the run must stop (before or during it)."""
         ...
 
-    def node_finished(self, node: str, kind: str, detail: str) -> None: ...
+    def node_finished(self, node: str, status: str) -> None:
+        """The node returned; its checkpoint, with `status`, is written next."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class NodeContext:
+    """LangGraph's runtime context for this graph: the hooks of the run driving it."""
+
+    hooks: NodeHooks
+
+
+class WrappedNode(Protocol):
+    def __call__(
+        self, state: WorkflowState, *, runtime: Runtime[NodeContext | None]
+    ) -> Awaitable[GraphState]: ...
 
 
 def _wrap(name: str, fn: NodeFn) -> WrappedNode:
-    async def node(state: WorkflowState, config: RunnableConfig) -> WorkflowState:
-        hooks: NodeHooks | None = config.get("configurable", {}).get(RUN_CONTEXT_KEY)
+    async def node(state: WorkflowState, *, runtime: Runtime[NodeContext | None]) -> GraphState:
+        hooks = runtime.context.hooks if runtime.context is not None else None
         started = time.perf_counter()
         with structlog.contextvars.bound_contextvars(node=name):
             try:
@@ -66,10 +89,12 @@ def _wrap(name: str, fn: NodeFn) -> WrappedNode:
                 log.exception("node_raised")
                 update = {"error": f"node {name} raised {exc!r}", "forced_next": "mark_failed"}
             log.debug("node_completed", seconds=round(time.perf_counter() - started, 4))
+        kind, detail = describe(name, update, state)
         if hooks is not None:
-            kind, detail = describe(name, update, state)
-            hooks.node_finished(name, kind, detail)
-        return update
+            hooks.node_finished(name, str(update.get("status") or state.get("status") or ""))
+        recorded: GraphState = {**update}  # type: ignore[typeddict-item]
+        recorded["node_event"] = {"node": name, "kind": kind, "detail": detail}  # NODE_EVENT
+        return recorded
 
     node.__name__ = name
     return node
@@ -119,7 +144,7 @@ def build_graph(
 
     `jobs` runs the dispatched jobs; pass it to let the run manager forget a stopped run's jobs.
     """
-    builder: StateGraph[Any, Any, Any, Any] = StateGraph(WorkflowState)
+    builder: StateGraph[Any, Any, Any, Any] = StateGraph(GraphState)
     for name, fn in node_functions(Nodes(capabilities, jobs)).items():
         builder.add_node(name, _wrap(name, fn))
     builder.add_edge(START, "load_task_context")

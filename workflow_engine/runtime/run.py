@@ -1,8 +1,11 @@
 """One execution of a task's workflow in this process, from taking the lease to releasing it.
 
-A `Run` drives the compiled graph and is also what the graph's nodes and the checkpointer talk
-to during the run (through the run config): it says which node just completed, whether the run
-must stop at this node boundary, and which lease (holder, epoch) every write is fenced with. A
+A `Run` drives the compiled graph. The nodes reach it as LangGraph's runtime context (each
+node's body runs through `guard`, which stops the run at a node boundary or interrupts the
+node); the checkpointer gets only plain values in the run config: the fence (holder, epoch) every
+write is checked against, and whether there is a checkpoint to read yet. Because the graph runs
+with durability "sync", a node starting means the previous node's checkpoint is durable; that is
+where the run learns it (and, when the graph returns, of the last one). A
 heartbeat renews the lease every third of its time to live; a renewal that finds the lease gone
 stops the run before its next node.
 
@@ -36,10 +39,11 @@ from workflow_engine.errors import (
     RunStopped,
     WorkflowEngineError,
 )
+from workflow_engine.graph.builder import NodeContext
 from workflow_engine.graph.commands import CONTINUE_FROM, Change, apply_all
 from workflow_engine.graph.state import WorkflowState
 from workflow_engine.runtime.faults import FaultPlan
-from workflow_engine.storage.checkpointer import RUN_CONTEXT_KEY, NodeEvent
+from workflow_engine.storage.checkpointer import FENCE_KEY, FRESH_KEY, NODE_EVENT
 from workflow_engine.storage.leases import Fence
 from workflow_engine.storage.workflows import FINAL_STATUSES, WorkflowStore
 
@@ -74,7 +78,7 @@ class Run:
         self._store = store
         self._input = initial_input
         self._has_checkpoint = initial_input is None
-        self._completed_node: NodeEvent | None = None
+        self._finished: tuple[str, str] | None = None  # node, status: written next
         self._stop_reason: str | None = None
         self._closing = False
         self._released = False
@@ -116,6 +120,7 @@ class Run:
         the node's work without touching the graph's machinery; the run then stops at this
         boundary, and the node runs again later if the workflow goes on.
         """
+        self._previous_written()
         try:
             self._check_boundary()
         except RunStopped:
@@ -134,21 +139,21 @@ class Run:
         finally:
             self._node_task = None
 
-    def node_finished(self, node: str, kind: str, detail: str) -> None:
-        self._completed_node = NodeEvent(node, kind, detail)
+    def node_finished(self, node: str, status: str) -> None:
+        self._finished = (node, status)
 
-    def take_completed_node(self) -> NodeEvent | None:
-        node, self._completed_node = self._completed_node, None
-        return node
-
-    def checkpoint_written(self, node: str, status: str) -> None:
-        self.last_node = node
-        self._status = status
-        self._has_checkpoint = True
-        if status in FINAL_STATUSES:  # that write released the lease; nothing follows it
-            self._closing = self._released = True
+    def _previous_written(self) -> None:
+        """The node that finished last has its checkpoint written (a node starts only then, and
+        the graph returns only then): record its node and status."""
+        if self._finished is None:
             return
-        self._check_boundary()
+        node, status = self._finished
+        self._finished = None
+        self.last_node = node
+        self._status = status.upper() or self._status
+        self._has_checkpoint = True
+        if self._status in FINAL_STATUSES:  # that write released the lease; nothing follows
+            self._closing = self._released = True
 
     def _check_boundary(self) -> None:
         if self._stop_reason is not None:
@@ -197,11 +202,7 @@ class Run:
         heartbeat = asyncio.create_task(self._heartbeat(), name=f"heartbeat-{self._fence.task_id}")
         release = True
         try:
-            config: RunnableConfig = {
-                "configurable": {"thread_id": self._fence.task_id, RUN_CONTEXT_KEY: self},
-                "recursion_limit": 10_000,
-            }
-            await self._drive(config)
+            await self._drive()
             self.outcome = self._status
             log.info("run_finished", status=self._status)
         except RunStopped as stop:
@@ -241,15 +242,28 @@ class Run:
             structlog.contextvars.unbind_contextvars("task_id", "run_id")
         return self.outcome or ""
 
-    async def _drive(self, config: RunnableConfig) -> None:
+    def _config(self) -> RunnableConfig:
+        return {
+            "configurable": {
+                "thread_id": self._fence.task_id,
+                FENCE_KEY: self._fence,
+                FRESH_KEY: not self._has_checkpoint,
+            },
+            "recursion_limit": 10_000,
+        }
+
+    async def _drive(self) -> None:
         """Run the graph; apply submitted changes first and whenever they interrupt it."""
         graph_input: WorkflowState | None = self._input
         while True:
             if self._batches and self._has_checkpoint:
-                await self._apply_changes(config)
+                await self._apply_changes(self._config())
                 graph_input = None
             try:
-                await self._graph.ainvoke(graph_input, config, durability="sync")
+                await self._graph.ainvoke(
+                    graph_input, self._config(), context=NodeContext(self), durability="sync"
+                )
+                self._previous_written()
                 return
             except RunStopped as stop:
                 if stop.reason != UPDATE or self._stop_reason is not None:
@@ -273,13 +287,18 @@ class Run:
                     continue
                 try:
                     for update in updates:
-                        self._completed_node = NodeEvent(
-                            update.label, update.kind, update.detail, update.actor
-                        )
+                        event = {
+                            "node": update.label,
+                            "kind": update.kind,
+                            "detail": update.detail,
+                            "actor": update.actor,
+                        }
                         await self._graph.aupdate_state(
-                            config, update.values, as_node=CONTINUE_FROM
+                            config, {**update.values, NODE_EVENT: event}, as_node=CONTINUE_FROM
                         )
                         state = {**state, **update.values}
+                        self.last_node = update.label
+                        self._status = str(state.get("status") or "running").upper()
                         log.info(
                             "run_updated",
                             label=update.label,

@@ -12,6 +12,14 @@ node's watch events, in one statement; the write that ends or pauses the workflo
 the lease. Writes of concurrent runs share that statement and its
 commit (`group_commit`). A runner whose lease has moved on gets `LeaseLost`; nothing lands.
 
+The saver stands on its own: it writes the row from what LangGraph hands it (the checkpoint,
+its metadata, the channels the node updated) and two plain values in the run's config, the
+fence (`FENCE_KEY`: holder, epoch, run id) and whether the run starts fresh (`FRESH_KEY`: no
+checkpoint to read yet). Which node completed, and what came of it, travel in the internal
+`node_event` channel the node wrapper writes (see `graph.builder`); a checkpoint that did not
+update it (LangGraph's input bookkeeping) is not written. Stopping at a node boundary and
+applying changes are the run's business, not the saver's.
+
 What is deliberately not kept:
 - history: the row holds the latest checkpoint only (that is the contract);
 - the "input" checkpoints LangGraph writes before the first node of a run: the row already
@@ -26,8 +34,7 @@ What is deliberately not kept:
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -51,8 +58,10 @@ NULL_TASK_ID = "00000000-0000-0000-0000-000000000000"
 #: How many threads `aput_writes` remembers the last writer of (oldest forgotten first).
 _MAX_TRACKED_THREADS = 100_000
 
-#: Key in `config["configurable"]` under which a run passes its `RunContext` to the saver.
-RUN_CONTEXT_KEY = "workflow_engine_run"
+#: Keys in `config["configurable"]`: the `Fence` every write is checked against, and whether the
+#: run starts from its input (True: there is no checkpoint to read; saves a round trip).
+FENCE_KEY = "workflow_engine_fence"
+FRESH_KEY = "workflow_engine_fresh"
 
 READ_CHECKPOINT = """
 SELECT state, checkpoint_id, checkpoint, checkpoint_metadata
@@ -66,39 +75,9 @@ DELETE FROM workflow_events WHERE task_id = %(task_id)s
 """
 
 
-@dataclass(frozen=True, slots=True)
-class NodeEvent:
-    """What completed since the last checkpoint: a node, or a change applied from outside."""
-
-    node: str
-    kind: str = "node"  # the event's kind: node | approval_requested | approval_decided | ...
-    detail: str = ""
-    actor: str = ""
-
-
-class RunContext(Protocol):
-    """What a running workflow tells the saver, through the run's config."""
-
-    @property
-    def fence(self) -> Fence: ...
-
-    @property
-    def status(self) -> str:
-        """The workflow status the row had before this write (e.g. ``RUNNING``)."""
-        ...
-
-    @property
-    def fresh(self) -> bool:
-        """True when the run starts from its input: there is no checkpoint to read."""
-        ...
-
-    def take_completed_node(self) -> NodeEvent | None:
-        """The node that finished since the last checkpoint, or `None` if none did."""
-        ...
-
-    def checkpoint_written(self, node: str, status: str) -> None:
-        """Called after each durable write; may raise to stop the run at this node boundary."""
-        ...
+#: The internal channel in which a node's wrapper (or a change applied with `aupdate_state`)
+#: records what completed: ``{"node", "kind", "detail", "actor"}``. Not part of the state column.
+NODE_EVENT = "node_event"
 
 
 def row_status(state: dict[str, Any]) -> str:
@@ -131,8 +110,7 @@ class RowCheckpointSaver(BaseCheckpointSaver[int]):
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         task_id = _thread_id(config)
         configurable = config.get("configurable", {})
-        run: RunContext | None = configurable.get(RUN_CONTEXT_KEY)
-        if run is not None and run.fresh:
+        if configurable.get(FRESH_KEY):
             return None  # saves a round trip per started workflow
         wanted = configurable.get("checkpoint_id")
 
@@ -195,19 +173,17 @@ class RowCheckpointSaver(BaseCheckpointSaver[int]):
                 "checkpoint_id": checkpoint["id"],
             }
         }
-        run: RunContext = configurable[RUN_CONTEXT_KEY]
-        event = run.take_completed_node()
-        if event is None:
-            return next_config  # LangGraph's input bookkeeping; see the module docstring
-        node = event.node
-
         values = checkpoint["channel_values"]
+        event = values.get(NODE_EVENT) if NODE_EVENT in new_versions else None
+        if not isinstance(event, dict):
+            return next_config  # LangGraph's input bookkeeping; see the module docstring
+        node = str(event.get("node") or "")
         state = {k: v for k, v in values.items() if k in self._state_keys}
         internal = {k: v for k, v in values.items() if k not in self._state_keys}
         bookkeeping = {k: v for k, v in checkpoint.items() if k != "channel_values"}
         bookkeeping["channel_values"] = internal
         status = row_status(state)
-        fence = run.fence
+        fence: Fence = configurable[FENCE_KEY]
         row = CheckpointRow(
             task_id=task_id,
             holder_id=fence.holder_id,
@@ -219,12 +195,11 @@ class RowCheckpointSaver(BaseCheckpointSaver[int]):
             checkpoint_id=checkpoint["id"],
             checkpoint=bookkeeping,
             metadata=_plain_metadata(metadata),
-            status_changed=status != run.status,
             summary=str(state.get("summary") or ""),
             error=str(state.get("error") or ""),
-            event_kind=event.kind,
-            detail=event.detail,
-            actor=event.actor,
+            event_kind=str(event.get("kind") or "node"),
+            detail=str(event.get("detail") or ""),
+            actor=str(event.get("actor") or ""),
             release=status in FINAL_STATUSES,
         )
 
@@ -236,7 +211,6 @@ class RowCheckpointSaver(BaseCheckpointSaver[int]):
 
         if not await with_retry(write):
             raise LeaseLost(task_id, fence.holder_id, fence.epoch)
-        run.checkpoint_written(node, status)
         return next_config
 
     async def aput_writes(

@@ -39,8 +39,14 @@ WRITE_BATCH = (
 WITH input AS (
     SELECT * FROM jsonb_to_recordset(%(rows)s) AS i(
         task_id uuid, holder_id text, epoch bigint, run_id uuid, state jsonb, node text,
-        status text, checkpoint_id text, checkpoint jsonb, metadata jsonb, n_events int,
+        status text, checkpoint_id text, checkpoint jsonb, metadata jsonb,
         summary text, error text, event_kind text, detail text, actor text, release boolean)
+), events_of AS (
+    -- How many events each row appends: its node's, and a status event when the status the
+    -- row had before this statement differs.
+    SELECT i.task_id,
+           CASE WHEN old.status IS DISTINCT FROM i.status THEN 2 ELSE 1 END AS n_events
+      FROM input i LEFT JOIN workflow_checkpoints old USING (task_id)
 ), lease AS (
     SELECT l.task_id FROM task_workflow_leases l
       JOIN input i ON l.task_id = i.task_id AND """
@@ -52,8 +58,8 @@ WITH input AS (
         (task_id, state, last_node_id, updated_at, run_id, status, lease_epoch,
          checkpoint_id, checkpoint, checkpoint_metadata, event_seq, summary, error)
     SELECT i.task_id, i.state, i.node, now(), i.run_id, i.status, i.epoch,
-           i.checkpoint_id, i.checkpoint, i.metadata, i.n_events, i.summary, i.error
-      FROM input i JOIN lease USING (task_id)
+           i.checkpoint_id, i.checkpoint, i.metadata, n.n_events, i.summary, i.error
+      FROM input i JOIN lease USING (task_id) JOIN events_of n USING (task_id)
     ON CONFLICT (task_id) DO UPDATE SET
         state = EXCLUDED.state,
         last_node_id = EXCLUDED.last_node_id,
@@ -79,15 +85,15 @@ WITH input AS (
 ), events AS (
     INSERT INTO workflow_events
         (task_id, seq, run_id, kind, node_id, status, created_at, detail, actor)
-    SELECT cp.task_id, cp.event_seq - i.n_events + e.ord, i.run_id, e.kind, e.node, e.status,
+    SELECT cp.task_id, cp.event_seq - n.n_events + e.ord, i.run_id, e.kind, e.node, e.status,
            cp.updated_at, e.detail, e.actor
-      FROM cp JOIN input i USING (task_id)
+      FROM cp JOIN input i USING (task_id) JOIN events_of n USING (task_id)
      CROSS JOIN LATERAL unnest(
-           (ARRAY[i.event_kind, 'status'])[1:i.n_events],
-           (ARRAY[i.node, NULL])[1:i.n_events],
-           (ARRAY[i.status, i.status])[1:i.n_events],
-           (ARRAY[i.detail, ''])[1:i.n_events],
-           (ARRAY[i.actor, i.actor])[1:i.n_events]
+           (ARRAY[i.event_kind, 'status'])[1:n.n_events],
+           (ARRAY[i.node, NULL])[1:n.n_events],
+           (ARRAY[i.status, i.status])[1:n.n_events],
+           (ARRAY[i.detail, ''])[1:n.n_events],
+           (ARRAY[i.actor, i.actor])[1:n.n_events]
      ) WITH ORDINALITY AS e(kind, node, status, detail, actor, ord)
 )
 SELECT i.task_id::text, lease.task_id IS NOT NULL OR w.task_id IS NOT NULL
@@ -113,7 +119,6 @@ class CheckpointRow:
     checkpoint_id: str
     checkpoint: dict[str, Any]
     metadata: dict[str, Any]
-    status_changed: bool
     summary: str
     error: str
     #: The node's event: ``node`` for a completed node, ``overridden`` / ``approval_decided``
@@ -207,7 +212,6 @@ class GroupCommitter:
                 "checkpoint_id": r.checkpoint_id,
                 "checkpoint": r.checkpoint,
                 "metadata": r.metadata,
-                "n_events": 2 if r.status_changed else 1,
                 "summary": r.summary,
                 "error": r.error,
                 "event_kind": r.event_kind,

@@ -36,12 +36,12 @@ from langgraph.checkpoint.base import (
 )
 from psycopg_pool import AsyncConnectionPool
 
+from workflow_engine.domain.status import FINAL_STATUSES
 from workflow_engine.errors import CheckpointCorrupt, LeaseLost
 from workflow_engine.runtime.faults import FaultPlan
 from workflow_engine.storage.group_commit import CheckpointRow, GroupCommitter
 from workflow_engine.storage.leases import Fence
 from workflow_engine.storage.retry import with_retry
-from workflow_engine.storage.workflows import FINAL_STATUSES
 
 #: Key in `config["configurable"]` under which a run passes its `RunContext` to the saver.
 RUN_CONTEXT_KEY = "workflow_engine_run"

@@ -17,17 +17,12 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
+from workflow_engine.domain.status import PAUSED_STATUSES, RECOVERY_EXHAUSTED, TERMINAL_STATUSES
 from workflow_engine.errors import LeaseHeld, WorkflowExists, WorkflowNotFound
 from workflow_engine.spec import JsonObject
 from workflow_engine.storage import leases
 from workflow_engine.storage.leases import Fence, Lease
 from workflow_engine.storage.retry import with_retry
-
-TERMINAL_STATUSES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
-#: Not finished, but waiting for someone: a decision, or a raised budget.
-PAUSED_STATUSES = frozenset({"WAITING_FOR_APPROVAL", "SUSPENDED"})
-#: Statuses a run's last checkpoint leaves: the write that stores one releases the lease.
-FINAL_STATUSES = TERMINAL_STATUSES | PAUSED_STATUSES
 
 _SELECT_WORKFLOW = """
 SELECT c.task_id::text AS task_id, c.run_id::text AS run_id, c.status, c.last_node_id,
@@ -77,8 +72,6 @@ UPDATE workflow_checkpoints SET recovery_attempts = recovery_attempts + 1
  WHERE task_id = %(task_id)s
 RETURNING recovery_attempts
 """
-
-RECOVERY_EXHAUSTED = "recovery attempts exhausted"
 
 _SELECT_TASK = "SELECT spec FROM workflow_tasks WHERE task_id = %(task_id)s"
 

@@ -23,15 +23,15 @@ from workflow_engine.runtime.manager import RunManager
 from workflow_engine.runtime.run import Run, RunEnded
 from workflow_engine.spec import Budget, TaskSpec, validate_task
 from workflow_engine.storage.leases import Fence, Lease
-from workflow_engine.storage.workflows import (
-    MAX_HISTORY_EVENTS,
+from workflow_engine.storage.queries import MAX_HISTORY_EVENTS
+from workflow_engine.storage.records import (
     StartOutcome,
     WorkflowEventRecord,
     WorkflowPage,
     WorkflowQuery,
     WorkflowRecord,
-    WorkflowStore,
 )
+from workflow_engine.storage.workflows import WorkflowStore
 
 MAX_LEASE_TTL_SECONDS = 24 * 3600
 MIN_LEASE_TTL_SECONDS = 3

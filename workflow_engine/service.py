@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from workflow_engine.config import Settings
+from workflow_engine.domain.status import TERMINAL_STATUSES
 from workflow_engine.errors import InvalidArgument, InvalidState, ShuttingDown
 from workflow_engine.graph import commands, routing
 from workflow_engine.graph.commands import Change, Decision
@@ -22,16 +23,15 @@ from workflow_engine.runtime.manager import RunManager
 from workflow_engine.runtime.run import Run, RunEnded
 from workflow_engine.spec import Budget, TaskSpec, validate_task
 from workflow_engine.storage.leases import Fence, Lease
-from workflow_engine.storage.workflows import (
-    MAX_HISTORY_EVENTS,
-    TERMINAL_STATUSES,
+from workflow_engine.storage.queries import MAX_HISTORY_EVENTS
+from workflow_engine.storage.records import (
     StartOutcome,
     WorkflowEventRecord,
     WorkflowPage,
     WorkflowQuery,
     WorkflowRecord,
-    WorkflowStore,
 )
+from workflow_engine.storage.workflows import WorkflowStore
 
 MAX_LEASE_TTL_SECONDS = 24 * 3600
 MIN_LEASE_TTL_SECONDS = 3

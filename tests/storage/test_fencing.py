@@ -18,7 +18,8 @@ from workflow_engine.errors import LeaseLost
 from workflow_engine.graph.state import STATE_KEYS, initial_state
 from workflow_engine.storage.checkpointer import FENCE_KEY, NODE_EVENT, RowCheckpointSaver
 from workflow_engine.storage.leases import Fence
-from workflow_engine.storage.workflows import StartOutcome, WorkflowStore
+from workflow_engine.storage.records import StartOutcome
+from workflow_engine.storage.workflows import WorkflowStore
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 EXPIRE = "UPDATE task_workflow_leases SET expires_at = now() - interval '1 second'"

@@ -10,8 +10,8 @@ import pytest
 from workflow_engine.api.listing import _decode_token, _encode_token
 from workflow_engine.errors import InvalidArgument
 from workflow_engine.runtime.faults import FaultPlan, InjectedDatabaseError
+from workflow_engine.storage.records import WorkflowQuery
 from workflow_engine.storage.retry import is_transient
-from workflow_engine.storage.workflows import WorkflowQuery
 
 
 def test_a_fault_fires_once_at_its_occurrence_and_looks_transient() -> None:

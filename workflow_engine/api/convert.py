@@ -28,7 +28,7 @@ from workflow_engine.spec import (
     TaskMetadata,
     TaskSpec,
 )
-from workflow_engine.storage.workflows import WorkflowEventRecord, WorkflowRecord
+from workflow_engine.storage.records import WorkflowEventRecord, WorkflowRecord
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 MAX_HOLDER_ID_CHARS = 256

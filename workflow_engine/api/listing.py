@@ -23,7 +23,7 @@ from google.protobuf import timestamp_pb2
 
 from workflow_engine.api import convert
 from workflow_engine.errors import InvalidArgument
-from workflow_engine.storage.workflows import WorkflowListItem, WorkflowPage, WorkflowQuery
+from workflow_engine.storage.records import WorkflowListItem, WorkflowPage, WorkflowQuery
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 DEFAULT_PAGE_SIZE = 50

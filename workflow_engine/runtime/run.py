@@ -32,6 +32,7 @@ import structlog
 from langchain_core.runnables import RunnableConfig
 from langgraph.graph.state import CompiledStateGraph
 
+from workflow_engine.domain.status import FINAL_STATUSES
 from workflow_engine.errors import (
     CheckpointCorrupt,
     InvalidState,
@@ -45,7 +46,7 @@ from workflow_engine.graph.state import WorkflowState
 from workflow_engine.runtime.faults import FaultPlan
 from workflow_engine.storage.checkpointer import FENCE_KEY, FRESH_KEY, NODE_EVENT
 from workflow_engine.storage.leases import Fence
-from workflow_engine.storage.workflows import FINAL_STATUSES, WorkflowStore
+from workflow_engine.storage.workflows import WorkflowStore
 
 log = structlog.get_logger(__name__)
 

@@ -46,12 +46,12 @@ from langgraph.checkpoint.base import (
 )
 from psycopg_pool import AsyncConnectionPool
 
+from workflow_engine.domain.status import FINAL_STATUSES
 from workflow_engine.errors import CheckpointCorrupt, LeaseLost
 from workflow_engine.runtime.faults import FaultPlan
 from workflow_engine.storage.group_commit import CheckpointRow, GroupCommitter
 from workflow_engine.storage.leases import Fence
 from workflow_engine.storage.retry import with_retry
-from workflow_engine.storage.workflows import FINAL_STATUSES
 
 #: The task id LangGraph gives the writes of `update_state` (not a node's).
 NULL_TASK_ID = "00000000-0000-0000-0000-000000000000"

@@ -176,6 +176,15 @@ async def release(conn: AsyncConnection[Any], fence: Fence) -> bool:
     return cur.rowcount == 1
 
 
+async def holds(conn: AsyncConnection[Any], fence: Fence) -> bool:
+    """Whether `fence` still holds its lease (a read: nothing is locked or written)."""
+    cur = await conn.execute(
+        FENCE_HOLDS,
+        {"task_id": fence.task_id, "holder_id": fence.holder_id, "epoch": fence.epoch},
+    )
+    return await cur.fetchone() is not None
+
+
 async def lock_fenced(conn: AsyncConnection[Any], fence: Fence) -> bool:
     """Lock the lease row (until the transaction ends) if `fence` still holds it."""
     cur = await conn.execute(

@@ -61,6 +61,10 @@ def is_transient(exc: BaseException) -> bool:
     return sqlstate[:2] in RETRYABLE_SQLSTATE_CLASSES
 
 
+#: How long `with_retry` goes on retrying when its caller does not say.
+DEFAULT_MAX_SECONDS = 30.0
+
+
 def _log_first_failure(exc: BaseException) -> None:
     log.warning("db_retry", attempt=1, error=repr(exc))
 
@@ -73,7 +77,7 @@ def _log_retry(state: RetryCallState) -> None:
 async def with_retry(
     operation: Callable[[], Awaitable[T]],
     *,
-    max_seconds: float = 30.0,
+    max_seconds: float = DEFAULT_MAX_SECONDS,
 ) -> T:
     """Run `operation`; retry transient failures with jittered backoff for up to `max_seconds`."""
     try:  # the common case pays nothing for the retry machinery

@@ -1,0 +1,38 @@
+"""A workflow's status: its names, and the sets that say what each means to the engine.
+
+The names are the strings stored in ``workflow_checkpoints.status`` and ``workflow_events``, and
+the names of the proto's ``WorkflowStatus`` values; a `WorkflowStatus` member is equal to, and
+hashes as, its stored string, so stored rows compare with these sets as plain strings do.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class WorkflowStatus(StrEnum):
+    """Every status a workflow row can hold, spelt as it is stored."""
+
+    RUNNING = "RUNNING"
+    WAITING_FOR_APPROVAL = "WAITING_FOR_APPROVAL"
+    SUSPENDED = "SUSPENDED"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+
+# The sets hold the plain stored strings (`.value`), so whatever iterates them sees what it
+# always saw.
+#: Finished: a resume or a cancel leaves the workflow as it is.
+TERMINAL_STATUSES: frozenset[str] = frozenset(
+    {WorkflowStatus.SUCCEEDED.value, WorkflowStatus.FAILED.value, WorkflowStatus.CANCELLED.value}
+)
+#: Not finished, but waiting for someone: a decision, or a raised budget.
+PAUSED_STATUSES: frozenset[str] = frozenset(
+    {WorkflowStatus.WAITING_FOR_APPROVAL.value, WorkflowStatus.SUSPENDED.value}
+)
+#: Statuses a run's last checkpoint leaves: the write that stores one releases the lease.
+FINAL_STATUSES: frozenset[str] = TERMINAL_STATUSES | PAUSED_STATUSES
+
+#: The error of a workflow marked FAILED because automatic recovery claimed it too often.
+RECOVERY_EXHAUSTED = "recovery attempts exhausted"

@@ -1,0 +1,168 @@
+"""The read model: a workflow row with its lease, its events, and ListWorkflows' pages.
+
+Reads only. `select_workflow` is also how the writes in `workflow_rows` read (and, with
+``lock=True``, lock) the row inside their own transactions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, LiteralString
+
+from psycopg.rows import dict_row
+
+from workflow_engine.errors import WorkflowNotFound
+from workflow_engine.storage.pool import Connection, Pool, in_transaction, on_connection
+from workflow_engine.storage.records import (
+    WorkflowEventRecord,
+    WorkflowListItem,
+    WorkflowPage,
+    WorkflowQuery,
+    WorkflowRecord,
+)
+
+#: GetWorkflow's history holds at most this many events: the newest ones, oldest first.
+MAX_HISTORY_EVENTS = 1000
+
+_SELECT_WORKFLOW = """
+SELECT c.task_id::text AS task_id, c.run_id::text AS run_id, c.status, c.last_node_id,
+       c.state, c.updated_at, c.summary, c.error, c.idempotency_key::text AS idempotency_key,
+       c.event_seq, c.checkpoint_id IS NOT NULL AS has_checkpoint,
+       l.holder_id AS lease_holder_id, l.expires_at AS lease_expires_at
+  FROM workflow_checkpoints c
+  LEFT JOIN task_workflow_leases l ON l.task_id = c.task_id
+ WHERE c.task_id = %(task_id)s
+"""
+
+_SELECT_EVENTS = """
+SELECT seq, kind, node_id, status, created_at, run_id::text, detail, actor
+  FROM workflow_events
+ WHERE task_id = %(task_id)s AND seq >= %(from_seq)s
+ ORDER BY seq
+ LIMIT %(limit)s
+"""
+
+# The task's newest events, oldest first.
+_SELECT_HISTORY = """
+SELECT seq, kind, node_id, status, created_at, run_id, detail, actor
+  FROM (SELECT seq, kind, node_id, status, created_at, run_id::text, detail, actor
+          FROM workflow_events
+         WHERE task_id = %(task_id)s
+         ORDER BY seq DESC
+         LIMIT %(limit)s) newest
+ ORDER BY seq
+"""
+
+# ListWorkflows: newest update first, keyset-paginated on (updated_at DESC, task_id), which is
+# the order of workflow_checkpoints_list_idx. `list_statement` appends the WHERE clause.
+_LIST_WORKFLOWS = """
+SELECT c.task_id::text AS task_id, c.run_id::text AS run_id, c.status, c.last_node_id,
+       c.updated_at, c.summary, c.error,
+       l.holder_id AS lease_holder_id, l.expires_at AS lease_expires_at
+  FROM workflow_checkpoints c
+  LEFT JOIN task_workflow_leases l ON l.task_id = c.task_id
+"""
+_LIST_ORDER = """
+ ORDER BY c.updated_at DESC, c.task_id
+ LIMIT %(limit)s
+"""
+
+
+async def select_workflow(
+    conn: Connection, task_id: str, *, lock: bool = False
+) -> WorkflowRecord | None:
+    """The task's row with its lease on `conn`; ``lock`` takes the row lock (FOR UPDATE)."""
+    query = _SELECT_WORKFLOW + (" FOR UPDATE OF c" if lock else "")
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(query, {"task_id": task_id})
+        row = await cur.fetchone()
+    return WorkflowRecord(**row) if row else None
+
+
+async def get(pool: Pool, task_id: str) -> WorkflowRecord:
+    record = await on_connection(pool, lambda conn: select_workflow(conn, task_id))
+    if record is None:
+        raise WorkflowNotFound(task_id)
+    return record
+
+
+async def get_with_history(
+    pool: Pool, task_id: str, limit: int = MAX_HISTORY_EVENTS
+) -> tuple[WorkflowRecord, Sequence[WorkflowEventRecord]]:
+    """The workflow and its newest `limit` events, oldest first, from one snapshot."""
+
+    async def read(conn: Connection) -> tuple[WorkflowRecord | None, Sequence[WorkflowEventRecord]]:
+        await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        record = await select_workflow(conn, task_id)
+        if record is None:
+            return None, ()
+        cur = await conn.execute(_SELECT_HISTORY, {"task_id": task_id, "limit": limit})
+        return record, [WorkflowEventRecord(*row) for row in await cur.fetchall()]
+
+    record, history = await in_transaction(pool, read)
+    if record is None:
+        raise WorkflowNotFound(task_id)
+    return record, history
+
+
+async def events(
+    pool: Pool, task_id: str, from_seq: int, limit: int = 500
+) -> list[WorkflowEventRecord]:
+    async def read(conn: Connection) -> list[WorkflowEventRecord]:
+        cur = await conn.execute(
+            _SELECT_EVENTS, {"task_id": task_id, "from_seq": from_seq, "limit": limit}
+        )
+        return [WorkflowEventRecord(*row) for row in await cur.fetchall()]
+
+    return await on_connection(pool, read)
+
+
+def list_statement(query: WorkflowQuery) -> tuple[LiteralString, dict[str, Any]]:
+    """ListWorkflows' statement for `query` and its parameters (one row more than a page)."""
+    where: list[LiteralString] = []
+    if query.statuses:
+        where.append("c.status = ANY(%(statuses)s)")
+    if query.user_id:
+        where.append("c.user_id = %(user_id)s")
+    if query.project_id:
+        where.append("c.project_id = %(project_id)s")
+    if query.updated_after is not None:
+        where.append("c.updated_at >= %(updated_after)s")
+    if query.updated_before is not None:
+        where.append("c.updated_at < %(updated_before)s")
+    if query.after is not None:
+        where.append(
+            "(c.updated_at < %(after_updated_at)s"
+            " OR (c.updated_at = %(after_updated_at)s AND c.task_id > %(after_task_id)s::uuid))"
+        )
+    sql = _LIST_WORKFLOWS + (" WHERE " + " AND ".join(where) if where else "") + _LIST_ORDER
+    params: dict[str, Any] = {
+        "statuses": list(query.statuses),
+        "user_id": query.user_id,
+        "project_id": query.project_id,
+        "updated_after": query.updated_after,
+        "updated_before": query.updated_before,
+        "after_updated_at": query.after[0] if query.after else None,
+        "after_task_id": query.after[1] if query.after else None,
+        "limit": query.limit + 1,  # one more tells whether another page follows
+    }
+    return sql, params
+
+
+async def list_workflows(pool: Pool, query: WorkflowQuery) -> WorkflowPage:
+    """One page of workflows matching `query`, newest update first."""
+    sql, params = list_statement(query)
+
+    async def read(conn: Connection) -> Sequence[WorkflowListItem]:
+        async with conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(sql, params)
+            return [WorkflowListItem(**row) for row in await cur.fetchall()]
+
+    rows = await on_connection(pool, read)
+    items = rows[: query.limit]
+    more = len(rows) > query.limit
+    last = items[-1] if items else None
+    return WorkflowPage(
+        items=items,
+        next_after=(last.updated_at, last.task_id) if more and last else None,
+    )

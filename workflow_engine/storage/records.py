@@ -1,0 +1,110 @@
+"""What storage hands back about workflows: rows, events, start and resume outcomes, list pages.
+
+Plain frozen values, built from a row (or a lease) and nothing else; the API converts them to
+messages at its edge.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+
+from workflow_engine.domain.status import TERMINAL_STATUSES
+from workflow_engine.spec import JsonObject
+from workflow_engine.storage.leases import Lease
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowRecord:
+    """A task's workflow row joined with its lease."""
+
+    task_id: str
+    run_id: str
+    status: str
+    last_node_id: str | None
+    state: JsonObject
+    updated_at: datetime
+    summary: str
+    error: str
+    idempotency_key: str | None
+    event_seq: int
+    has_checkpoint: bool
+    lease_holder_id: str | None
+    lease_expires_at: datetime | None
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+
+@dataclass(frozen=True, slots=True)
+class StartOutcome:
+    """How a start was answered, and the truth about the workflow it is about.
+
+    STARTED: this call stored and leased it. ALREADY_RUNNING / ALREADY_FINISHED: its idempotency
+    key started the workflow, which is not finished / finished; nothing changed. `lease` is the
+    live lease on the task, `None` when none is (paused, finished, or its runner stopped).
+    """
+
+    status: Literal["STARTED", "ALREADY_RUNNING", "ALREADY_FINISHED"]
+    run_id: str
+    workflow_status: str
+    lease: Lease | None
+
+
+@dataclass(frozen=True, slots=True)
+class ResumeClaim:
+    """The row a resume continues from, and the lease it now holds (`None`: nothing to run)."""
+
+    record: WorkflowRecord
+    lease: Lease | None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowEventRecord:
+    seq: int
+    kind: str  # 'node', 'status', 'approval_requested', 'approval_decided', 'overridden'
+    node_id: str | None
+    status: str
+    created_at: datetime
+    run_id: str | None
+    detail: str = ""  # what came of it, e.g. a verification's "pass" / "fail"
+    actor: str = ""  # who caused it (decisions, overrides)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowQuery:
+    """What ListWorkflows asks for; empty filters match everything."""
+
+    statuses: tuple[str, ...] = ()
+    user_id: str = ""
+    project_id: str = ""
+    updated_after: datetime | None = None  # inclusive
+    updated_before: datetime | None = None  # exclusive
+    limit: int = 50
+    # Start after this (updated_at, task_id): the last row of the previous page.
+    after: tuple[datetime, str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowListItem:
+    """A workflow as ListWorkflows shows it: the row without its state, joined with its lease."""
+
+    task_id: str
+    run_id: str | None
+    status: str
+    last_node_id: str | None
+    updated_at: datetime
+    summary: str
+    error: str
+    lease_holder_id: str | None
+    lease_expires_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowPage:
+    items: Sequence[WorkflowListItem]
+    # (updated_at, task_id) of the last item when more rows follow; None on the last page.
+    next_after: tuple[datetime, str] | None

@@ -21,6 +21,7 @@ from tests.helpers import new_task_id, shell_step, task, wait_for_status
 from workflow_engine.config import Settings
 from workflow_engine.graph.nodes import job_id_for
 from workflow_engine.v1 import workflow_engine_pb2 as pb
+from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
 
 
 def alive(pid: int) -> bool:
@@ -57,6 +58,18 @@ def job_result(settings: Settings, task_id: str, step_id: str) -> dict[str, obje
     return json.loads(path.read_text())  # type: ignore[no-any-return]
 
 
+STUBBORN = "trap '' TERM; echo $$ > {pid_file}; while :; do sleep 0.1; done"
+
+
+async def start_one_step(stub: pb_grpc.WorkflowEngineStub, step_id: str, script: str) -> str:
+    """Start a workflow of one shell step; return its task id."""
+    task_id = new_task_id()
+    await stub.StartWorkflow(
+        pb.StartWorkflowRequest(task_id=task_id, task=task(shell_step(step_id, script)))
+    )
+    return task_id
+
+
 async def cancel(running: RunningEngine, task_id: str) -> pb.Workflow:
     return await running.stub.CancelWorkflow(
         pb.CancelWorkflowRequest(task_id=task_id, reason="stop it"), timeout=2
@@ -68,10 +81,7 @@ async def test_cancel_answers_at_once_and_kills_the_jobs_process_group(
 ) -> None:
     pids = tmp_path / "pids"
     script = f"sleep 600 & echo $$ $! > {pids}; wait"
-    task_id = new_task_id()
-    await running.stub.StartWorkflow(
-        pb.StartWorkflowRequest(task_id=task_id, task=task(shell_step("long", script)))
-    )
+    task_id = await start_one_step(running.stub, "long", script)
     job_pids = [int(p) for p in (await wait_for_file(pids)).split()]
     assert all(alive(pid) for pid in job_pids)
 
@@ -93,11 +103,8 @@ async def test_a_job_that_ignores_sigterm_is_killed(
     running: RunningEngine, settings: Settings, tmp_path: Path
 ) -> None:
     pid_file = tmp_path / "pid"
-    script = f"trap '' TERM; echo $$ > {pid_file}; while :; do sleep 0.1; done"
-    task_id = new_task_id()
-    await running.stub.StartWorkflow(
-        pb.StartWorkflowRequest(task_id=task_id, task=task(shell_step("stubborn", script)))
-    )
+    script = STUBBORN.format(pid_file=pid_file)
+    task_id = await start_one_step(running.stub, "stubborn", script)
     pid = int(await wait_for_file(pid_file))
     await cancel(running, task_id)
     await wait_gone([pid])  # SIGKILL once the grace period is over
@@ -141,12 +148,9 @@ async def test_no_job_starts_after_the_workflow_is_cancelled(
 async def test_drain_does_not_wait_for_cancelled_work(settings: Settings, tmp_path: Path) -> None:
     replica = await start_engine(replace(settings, drain_timeout_seconds=60))
     pid_file = tmp_path / "pid"
-    script = f"trap '' TERM; echo $$ > {pid_file}; while :; do sleep 0.1; done"
-    task_id = new_task_id()
+    script = STUBBORN.format(pid_file=pid_file)
     try:
-        await replica.stub.StartWorkflow(
-            pb.StartWorkflowRequest(task_id=task_id, task=task(shell_step("stubborn", script)))
-        )
+        task_id = await start_one_step(replica.stub, "stubborn", script)
         pid = int(await wait_for_file(pid_file))
         await cancel(replica, task_id)
     finally:

@@ -16,6 +16,7 @@ from tests.conftest import RunningEngine
 from tests.helpers import new_task_id, step, task
 from workflow_engine.errors import LeaseLost
 from workflow_engine.graph.state import STATE_KEYS, initial_state
+from workflow_engine.runtime.run import Run
 from workflow_engine.storage.checkpointer import FENCE_KEY, NODE_EVENT, RowCheckpointSaver
 from workflow_engine.storage.leases import Fence
 from workflow_engine.storage.records import StartOutcome
@@ -122,8 +123,8 @@ async def test_expired_lease_cannot_write_even_before_a_takeover(
         await put(saver, a, "too late")
 
 
-async def test_running_zombie_stops_without_writing(running: RunningEngine, db_url: str) -> None:
-    """A live run loses its lease mid-step: its next checkpoint is refused and it stops."""
+async def started_mid_step(running: RunningEngine) -> tuple[str, Run]:
+    """A two-step workflow whose first (1.5 s) step has just been dispatched, and its run."""
     task_id = new_task_id()
     await running.stub.StartWorkflow(
         pb.StartWorkflowRequest(
@@ -134,6 +135,12 @@ async def test_running_zombie_stops_without_writing(running: RunningEngine, db_u
     assert run is not None
     while run.last_node != "dispatch_step":
         await asyncio.sleep(0.02)
+    return task_id, run
+
+
+async def test_running_zombie_stops_without_writing(running: RunningEngine, db_url: str) -> None:
+    """A live run loses its lease mid-step: its next checkpoint is refused and it stops."""
+    task_id, run = await started_mid_step(running)
     async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
         await conn.execute(EXPIRE)
     claim = await running.engine.store.claim_for_resume(
@@ -188,16 +195,7 @@ async def test_a_live_run_is_fenced_out_when_its_own_holder_retakes_the_lease(
 ) -> None:
     """The same holder id claims the task (a restarted runner would) while the old run of that
     holder is still alive and mid-step: the old run's next write is refused and it stops."""
-    task_id = new_task_id()
-    await running.stub.StartWorkflow(
-        pb.StartWorkflowRequest(
-            task_id=task_id, task=task(step("slow", "sleep", "1.5"), step("next", "true"))
-        )
-    )
-    run = running.engine.runs.get(task_id)
-    assert run is not None
-    while run.last_node != "dispatch_step":
-        await asyncio.sleep(0.02)
+    task_id, run = await started_mid_step(running)
     claim = await running.engine.store.claim_for_resume(
         task_id=task_id, holder_id=run.fence.holder_id, ttl_seconds=60
     )

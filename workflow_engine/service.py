@@ -12,7 +12,8 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from workflow_engine.config import Settings
-from workflow_engine.domain.status import TERMINAL_STATUSES
+from workflow_engine.domain.status import TERMINAL_STATUSES, WorkflowStatus
+from workflow_engine.domain.task import Budget, TaskSpec
 from workflow_engine.errors import InvalidArgument, InvalidState, ShuttingDown
 from workflow_engine.graph import commands, routing
 from workflow_engine.graph.commands import Change, Decision
@@ -21,7 +22,6 @@ from workflow_engine.graph.state import WorkflowState, initial_state
 from workflow_engine.runtime.events import EventHub
 from workflow_engine.runtime.manager import RunManager
 from workflow_engine.runtime.run import Run, RunEnded
-from workflow_engine.spec import Budget, TaskSpec, validate_task
 from workflow_engine.storage.leases import Fence, Lease
 from workflow_engine.storage.queries import MAX_HISTORY_EVENTS
 from workflow_engine.storage.records import (
@@ -112,8 +112,10 @@ class WorkflowService:
         task: TaskSpec,
         lease_ttl_seconds: int = 0,
     ) -> StartOutcome:
-        """Validate, take the lease, store the first checkpoint, and run in the background."""
-        validate_task(task)
+        """Take the lease, store the first checkpoint, and run in the background.
+
+        `task` is valid (a `TaskSpec` checks itself); whether it can be planned is asked here.
+        """
         self._check_plannable(task)
         ttl = self._ttl(lease_ttl_seconds)
         self._check_accepting()
@@ -134,7 +136,7 @@ class WorkflowService:
             self._runs.launch(
                 fence=Fence(task_id, outcome.run_id, holder, outcome.lease.epoch),
                 ttl_seconds=ttl,
-                status="RUNNING",
+                status=WorkflowStatus.RUNNING,
                 initial_input=state,
             )
         return outcome
@@ -244,7 +246,7 @@ class WorkflowService:
     async def _applied(self, task_id: str, lease: Lease | None, state: WorkflowState) -> Applied:
         record = await self._store.get(task_id)
         status = record.status
-        if status == "RUNNING":  # not yet past the node the change leads to
+        if status == WorkflowStatus.RUNNING:  # not yet past the node the change leads to
             status = routing.committed_status(state, time.time())
         return Applied(record, lease, status)
 
@@ -346,12 +348,12 @@ def _resume_changes(
     A tampered state is not validated here: the run refuses the checkpoint itself.
     """
     state = _state_of(record)
-    if record.status == "WAITING_FOR_APPROVAL" and decision is None:
+    if record.status == WorkflowStatus.WAITING_FOR_APPROVAL and decision is None:
         raise InvalidState(
             "decision: required; the workflow waits for approval of step "
             f"{(state.get('pending_approval') or {}).get('step_id')!r}"
         )
-    if record.status == "SUSPENDED" and budget is None:
+    if record.status == WorkflowStatus.SUSPENDED and budget is None:
         raise InvalidState("budget: required; the workflow is SUSPENDED: " + (record.summary or ""))
     if budget is not None and record.terminal:
         raise InvalidState(f"budget: the workflow has ended ({record.status})")

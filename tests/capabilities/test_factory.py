@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from tests.conftest import start_engine, stop_engine
-from workflow_engine.capabilities.base import JobRequest, JobResult
 from workflow_engine.capabilities.factory import (
     Lent,
     UnknownCapability,
@@ -22,6 +21,7 @@ from workflow_engine.capabilities.planner import StaticPlanner
 from workflow_engine.capabilities.sandbox import LocalSandboxWorker
 from workflow_engine.capabilities.simulated import SimulatedWorker
 from workflow_engine.config import Settings
+from workflow_engine.domain.jobs import JobRequest, JobResult
 
 
 async def no_task(task_id: str) -> dict[str, Any]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from workflow_engine.capabilities.planner import StaticPlanner
+from workflow_engine.domain.task import Step, TaskSpec
 from workflow_engine.errors import InvalidArgument
-from workflow_engine.spec import Step, TaskSpec
 
 
 async def test_given_steps_are_the_plan() -> None:

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from workflow_engine.capabilities import _sandbox_supervisor as supervisor
-from workflow_engine.capabilities.base import JobRequest
 from workflow_engine.capabilities.sandbox import LocalSandboxWorker
+from workflow_engine.domain.jobs import JobRequest, Sandbox
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # A broken re-attach or lost-job check shows up as a wait that never ends; fail it instead.
@@ -28,7 +28,11 @@ pytestmark = pytest.mark.timeout(30)
 
 
 def job(job_id: str, *command: str, **fields: Any) -> JobRequest:
-    return JobRequest(task_id="task-1", job_id=job_id, command=command, **fields)
+    """A job; `env`, `timeout_seconds` and `image` go to its sandbox, the rest to the request."""
+    sandbox = {k: fields.pop(k) for k in ("env", "timeout_seconds", "image") if k in fields}
+    return JobRequest(
+        task_id="task-1", job_id=job_id, sandbox=Sandbox(command=command, **sandbox), **fields
+    )
 
 
 def worker(tmp_path: Path, **options: Any) -> LocalSandboxWorker:
@@ -70,8 +74,8 @@ async def test_echo_completes_with_output_and_layout(tmp_path: Path) -> None:
     assert result.work_dir == str(job_dir / "work")
     assert result.stdout == f"hello\n{job_dir / 'work'}\n"
     assert result.stderr == "oops\n"
-    assert not result.stdout_truncated
-    assert not result.stderr_truncated
+    assert not result.truncated.stdout
+    assert not result.truncated.stderr
     assert result.started_at.endswith("Z")
     assert result.started_at <= result.ended_at
     assert json.loads((job_dir / "request.json").read_text())["job_id"] == "echo-1"
@@ -118,9 +122,9 @@ async def test_output_is_truncated_to_the_head(tmp_path: Path) -> None:
         "local", job("trunc-1", "sh", "-c", script)
     )
     assert result.stdout == "a" * 100
-    assert result.stdout_truncated
+    assert result.truncated.stdout
     assert result.stderr == "e" * 50
-    assert not result.stderr_truncated
+    assert not result.truncated.stderr
 
 
 async def test_job_environment_is_isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -214,10 +218,12 @@ async def test_reattach_after_the_engine_is_killed(tmp_path: Path) -> None:
         f"""
         import asyncio
         from pathlib import Path
-        from workflow_engine.capabilities.base import JobRequest
+        from workflow_engine.domain.jobs import JobRequest, Sandbox
         from workflow_engine.capabilities.sandbox import LocalSandboxWorker
 
-        job = JobRequest(task_id="task-1", job_id="reattach-1", command={command!r})
+        job = JobRequest(
+            task_id="task-1", job_id="reattach-1", sandbox=Sandbox(command={command!r})
+        )
         asyncio.run(LocalSandboxWorker(jobs_dir=Path({str(jobs_dir)!r})).run("local", job))
         """
     )

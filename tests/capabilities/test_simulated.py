@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import time
 
-from workflow_engine.capabilities.base import JobRequest
 from workflow_engine.capabilities.simulated import SimulatedWorker
+from workflow_engine.domain.jobs import JobRequest, Sandbox
 
 
 def job(*argv: str, job_id: str = "j1") -> JobRequest:
-    return JobRequest(task_id="t", job_id=job_id, command=argv)
+    return JobRequest(task_id="t", job_id=job_id, sandbox=Sandbox(command=argv))
 
 
 async def test_true_echo_sleep_and_unknown() -> None:

@@ -10,10 +10,10 @@ from google.protobuf import json_format
 
 from tests.conftest import RunningEngine, start_engine, stop_engine
 from tests.helpers import new_task_id, step, task, wait_for_status
-from workflow_engine.capabilities.base import JobRequest, JobResult, Verification
 from workflow_engine.capabilities.factory import Lent, build_capabilities
 from workflow_engine.config import Settings
-from workflow_engine.spec import AcceptanceCriterion, Step, TaskSpec
+from workflow_engine.domain.jobs import JobRequest, JobResult, Verification
+from workflow_engine.domain.task import AcceptanceCriterion, Step, TaskSpec
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 

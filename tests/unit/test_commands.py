@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from workflow_engine.domain.task import Budget
 from workflow_engine.errors import InvalidArgument, InvalidState
 from workflow_engine.graph import commands, routing
 from workflow_engine.graph.commands import Decision
 from workflow_engine.graph.state import WorkflowState
-from workflow_engine.spec import Budget
 
 PLAN = {
     "steps": [

@@ -14,20 +14,17 @@ from typing import Any, TypeVar
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
 from google.protobuf.descriptor import EnumDescriptor
 
-from workflow_engine.errors import InvalidArgument
-from workflow_engine.graph import commands
-from workflow_engine.graph.commands import Branch, Change, Decision, Verdict
-from workflow_engine.spec import (
+from workflow_engine.domain.model import JsonObject, parse
+from workflow_engine.domain.task import (
     CHECK_KINDS_NEEDING_EQUALS,
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_MAX_PARALLEL,
-    AcceptanceCriterion,
     Budget,
-    Check,
-    Step,
-    TaskMetadata,
     TaskSpec,
 )
+from workflow_engine.errors import InvalidArgument
+from workflow_engine.graph import commands
+from workflow_engine.graph.commands import Branch, Change, Decision, Verdict
 from workflow_engine.storage.records import WorkflowEventRecord, WorkflowRecord
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
@@ -62,76 +59,85 @@ def parse_holder_id(value: str) -> str:
 
 
 def task_from_proto(msg: pb.TaskSpec) -> TaskSpec:
-    """Translate a `TaskSpec` message; `validate_task` then decides whether it can run."""
-    return TaskSpec(
-        prompt=msg.prompt,
-        acceptance_criteria=tuple(
-            AcceptanceCriterion(
-                description=c.description,
-                check=(
+    """The task a `TaskSpec` message describes; `InvalidArgument` names the field at fault.
+
+    What only the message can tell (an absent `equals`, a Value with no kind) is checked here;
+    everything else by the domain model, whose field paths are the message's.
+    """
+    data = {
+        "prompt": msg.prompt,
+        "acceptance_criteria": [
+            {
+                "description": c.description,
+                "check": (
                     _check(c.check, f"task.acceptance_criteria[{i}].check")
                     if c.HasField("check")
                     else None
                 ),
-            )
+            }
             for i, c in enumerate(msg.acceptance_criteria)
-        ),
-        steps=tuple(_step(s, i) for i, s in enumerate(msg.steps)),
-        preferences=tuple(
+        ],
+        "steps": [_step(s, i) for i, s in enumerate(msg.steps)],
+        "preferences": [
             _to_json(layer, f"task.preferences[{i}]") for i, layer in enumerate(msg.preferences)
-        ),
-        metadata=TaskMetadata(
-            user_id=msg.metadata.user_id,
-            project_id=msg.metadata.project_id,
-            labels=dict(msg.metadata.labels),
-        ),
-        max_attempts_per_step=msg.max_attempts_per_step or DEFAULT_MAX_ATTEMPTS,
-        budget=budget_from_proto(msg.budget),
-        max_parallel_steps=msg.max_parallel_steps or DEFAULT_MAX_PARALLEL,
-    )
+        ],
+        "metadata": {
+            "user_id": msg.metadata.user_id,
+            "project_id": msg.metadata.project_id,
+            "labels": dict(msg.metadata.labels),
+        },
+        "max_attempts_per_step": msg.max_attempts_per_step or DEFAULT_MAX_ATTEMPTS,
+        "budget": _budget(msg.budget),
+        "max_parallel_steps": msg.max_parallel_steps or DEFAULT_MAX_PARALLEL,
+    }
+    task: TaskSpec = parse(TaskSpec, data, "task")
+    return task
 
 
 def budget_from_proto(msg: pb.Budget) -> Budget:
-    return Budget(
-        max_dispatches=msg.max_dispatches,
-        max_consecutive_attempts=msg.max_consecutive_attempts,
-        deadline_seconds=msg.deadline_seconds,
-    )
+    budget: Budget = parse(Budget, _budget(msg), "budget")
+    return budget
 
 
-def _step(msg: pb.Step, index: int) -> Step:
-    return Step(
-        id=msg.id or f"step-{index + 1}",
-        description=msg.description,
-        command=tuple(msg.command),
-        env=dict(msg.env),
-        timeout_seconds=msg.timeout_seconds,
-        depends_on=tuple(msg.depends_on),
-        requires_approval=msg.requires_approval,
-        expect=tuple(
-            _check(c, f"task.steps[{index}].expect[{j}]") for j, c in enumerate(msg.expect)
-        ),
-        image=msg.image,
-    )
+def _budget(msg: pb.Budget) -> JsonObject:
+    return {
+        "max_dispatches": msg.max_dispatches,
+        "max_consecutive_attempts": msg.max_consecutive_attempts,
+        "deadline_seconds": msg.deadline_seconds,
+    }
 
 
-def _check(msg: pb.Check, where: str) -> Check:
+def _step(msg: pb.Step, index: int) -> JsonObject:
+    return {
+        "id": msg.id or f"step-{index + 1}",
+        "description": msg.description,
+        "command": list(msg.command),
+        "env": dict(msg.env),
+        "timeout_seconds": msg.timeout_seconds,
+        "depends_on": list(msg.depends_on),
+        "requires_approval": msg.requires_approval,
+        "expect": [_check(c, f"task.steps[{index}].expect[{j}]") for j, c in enumerate(msg.expect)],
+        "image": msg.image,
+    }
+
+
+def _check(msg: pb.Check, where: str) -> JsonObject:
     """A check; `equals` absent and `equals` JSON null differ here, and only here.
 
     The domain `Check` holds JSON, where both would be `None`, so a check whose kind needs an
     `equals` is refused when the message has none; a JSON null arrives as a Value with
     `null_value` set. A Value with no kind set is no value (the Value message calls it an error).
     """
+    check = {"kind": msg.kind, "value": msg.value, "field": msg.field, "equals": None}
     if not msg.HasField("equals"):
         if msg.kind in CHECK_KINDS_NEEDING_EQUALS:
             raise InvalidArgument(
                 f"{where}.equals", f"required for {msg.kind} (JSON null is written null)"
             )
-        return Check(kind=msg.kind, value=msg.value, field=msg.field)
+        return check
     if msg.equals.WhichOneof("kind") is None:
         raise InvalidArgument(f"{where}.equals", "a Value with no kind set")
-    equals = _to_json(msg.equals, f"{where}.equals")
-    return Check(kind=msg.kind, value=msg.value, field=msg.field, equals=equals)
+    return {**check, "equals": _to_json(msg.equals, f"{where}.equals")}
 
 
 def _to_json(msg: Any, where: str) -> Any:

@@ -33,8 +33,8 @@ from workflow_engine.capabilities.simulated import SimulatedWorker
 from workflow_engine.capabilities.task_source import InlineTaskSource
 from workflow_engine.capabilities.verifier import MachineVerifier
 from workflow_engine.config import ENV_PREFIX, Settings
+from workflow_engine.domain.model import JsonObject
 from workflow_engine.graph.nodes import Capabilities
-from workflow_engine.spec import JsonObject
 
 T = TypeVar("T")
 

@@ -23,7 +23,8 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 import structlog
 
-from workflow_engine.capabilities.base import JobRequest, JobResult, Worker
+from workflow_engine.capabilities.base import Worker
+from workflow_engine.domain.jobs import JobRequest, JobResult
 
 log = structlog.get_logger(__name__)
 

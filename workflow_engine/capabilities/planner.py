@@ -10,9 +10,9 @@ import shlex
 
 import structlog
 
-from workflow_engine.capabilities.base import Plan
+from workflow_engine.domain.model import parse
+from workflow_engine.domain.task import Plan, Step, TaskSpec
 from workflow_engine.errors import InvalidArgument
-from workflow_engine.spec import Step, TaskSpec, validate_steps
 
 log = structlog.get_logger(__name__)
 
@@ -25,7 +25,7 @@ class StaticPlanner:
     """Plans without a model: given steps win; otherwise each `$ cmd` prompt line is a step."""
 
     async def plan(self, task: TaskSpec) -> Plan:
-        """Return the plan; an empty plan (never an exception) when nothing can be derived."""
+        """The plan; empty when nothing can be derived, `InvalidArgument` when it cannot run."""
         plan = derive_plan(task)
         if not task.steps:
             log.info("plan_derived", steps=len(plan.steps), skipped=len(plan.assumptions) - 1)
@@ -33,7 +33,12 @@ class StaticPlanner:
 
     def check(self, task: TaskSpec) -> None:
         """Refuse a task whose plan would be empty or could not run: the plan is all it takes."""
-        plan = derive_plan(task)
+        try:
+            plan = derive_plan(task)
+        except InvalidArgument as exc:  # given steps are valid: these came from the prompt
+            raise InvalidArgument(
+                "task.prompt", f"its '$ command' lines plan steps that cannot run: {exc.message}"
+            ) from None
         if not plan.steps:
             skipped = [note for note in plan.assumptions if note.startswith("skipped")]
             more = len(skipped) - _SKIPPED_NAMED
@@ -43,18 +48,13 @@ class StaticPlanner:
                 + "".join(f"; {note}" for note in skipped[:_SKIPPED_NAMED])
                 + (f"; and {more} more skipped line(s)" if more > 0 else ""),
             )
-        if not task.steps:  # given steps are checked with the rest of the task
-            try:
-                validate_steps(plan.steps, prefix="plan.steps")
-            except InvalidArgument as exc:
-                raise InvalidArgument(
-                    "task.prompt",
-                    f"its '$ command' lines plan steps that cannot run: {exc.message}",
-                ) from None
 
 
 def derive_plan(task: TaskSpec) -> Plan:
-    """The task's plan: its own steps, or one step per usable `$ command` prompt line."""
+    """The task's plan: its own steps, or one step per usable `$ command` prompt line.
+
+    Raises `InvalidArgument` (naming ``plan.steps[i]``) when a line makes a step that cannot run.
+    """
     if task.steps:
         return Plan(steps=task.steps, assumptions=("steps given by the task",))
     steps: list[Step] = []
@@ -71,7 +71,8 @@ def derive_plan(task: TaskSpec) -> Plan:
         if not argv or not argv[0]:
             assumptions.append(f"skipped prompt line {number} (no program): {text[:200]}")
             continue
-        steps.append(Step(id=f"step-{len(steps) + 1}", command=tuple(argv), description=text))
+        step = {"id": f"step-{len(steps) + 1}", "command": argv, "description": text}
+        steps.append(parse(Step, step, f"plan.steps[{len(steps)}]"))
     if steps:
         assumptions.insert(0, f"steps derived from {len(steps)} '$ command' line(s) of the prompt")
     else:
@@ -79,4 +80,5 @@ def derive_plan(task: TaskSpec) -> Plan:
             "the task gave no steps and its prompt has no usable '$ command' lines, "
             "so there is nothing to run"
         )
-    return Plan(steps=tuple(steps), assumptions=tuple(assumptions))
+    plan: Plan = parse(Plan, {"steps": steps, "assumptions": assumptions}, "plan")
+    return plan

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import hashlib
 import json
 import os
@@ -31,7 +30,7 @@ from pathlib import Path
 import structlog
 
 from workflow_engine.capabilities import _sandbox_supervisor as supervisor
-from workflow_engine.capabilities.base import JobRequest, JobResult, JobStatus
+from workflow_engine.domain.jobs import JobRequest, JobResult, JobStatus
 
 log = structlog.get_logger(__name__)
 
@@ -109,7 +108,7 @@ class LocalSandboxWorker:
         """Start the supervisor; return once it has claimed the job (0) or failed to (non-zero)."""
         request = json.dumps(job.to_json()).encode()
         supervisor.write_atomic(job_dir / supervisor.REQUEST_FILE, request)
-        timeout = job.timeout_seconds or self._default_timeout_seconds
+        timeout = job.sandbox.timeout_seconds or self._default_timeout_seconds
         with (job_dir / supervisor.LOG_FILE).open("ab") as log_file:
             launcher = await asyncio.create_subprocess_exec(
                 sys.executable,
@@ -171,7 +170,7 @@ def _warn_if_request_differs(job: JobRequest, job_dir: Path) -> None:
 
 
 def _with_target(result: JobResult, target: str) -> JobResult:
-    return dataclasses.replace(result, target=target)
+    return result.model_copy(update={"target": target})
 
 
 def _read_result(job_dir: Path) -> JobResult | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime
 
-from workflow_engine.capabilities.base import JobRequest, JobResult
+from workflow_engine.domain.jobs import JobRequest, JobResult
 
 
 class SimulatedWorker:
@@ -31,7 +31,7 @@ class SimulatedWorker:
         if done is not None:
             return done
         started = datetime.now(UTC).isoformat()
-        program, *args = job.command
+        program, *args = job.sandbox.command
         exit_code, stdout, stderr = 0, "", ""
         if program == "sleep" and len(args) == 1:
             try:

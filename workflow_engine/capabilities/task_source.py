@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
-from workflow_engine.spec import JsonObject, TaskSpec
+from workflow_engine.domain.model import JsonObject
+from workflow_engine.domain.task import TaskSpec
 
 
 class InlineTaskSource:

@@ -15,8 +15,8 @@ from typing import Any
 
 import structlog
 
-from workflow_engine.capabilities.base import Finding, JobResult, Verification
-from workflow_engine.spec import AcceptanceCriterion, Check, Step
+from workflow_engine.domain.jobs import Finding, JobResult, Verification
+from workflow_engine.domain.task import AcceptanceCriterion, Check, Step
 
 log = structlog.get_logger(__name__)
 
@@ -112,7 +112,7 @@ def _run_check(check: Check, result: JobResult) -> tuple[bool, str]:
     if kind == "file_exists":
         return _file_exists(check.value, result.work_dir)
     if kind == "json_field_equals":
-        if result.stdout_truncated:
+        if result.truncated.stdout:
             return False, "stdout was truncated by the worker, so it cannot be read as JSON"
         actual = _json_field(json.loads(result.stdout), check.field)
         return (

@@ -2,7 +2,9 @@
 
 The names are the strings stored in ``workflow_checkpoints.status`` and ``workflow_events``, and
 the names of the proto's ``WorkflowStatus`` values; a `WorkflowStatus` member is equal to, and
-hashes as, its stored string, so stored rows compare with these sets as plain strings do.
+hashes as, its stored string, so stored rows compare with these sets as plain strings do. The
+workflow state (the checkpoint's JSON) spells them in lower case: `in_state` and `of_state`
+convert, and nothing else spells a status.
 """
 
 from __future__ import annotations
@@ -19,6 +21,16 @@ class WorkflowStatus(StrEnum):
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
+
+    @property
+    def in_state(self) -> str:
+        """The spelling of the workflow state's ``status`` field (``running``)."""
+        return self.value.lower()
+
+    @classmethod
+    def of_state(cls, value: object) -> WorkflowStatus:
+        """The status a state's ``status`` field names; a state without one is RUNNING."""
+        return cls(str(value or "running").upper())
 
 
 # The sets hold the plain stored strings (`.value`), so whatever iterates them sees what it

@@ -18,10 +18,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from workflow_engine.domain.model import parse
+from workflow_engine.domain.status import WorkflowStatus
+from workflow_engine.domain.task import STEPS, Budget, Step, find_nul
 from workflow_engine.errors import InvalidArgument, InvalidState
 from workflow_engine.graph import routing
 from workflow_engine.graph.state import STATE_KEYS, WorkflowState
-from workflow_engine.spec import Budget, Step, find_nul, validate_budget, validate_steps
 
 #: The node whose router continues the graph after an update.
 CONTINUE_FROM = "verify_step_result"
@@ -87,7 +89,7 @@ def apply_all(
 def decide(state: WorkflowState, decision: Decision) -> StateUpdate:
     """Apply `decision` to the workflow's pending approval request."""
     pending = state.get("pending_approval")
-    if state.get("status") != "waiting_for_approval" or not pending:
+    if state.get("status") != WorkflowStatus.WAITING_FOR_APPROVAL.in_state or not pending:
         raise InvalidState(
             "decision: the workflow has no pending approval request "
             f"(status {str(state.get('status', '')).upper()})"
@@ -106,7 +108,7 @@ def decide(state: WorkflowState, decision: Decision) -> StateUpdate:
         "decided_at": time.time(),
     }
     values: WorkflowState = {
-        "status": "running",
+        "status": WorkflowStatus.RUNNING.in_state,
         "pending_approval": None,
         "approvals": {**state.get("approvals", {}), sid: record},
     }
@@ -138,19 +140,18 @@ def _edited_plan(state: WorkflowState, decision: Decision) -> dict[str, Any]:
                 "env": {**step.env, **decision.env},
             }
         steps.append(data)
-    validate_steps([Step.from_json(s) for s in steps], prefix="decision")
+    parse(STEPS, steps, "decision")
     plan["steps"] = steps
     return plan
 
 
 def raise_budget(state: WorkflowState, budget: Budget, actor: str) -> StateUpdate:
     """Replace the limits `budget` sets; continues a SUSPENDED workflow."""
-    validate_budget(budget, "budget")
     current = Budget.from_json(state.get("budget") or {})
     raised = current.raised_by(budget)
     values: WorkflowState = {"budget": raised.to_json()}
-    if state.get("status") == "suspended":
-        values["status"] = "running"
+    if state.get("status") == WorkflowStatus.SUSPENDED.in_state:
+        values["status"] = WorkflowStatus.RUNNING.in_state
     detail = "budget: " + ", ".join(f"{k}={v}" for k, v in raised.to_json().items() if v)
     return StateUpdate(values, "budget_update", "overridden", detail, actor)
 
@@ -219,7 +220,7 @@ def reject_last_result(state: WorkflowState, actor: str, reason: str) -> StateUp
         "context": context,
         "verification": verification,
         "current_step_index": first_open,
-        "status": "running",
+        "status": WorkflowStatus.RUNNING.in_state,
         "error": "",
     }
     # One more attempt than the step has had, whatever its limit was.
@@ -232,7 +233,7 @@ def reject_last_result(state: WorkflowState, actor: str, reason: str) -> StateUp
 
 def force_branch(state: WorkflowState, branch: Branch, actor: str, reason: str) -> StateUpdate:
     """Go to `finalize_summary` or `mark_failed` next."""
-    values: WorkflowState = {"forced_next": branch, "status": "running"}
+    values: WorkflowState = {"forced_next": branch, "status": WorkflowStatus.RUNNING.in_state}
     if branch == "mark_failed":
         values["error"] = f"failed by {actor}" + (f": {reason}" if reason else "")
     detail = f"forced {branch}" + (f": {reason}" if reason else "")
@@ -243,11 +244,7 @@ def _check_plan_edit(state: WorkflowState, plan: dict[str, Any]) -> None:
     raw = plan.get("steps")
     if not isinstance(raw, list) or not raw:
         raise InvalidArgument("set_state.plan.steps", "must be a non-empty list")
-    try:
-        steps = [Step.from_json(s) for s in raw]
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise InvalidArgument("set_state.plan.steps", f"malformed step: {exc!r}") from None
-    validate_steps(steps, prefix="set_state.plan.steps")
+    steps: tuple[Step, ...] = parse(STEPS, raw, "set_state.plan.steps")
     settled = {
         sid
         for sid, s in state.get("steps", {}).items()
@@ -261,11 +258,7 @@ def _check_plan_edit(state: WorkflowState, plan: dict[str, Any]) -> None:
 
 
 def _budget_from(value: Mapping[str, Any]) -> Budget:
-    try:
-        budget = Budget.from_json(value)
-    except (TypeError, ValueError):
-        raise InvalidArgument("set_state.budget", "must hold whole numbers") from None
-    validate_budget(budget, "set_state.budget")
+    budget: Budget = parse(Budget, value, "set_state.budget")
     return budget
 
 

@@ -16,25 +16,25 @@ from typing import Any
 
 import psycopg
 import structlog
+from pydantic import ValidationError
 
 from workflow_engine.capabilities.base import (
     ContextCompressor,
-    Finding,
-    JobRequest,
-    JobResult,
     Planner,
     TaskSource,
-    Verification,
     Verifier,
     Worker,
 )
 from workflow_engine.capabilities.context import TruncatingCompressor
 from workflow_engine.capabilities.jobs import JobTracker
 from workflow_engine.capabilities.preferences import merge_preferences
+from workflow_engine.domain.jobs import Finding, JobRequest, JobResult, Sandbox, Verification
+from workflow_engine.domain.model import JsonObject, as_invalid_argument
+from workflow_engine.domain.status import WorkflowStatus
+from workflow_engine.domain.task import AcceptanceCriterion, Step
 from workflow_engine.errors import InvalidArgument, RunControl
 from workflow_engine.graph import routing
 from workflow_engine.graph.state import StepState, StepStatus, WorkflowState
-from workflow_engine.spec import AcceptanceCriterion, JsonObject, Step, validate_steps
 
 log = structlog.get_logger(__name__)
 
@@ -82,7 +82,7 @@ class Nodes:
         """Read the task and cache its criteria, preferences and limits in the state."""
         task = await self._caps.task_source.load(state["task_id"])
         return {
-            "status": "running",
+            "status": WorkflowStatus.RUNNING.in_state,
             "prompt": task.prompt,
             "acceptance_criteria": [c.to_json() for c in task.acceptance_criteria],
             "preferences_effective": merge_preferences(task.preferences),
@@ -98,9 +98,11 @@ class Nodes:
         task = await self._caps.task_source.load(state["task_id"])
         try:
             plan = await self._caps.planner.plan(task)
-            validate_steps(plan.steps, prefix="plan.steps")
         except InvalidArgument as exc:
             return {"error": f"planner produced an invalid plan: {exc.message}"}
+        except ValidationError as exc:
+            invalid = as_invalid_argument(exc, "plan")
+            return {"error": f"planner produced an invalid plan: {invalid.message}"}
         except Exception as exc:
             if is_control(exc):
                 raise
@@ -157,10 +159,12 @@ class Nodes:
         job = JobRequest(
             task_id=state["task_id"],
             job_id=job_id_for(state["task_id"], step.id, attempt),
-            command=step.command,
-            env=step.env,
-            timeout_seconds=step.timeout_seconds,
-            image=step.image,
+            sandbox=Sandbox(
+                command=step.command,
+                env=step.env,
+                timeout_seconds=step.timeout_seconds,
+                image=step.image,
+            ),
             attempt=attempt,
             step_id=step.id,
             remediation=remediation,
@@ -289,8 +293,10 @@ class Nodes:
             if is_control(exc):
                 raise
             log.warning("verifier_failed", step_id=step.id, error=repr(exc))
-            finding = Finding("verifier", False, f"the verifier raised {exc!r}")
-            return Verification("fail", (finding,), ("verify the step again",))
+            finding = Finding(check="verifier", passed=False, detail=f"the verifier raised {exc!r}")
+            return Verification(
+                status="fail", findings=(finding,), recommended_actions=("verify the step again",)
+            )
 
     async def finalize_summary(self, state: WorkflowState) -> WorkflowState:
         """Write the final summary: every step, its attempt, exit code and job id."""
@@ -308,7 +314,11 @@ class Nodes:
             )
         if forced:
             lines += _remaining(state)
-        return {"status": "succeeded", "summary": "\n".join(lines), "forced_next": None}
+        return {
+            "status": WorkflowStatus.SUCCEEDED.in_state,
+            "summary": "\n".join(lines),
+            "forced_next": None,
+        }
 
     async def mark_failed(self, state: WorkflowState) -> WorkflowState:
         """Record the failure with the failed steps' findings."""
@@ -321,7 +331,12 @@ class Nodes:
                 if s.get("status") == "failed"
             ]
             error = "; ".join(failed) or "the plan cannot make progress"
-        return {"status": "failed", "error": error, "summary": error, "forced_next": None}
+        return {
+            "status": WorkflowStatus.FAILED.in_state,
+            "error": error,
+            "summary": error,
+            "forced_next": None,
+        }
 
     async def suspend_workflow(self, state: WorkflowState) -> WorkflowState:
         """Stop at a budget limit with what was done and what remains; resumable with more."""
@@ -330,7 +345,7 @@ class Nodes:
         lines = [f"Suspended: {reason}.", f"Done ({len(done)}): {', '.join(done) or 'nothing'}."]
         lines += _remaining(state)
         lines.append("ResumeWorkflow with a raised budget continues from here.")
-        return {"status": "suspended", "summary": "\n".join(lines)}
+        return {"status": WorkflowStatus.SUSPENDED.in_state, "summary": "\n".join(lines)}
 
 
 MAX_CONTEXT_OUTPUT = 4000
@@ -352,7 +367,7 @@ def _step(state: WorkflowState, step_id: str) -> Step:
 
 def _approval_request(step: Step, now: float) -> WorkflowState:
     return {
-        "status": "waiting_for_approval",
+        "status": WorkflowStatus.WAITING_FOR_APPROVAL.in_state,
         "pending_approval": {
             "step_id": step.id,
             "description": step.description,

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
+from workflow_engine.domain.status import WorkflowStatus
 from workflow_engine.graph.state import StepState, WorkflowState
 
 AfterLoad = Literal["plan_steps", "mark_failed"]
@@ -103,7 +104,7 @@ def after_dispatch(state: WorkflowState) -> AfterDispatch:
         return "finalize_summary"
     if forced == "mark_failed":
         return "mark_failed"
-    if state.get("status") == "waiting_for_approval":
+    if state.get("status") == WorkflowStatus.WAITING_FOR_APPROVAL.in_state:
         return "__end__"
     return "collect_result"
 
@@ -135,19 +136,19 @@ def after_verify(state: WorkflowState, now: float) -> AfterVerify:
 
 #: Where the graph goes after `verify_step_result`'s router, as the status it leads to.
 _ROUTE_STATUS = {
-    "finalize_summary": "SUCCEEDED",
-    "mark_failed": "FAILED",
-    "suspend_workflow": "SUSPENDED",
+    "finalize_summary": WorkflowStatus.SUCCEEDED,
+    "mark_failed": WorkflowStatus.FAILED,
+    "suspend_workflow": WorkflowStatus.SUSPENDED,
 }
 
 
-def committed_status(state: WorkflowState, now: float) -> str:
+def committed_status(state: WorkflowState, now: float) -> WorkflowStatus:
     """The status a workflow has or is bound for, just after a change applied to `state`.
 
     A change is applied as `verify_step_result`, whose router picks the next node; a forced
     `mark_failed` is FAILED from then on, even before that node has run.
     """
-    status = str(state.get("status") or "running").upper()
-    if status != "RUNNING":
+    status = WorkflowStatus.of_state(state.get("status"))
+    if status != WorkflowStatus.RUNNING:
         return status
-    return _ROUTE_STATUS.get(after_verify(state, now), "RUNNING")
+    return _ROUTE_STATUS.get(after_verify(state, now), WorkflowStatus.RUNNING)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Literal, TypedDict
 
-from workflow_engine.spec import JsonObject
+from workflow_engine.domain.model import JsonObject
+from workflow_engine.domain.status import WorkflowStatus
 
 #: Where one step is. ``pending``: not dispatched, or to be tried again; ``dispatched``: its job
 #: is recorded and may be running; ``collected``: its result awaits verification; ``passed`` and
@@ -36,7 +37,7 @@ class WorkflowState(TypedDict, total=False):
     last_result: JsonObject | None
     verification: JsonObject | None  # {"status", "findings", "recommended_actions"}
     # The engine's additions.
-    status: str  # running | waiting_for_approval | suspended | succeeded | failed
+    status: str  # a `WorkflowStatus`, `in_state` spelling: running, waiting_for_approval...
     prompt: str
     metadata: JsonObject
     max_attempts_per_step: int
@@ -63,7 +64,7 @@ def initial_state(task_id: str) -> WorkflowState:
     """The state a workflow starts from, before `load_task_context` fills it in."""
     return {
         "task_id": task_id,
-        "status": "running",
+        "status": WorkflowStatus.RUNNING.in_state,
         "acceptance_criteria": [],
         "preferences_effective": {},
         "plan": {"steps": [], "assumptions": []},

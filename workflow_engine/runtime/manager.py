@@ -21,9 +21,9 @@ import psycopg
 import structlog
 from langgraph.graph.state import CompiledStateGraph
 
-from workflow_engine.capabilities.base import JobRequest
 from workflow_engine.capabilities.jobs import JobTracker
-from workflow_engine.domain.status import TERMINAL_STATUSES
+from workflow_engine.domain.jobs import JobRequest
+from workflow_engine.domain.status import TERMINAL_STATUSES, WorkflowStatus
 from workflow_engine.errors import LeaseLost, RunStopped, WorkflowEngineError
 from workflow_engine.graph.commands import Change
 from workflow_engine.graph.state import WorkflowState
@@ -115,7 +115,7 @@ class RunManager:
         if outcome.endswith("lease lost"):
             # Taken over, or revoked by a cancel elsewhere: only the latter stops the jobs.
             try:
-                cancelled = (await self._store.get(task_id)).status == "CANCELLED"
+                cancelled = (await self._store.get(task_id)).status == WorkflowStatus.CANCELLED
             except (WorkflowEngineError, psycopg.Error) as exc:
                 log.warning("run_end_status_unknown", task_id=task_id, error=repr(exc))
                 cancelled = False

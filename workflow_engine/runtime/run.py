@@ -32,7 +32,7 @@ import structlog
 from langchain_core.runnables import RunnableConfig
 from langgraph.graph.state import CompiledStateGraph
 
-from workflow_engine.domain.status import FINAL_STATUSES
+from workflow_engine.domain.status import FINAL_STATUSES, WorkflowStatus
 from workflow_engine.errors import (
     CheckpointCorrupt,
     InvalidState,
@@ -216,7 +216,7 @@ class Run:
         except CheckpointCorrupt as exc:
             self.outcome = "failed: corrupt checkpoint"
             log.error("run_checkpoint_corrupt", error=exc.message)
-            await self._store.set_status(self._fence, "FAILED", exc.message)
+            await self._store.set_status(self._fence, WorkflowStatus.FAILED, exc.message)
         except psycopg.Error as exc:
             # The database stayed unreachable beyond the retry budget. The workflow is not
             # failed: its checkpoint is intact and a resume continues from it.
@@ -230,7 +230,9 @@ class Run:
             self.outcome = "failed: internal error"
             log.exception("run_internal_error")
             await self._store.set_status(
-                self._fence, "FAILED", f"internal error after {self.last_node}: {exc!r}"
+                self._fence,
+                WorkflowStatus.FAILED,
+                f"internal error after {self.last_node}: {exc!r}",
             )
         finally:
             self._closing = True
@@ -299,7 +301,7 @@ class Run:
                         )
                         state = {**state, **update.values}
                         self.last_node = update.label
-                        self._status = str(state.get("status") or "running").upper()
+                        self._status = WorkflowStatus.of_state(state.get("status")).value
                         log.info(
                             "run_updated",
                             label=update.label,

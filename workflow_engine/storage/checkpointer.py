@@ -46,7 +46,7 @@ from langgraph.checkpoint.base import (
 )
 from psycopg_pool import AsyncConnectionPool
 
-from workflow_engine.domain.status import FINAL_STATUSES
+from workflow_engine.domain.status import FINAL_STATUSES, WorkflowStatus
 from workflow_engine.errors import CheckpointCorrupt, LeaseLost
 from workflow_engine.runtime.faults import FaultPlan
 from workflow_engine.storage.group_commit import CheckpointRow, GroupCommitter
@@ -81,8 +81,8 @@ NODE_EVENT = "node_event"
 
 
 def row_status(state: dict[str, Any]) -> str:
-    """The row's `status` column for a state: its `status` field, upper-cased."""
-    return str(state.get("status") or "running").upper()
+    """The row's `status` column for a state's `status` field."""
+    return WorkflowStatus.of_state(state.get("status")).value
 
 
 class RowCheckpointSaver(BaseCheckpointSaver[int]):

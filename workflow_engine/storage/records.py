@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
+from workflow_engine.domain.model import JsonObject
 from workflow_engine.domain.status import TERMINAL_STATUSES
-from workflow_engine.spec import JsonObject
 from workflow_engine.storage.leases import Lease
 
 

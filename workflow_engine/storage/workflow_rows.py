@@ -13,9 +13,9 @@ import uuid
 
 from psycopg.types.json import Jsonb
 
-from workflow_engine.domain.status import PAUSED_STATUSES, RECOVERY_EXHAUSTED
+from workflow_engine.domain.model import JsonObject
+from workflow_engine.domain.status import PAUSED_STATUSES, RECOVERY_EXHAUSTED, WorkflowStatus
 from workflow_engine.errors import LeaseHeld, WorkflowExists, WorkflowNotFound
-from workflow_engine.spec import JsonObject
 from workflow_engine.storage import leases, tasks
 from workflow_engine.storage.leases import Fence
 from workflow_engine.storage.pool import Connection, Pool, in_transaction, on_connection
@@ -156,9 +156,11 @@ async def _create_once(
     await tasks.store(conn, task_id, spec)
     await conn.execute(
         _INSERT_STATUS_EVENT,
-        {"task_id": task_id, "seq": 1, "run_id": run_id, "status": "RUNNING"},
+        {"task_id": task_id, "seq": 1, "run_id": run_id, "status": WorkflowStatus.RUNNING},
     )
-    return StartOutcome(status="STARTED", run_id=run_id, workflow_status="RUNNING", lease=lease)
+    return StartOutcome(
+        status="STARTED", run_id=run_id, workflow_status=WorkflowStatus.RUNNING, lease=lease
+    )
 
 
 async def _explain_refused_start(
@@ -243,13 +245,13 @@ async def _claim_once(
         cur = await conn.execute(_COUNT_RECOVERY, {"task_id": task_id})
         counted = await cur.fetchone()
         if counted is not None and counted[0] > max_recoveries:
-            await _set_status(conn, record, "FAILED", RECOVERY_EXHAUSTED)
+            await _set_status(conn, record, WorkflowStatus.FAILED, RECOVERY_EXHAUSTED)
             await leases.release(conn, Fence(task_id, record.run_id, holder_id, lease.epoch))
             return ResumeClaim(record=await _lock_workflow(conn, task_id), lease=None)
     # A paused workflow keeps its status until the decision or budget that continues
     # it is written; anything else was interrupted and runs again.
-    if record.status not in ("RUNNING", *PAUSED_STATUSES):
-        await _set_status(conn, record, "RUNNING", "")
+    if record.status not in (WorkflowStatus.RUNNING, *PAUSED_STATUSES):
+        await _set_status(conn, record, WorkflowStatus.RUNNING, "")
         record = await _lock_workflow(conn, task_id)
     return ResumeClaim(record=record, lease=lease)
 
@@ -276,7 +278,7 @@ async def cancel(pool: Pool, task_id: str, reason: str) -> tuple[WorkflowRecord,
         record = await _lock_workflow(conn, task_id)
         if record.terminal:
             return record, False
-        await _set_status(conn, record, "CANCELLED", reason or "cancelled")
+        await _set_status(conn, record, WorkflowStatus.CANCELLED, reason or "cancelled")
         await leases.revoke(conn, task_id)
         await conn.execute(_NOTIFY_CONTROL, {"task_id": task_id})
         updated = await select_workflow(conn, task_id)

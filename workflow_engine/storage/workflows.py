@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from workflow_engine.spec import JsonObject
+from workflow_engine.domain.model import JsonObject
 from workflow_engine.storage import leases, queries, tasks, workflow_rows
 from workflow_engine.storage.leases import Fence
 from workflow_engine.storage.pool import Pool, on_connection

@@ -1,0 +1,202 @@
+"""The domain model: validation names the field at fault; JSON round trips keep every field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from workflow_engine.domain.jobs import JobRequest, JobResult, Sandbox, Verification
+from workflow_engine.domain.model import parse
+from workflow_engine.domain.task import (
+    STEPS,
+    AcceptanceCriterion,
+    Check,
+    Plan,
+    Step,
+    TaskMetadata,
+    TaskSpec,
+)
+from workflow_engine.errors import InvalidArgument
+from workflow_engine.graph.nodes import job_id_for
+
+
+def refused(data: dict[str, Any]) -> InvalidArgument:
+    """The error a task built from `data` is refused with (it must be refused)."""
+    with pytest.raises(InvalidArgument) as err:
+        parse(TaskSpec, data, "task")
+    return err.value
+
+
+def test_round_trip_keeps_everything() -> None:
+    spec = TaskSpec(
+        prompt="p",
+        acceptance_criteria=(
+            AcceptanceCriterion(description="c", check=Check(kind="exit_code", equals=0)),
+        ),
+        steps=(
+            Step(
+                id="a",
+                command=("echo", "x"),
+                env={"K": "v"},
+                timeout_seconds=5,
+                expect=(Check(kind="json_field_equals", field="a.b", equals=[1, "x"]),),
+            ),
+            Step(id="b", command=("true",), depends_on=("a",), requires_approval=True),
+        ),
+        preferences=({"style": {"tabs": False}},),
+        metadata=TaskMetadata(user_id="u", project_id="p", labels={"l": "1"}),
+        max_attempts_per_step=4,
+    )
+    assert TaskSpec.from_json(spec.to_json()) == spec
+    assert parse(TaskSpec, spec.to_json(), "task") == spec
+
+
+def test_the_stored_json_keeps_its_shape() -> None:
+    """The keys rows written before the domain model hold; a resumed workflow reads them."""
+    step = Step(id="a", command=("true",))
+    assert step.to_json() == {
+        "id": "a",
+        "description": "",
+        "command": ["true"],
+        "env": {},
+        "timeout_seconds": 0,
+        "depends_on": [],
+        "requires_approval": False,
+        "expect": [],
+        "image": "",
+    }
+    job = JobRequest(task_id="t", job_id="j", sandbox=Sandbox(command=("true",)))
+    assert job.to_json() == {
+        "version": 1,
+        "task_id": "t",
+        "job_id": "j",
+        "sandbox": {
+            "image": "",
+            "command": ["true"],
+            "env": {},
+            "timeout_seconds": 0,
+            "network_policy": "restricted",
+        },
+        "attempt": 1,
+        "step_id": "",
+        "remediation": [],
+        "context": [],
+    }
+    result = JobResult(task_id="t", job_id="j", status="completed", exit_code=0)
+    assert set(result.to_json()) == {
+        "version", "task_id", "job_id", "status", "exit_code", "stdout", "stderr",
+        "started_at", "ended_at", "truncated", "work_dir", "target",
+    }  # fmt: skip
+    assert result.to_json()["truncated"] == {"stdout": False, "stderr": False}
+
+
+def test_cycle_is_reported_with_its_path() -> None:
+    steps = [
+        {"id": "a", "command": ["true"], "depends_on": ["c"]},
+        {"id": "b", "command": ["true"], "depends_on": ["a"]},
+        {"id": "c", "command": ["true"], "depends_on": ["b"]},
+    ]
+    err = refused({"steps": steps})
+    assert err.field == "task.steps.depends_on"
+    assert "a -> c -> b -> a" in err.problem
+
+
+def test_too_deep_preferences_are_refused() -> None:
+    deep: dict[str, object] = {}
+    node = deep
+    for _ in range(40):
+        node["x"] = {}
+        node = node["x"]  # type: ignore[assignment]
+    assert refused({"preferences": [deep]}).field == "task.preferences[0]"
+
+
+@pytest.mark.parametrize("equals", [float("inf"), float("nan"), 1.5, True, "0", 1e300, 256])
+def test_exit_code_check_needs_a_small_whole_number(equals: object) -> None:
+    step = {"id": "a", "command": ["true"], "expect": [{"kind": "exit_code", "equals": equals}]}
+    assert refused({"steps": [step]}).field == "task.steps[0].expect[0].equals"
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan")])
+def test_non_finite_numbers_are_refused_where_json_is_stored(bad: float) -> None:
+    assert refused({"preferences": [{"a": [1, {"b": bad}]}]}).field == "task.preferences[0]"
+    check = {"kind": "json_field_equals", "field": "x", "equals": bad}
+    step = {"id": "a", "command": ["true"], "expect": [check]}
+    assert refused({"steps": [step]}).field == "task.steps[0].expect[0].equals"
+
+
+def one(**fields: Any) -> dict[str, Any]:
+    """A task of one step `a` running `echo`, with `fields` changed."""
+    return {"steps": [{"id": "a", "command": ["echo"], **fields}]}
+
+
+def checked(**check: Any) -> dict[str, Any]:
+    return one(expect=[check])
+
+
+@pytest.mark.parametrize(
+    ("data", "field"),
+    [
+        ({"prompt": "x\x00y"}, "task.prompt"),
+        ({"prompt": "x" * 70_000}, "task.prompt"),
+        (one(command=[]), "task.steps[0].command"),
+        (one(command=["", "x"]), "task.steps[0].command[0]"),
+        (one(command=["echo", "\x00"]), "task.steps[0].command[1]"),
+        (one(description="\x00"), "task.steps[0].description"),
+        (one(env={"A": "\x00"}), "task.steps[0].env[A]"),
+        (one(env={"1A": "x"}), "task.steps[0].env"),
+        (one(timeout_seconds=-1), "task.steps[0].timeout_seconds"),
+        (one(timeout_seconds="soon"), "task.steps[0].timeout_seconds"),
+        ({"steps": one()["steps"] * 2}, "task.steps[1].id"),
+        ({"steps": one()["steps"] * 501}, "task.steps"),
+        (one(depends_on=["a"]), "task.steps[0].depends_on[0]"),
+        (checked(kind="nope"), "task.steps[0].expect[0].kind"),
+        (checked(kind="stdout_matches", value="("), "task.steps[0].expect[0].value"),
+        (checked(kind="json_field_equals"), "task.steps[0].expect[0].field"),
+        ({"preferences": [{"k\x00": 1}]}, "task.preferences[0]"),
+        ({"metadata": {"user_id": "\x00"}}, "task.metadata.user_id"),
+        (
+            {"acceptance_criteria": [{"description": "c", "check": {"kind": "file_exists"}}]},
+            "task.acceptance_criteria[0].check.value",
+        ),
+        ({"budget": {"max_dispatches": -1}}, "task.budget.max_dispatches"),
+        ({"max_attempts_per_step": 0}, "task.max_attempts_per_step"),
+        ({"max_parallel_steps": 65}, "task.max_parallel_steps"),
+    ],
+)
+def test_each_invariant_names_its_field(data: dict[str, Any], field: str) -> None:
+    assert refused(data).field == field
+
+
+def test_a_bare_list_of_steps_is_named_from_where_it_came() -> None:
+    """An edited plan (a decision, a set_state) names the field the client sent."""
+    steps = [{"id": "a", "command": ["true"]}, {"id": "b", "command": ["\x00"]}]
+    with pytest.raises(InvalidArgument, match=r"^decision\[1\]\.command\[0\]: "):
+        parse(STEPS, steps, "decision")
+
+
+def test_invalid_values_cannot_be_built() -> None:
+    with pytest.raises(ValueError, match="argv must not be empty"):
+        Step(id="a", command=())
+    with pytest.raises(ValueError, match="duplicate step id"):
+        Plan(steps=(Step(id="a", command=("x",)), Step(id="a", command=("y",))))
+
+
+def test_plan_and_verification_export_json_schemas() -> None:
+    """What an LLM planner and verifier are asked to answer with."""
+    plan = Plan.model_json_schema()
+    step = plan["$defs"]["Step"]
+    assert plan["required"] == ["steps"]
+    assert step["required"] == ["id", "command"]
+    assert step["properties"]["id"]["pattern"].startswith("^[A-Za-z0-9]")
+    assert step["properties"]["command"]["maxItems"] == 256
+    assert "exit_code" in plan["$defs"]["Check"]["properties"]["kind"]["enum"]
+    verification = Verification.model_json_schema()
+    assert verification["properties"]["status"]["enum"] == ["pass", "fail"]
+    assert verification["$defs"]["Finding"]["required"] == ["check", "passed", "detail"]
+
+
+def test_job_ids_are_deterministic_per_task_step_and_attempt() -> None:
+    a = job_id_for("t", "s", 1)
+    assert a == job_id_for("t", "s", 1)
+    assert len({a, job_id_for("t", "s", 2), job_id_for("t", "s2", 1), job_id_for("u", "s", 1)}) == 4

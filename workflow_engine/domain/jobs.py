@@ -1,0 +1,96 @@
+"""Jobs and their judgement: a request and result in the Worker API's shapes, and a verdict.
+
+`JobRequest` and `JobResult` are the Worker API's JSON (`POST /v1/worker/jobs:run`, version 1)
+field for field, plus what the engine adds (attempt, step, remediation, context; the node that
+ran it). `Verification` is the state model's `verification`; its JSON Schema is what a model
+judging results must answer with.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from workflow_engine.domain.model import DomainModel, JsonObject
+
+#: A job's end: the Worker API's three, and `cancelled` (its workflow was cancelled; the worker
+#: stopped it).
+JobStatus = Literal["completed", "failed", "timeout", "cancelled"]
+VerificationStatus = Literal["pass", "fail"]
+WORKER_API_VERSION = 1
+
+
+class Sandbox(DomainModel):
+    """Where and how a job's command runs."""
+
+    image: str = ""
+    command: tuple[str, ...]
+    env: dict[str, str] = Field(default_factory=dict)
+    timeout_seconds: int = 0
+    network_policy: str = "restricted"
+
+
+class JobRequest(DomainModel):
+    """A job to run.
+
+    `job_id` is deterministic per task, step and attempt, so a worker that sees the same id twice
+    returns the first run's result instead of running again. `remediation` carries the previous
+    attempt's failed findings; the local sandbox hands it to the command as
+    ``WORKFLOW_ENGINE_REMEDIATION`` (JSON), beside ``WORKFLOW_ENGINE_ATTEMPT``. `context` holds
+    the results of earlier steps (what this step depends on), compressed to a budget; the local
+    sandbox hands it to the command as ``WORKFLOW_ENGINE_CONTEXT`` (JSON).
+    """
+
+    version: int = WORKER_API_VERSION
+    task_id: str
+    job_id: str
+    sandbox: Sandbox
+    attempt: int = 1
+    step_id: str = ""
+    remediation: tuple[str, ...] = ()
+    context: tuple[JsonObject, ...] = ()
+
+
+class Truncated(DomainModel):
+    """Whether the worker cut a stream to its output limit."""
+
+    stdout: bool = False
+    stderr: bool = False
+
+
+class JobResult(DomainModel):
+    """A job's result.
+
+    `exit_code` is set when the job completed or failed; `work_dir` is where the job ran, when
+    the worker is local (checks such as `file_exists` look there); `target` names the node.
+    """
+
+    version: int = WORKER_API_VERSION
+    task_id: str
+    job_id: str
+    status: JobStatus
+    exit_code: int | None
+    stdout: str = ""
+    stderr: str = ""
+    started_at: str = ""
+    ended_at: str = ""
+    truncated: Truncated = Field(default_factory=Truncated)
+    work_dir: str | None = None
+    target: str = ""
+
+
+class Finding(DomainModel):
+    """One check's evidence: what was checked, whether it passed, and what was seen."""
+
+    check: str
+    passed: bool
+    detail: str
+
+
+class Verification(DomainModel):
+    """The verdict on one job result: `pass` only if every finding passed."""
+
+    status: VerificationStatus
+    findings: tuple[Finding, ...]
+    recommended_actions: tuple[str, ...] = ()

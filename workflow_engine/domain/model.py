@@ -1,0 +1,74 @@
+"""What every domain value shares: immutability, its stored JSON form, and field-path errors.
+
+Domain values are pydantic models. A value that exists is valid: its invariants are checked when
+it is built, from keywords or from JSON, and a violation names the field by its path
+(``task.steps[0].command[1]``), so the API's `INVALID_ARGUMENT` and an LLM planner's retry
+prompt say exactly what is wrong.
+
+A rule that needs its own wording raises `invalid(at, problem)` from a validator; `at` is the
+path below the model or field being validated (``"[2].id"``, ``".depends_on"``). `parse` turns
+the first error of a `ValidationError` into the engine's `InvalidArgument`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Self, TypeVar
+
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
+from pydantic_core import PydanticCustomError
+
+from workflow_engine.errors import InvalidArgument
+
+JsonObject = dict[str, Any]
+M = TypeVar("M", bound="DomainModel")
+T = TypeVar("T")
+
+_INVALID = "workflow_engine_invalid"
+
+
+class DomainModel(BaseModel):
+    """A frozen value with a JSON form: `to_json` is what is stored, `from_json` reads it."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    def to_json(self) -> JsonObject:
+        return self.model_dump(mode="json")
+
+    @classmethod
+    def from_json(cls, data: Any) -> Self:
+        """Read a stored (trusted) value; `parse` is for input, whose errors name fields."""
+        return cls.model_validate(data)
+
+
+def invalid(at: str, problem: str) -> PydanticCustomError:
+    """The error a validator raises for `problem` at `at`, below the value it validates."""
+    return PydanticCustomError(_INVALID, "{problem}", {"problem": problem, "at": at})
+
+
+def parse(kind: type[M] | TypeAdapter[T], data: Any, where: str) -> Any:
+    """`data` as a `kind` (a model or a `TypeAdapter`), or `InvalidArgument` at `where`.
+
+    Only the first error is reported, as a client fixes one field at a time.
+    """
+    try:
+        if isinstance(kind, TypeAdapter):
+            return kind.validate_python(data)
+        return kind.model_validate(data)
+    except ValidationError as exc:
+        raise as_invalid_argument(exc, where) from None
+
+
+def as_invalid_argument(exc: ValidationError, where: str) -> InvalidArgument:
+    """The first error of `exc`, as `InvalidArgument` naming its field below `where`."""
+    error = exc.errors(include_url=False)[0]
+    path = where + "".join(
+        f"[{part}]" if isinstance(part, int) else f".{part}" for part in error["loc"]
+    )
+    context = error.get("ctx") or {}
+    if error["type"] == _INVALID:
+        return InvalidArgument(path + str(context.get("at", "")), str(context["problem"]))
+    return InvalidArgument(path, _lower_first(error["msg"]))
+
+
+def _lower_first(message: str) -> str:
+    return message[:1].lower() + message[1:]

@@ -1,0 +1,341 @@
+"""The task a workflow drives, and the plan made of it: steps, checks, criteria, budgets.
+
+Each value checks its own invariants when it is built (see `domain.model`): a step's id and
+argv, a check's kind and operands, a plan's ids, dependencies and cycles, the limits below. The
+API builds a `TaskSpec` from the request with `parse(TaskSpec, data, "task")`; a planner's
+`Plan` is checked the same way, whoever made it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any, Self
+
+from pydantic import AfterValidator, Field, TypeAdapter, field_validator, model_validator
+
+from workflow_engine.domain.model import DomainModel, JsonObject, invalid
+
+CHECK_KINDS = frozenset(
+    {
+        "exit_code",
+        "stdout_contains",
+        "stderr_contains",
+        "stdout_matches",
+        "file_exists",
+        "json_field_equals",
+    }
+)
+#: Kinds whose `equals` must be given: without one there is nothing to compare with. (JSON
+#: cannot tell an absent `equals` from a null one, so the request parser enforces this.)
+CHECK_KINDS_NEEDING_EQUALS = frozenset({"json_field_equals"})
+DEFAULT_MAX_ATTEMPTS = 3
+
+# Bounds on what one task may ask for. They keep a single request from exhausting the engine
+# (memory, argv limits of the OS) and are reported as INVALID_ARGUMENT, not as a crash later.
+MAX_PROMPT_CHARS = 64 * 1024
+MAX_STEPS = 500
+MAX_ARGV = 256
+MAX_ARG_CHARS = 32 * 1024
+MAX_ENV = 256
+MAX_CHECKS = 64
+MAX_TIMEOUT_SECONDS = 10_800  # the Worker API's node maximum
+MAX_ATTEMPTS = 100
+DEFAULT_MAX_PARALLEL = 4
+MAX_PARALLEL = 64
+MAX_BUDGET_VALUE = 10_000_000
+MAX_PREFERENCE_DEPTH = 32
+_STEP_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+
+
+def _no_nul(text: str) -> str:
+    if "\x00" in text:
+        raise invalid("", "contains a NUL character, which cannot be stored")
+    return text
+
+
+#: Free text that is stored: PostgreSQL's text and jsonb refuse NUL.
+Text = Annotated[str, AfterValidator(_no_nul)]
+
+
+class Check(DomainModel):
+    """A machine check on a job result; see the `Check` message in the proto for the kinds."""
+
+    kind: str = Field(json_schema_extra={"enum": list(sorted(CHECK_KINDS))})
+    value: Text = ""
+    field: Text = ""
+    equals: Any = None
+
+    @model_validator(mode="after")
+    def _operands_fit_the_kind(self) -> Self:
+        if self.kind not in CHECK_KINDS:
+            raise invalid(
+                ".kind",
+                f"unknown check kind {self.kind[:64]!r}; expected one of {sorted(CHECK_KINDS)}",
+            )
+        if self.kind == "exit_code":
+            if self.equals is not None and not _is_exit_code(self.equals):
+                raise invalid(".equals", "exit_code needs an integer from -255 to 255")
+        elif self.kind == "json_field_equals":
+            if not self.field:
+                raise invalid(".field", "json_field_equals needs a field path")
+            check_json(self.equals, ".equals")
+        elif not self.value:
+            raise invalid(".value", f"{self.kind} needs a value")
+        if self.kind == "stdout_matches":
+            try:
+                re.compile(self.value)
+            except re.error as exc:
+                raise invalid(".value", f"invalid regular expression: {exc}") from None
+        return self
+
+
+class Step(DomainModel):
+    """One unit of work: an argv command run by a worker, and the checks its result must pass."""
+
+    id: str = Field(json_schema_extra={"pattern": _STEP_ID.pattern})
+    description: Text = ""
+    command: tuple[str, ...] = Field(json_schema_extra={"minItems": 1, "maxItems": MAX_ARGV})
+    env: dict[str, str] = Field(default_factory=dict)
+    timeout_seconds: int = Field(
+        0, json_schema_extra={"minimum": 0, "maximum": MAX_TIMEOUT_SECONDS}
+    )
+    depends_on: tuple[str, ...] = ()
+    requires_approval: bool = False
+    expect: tuple[Check, ...] = Field((), json_schema_extra={"maxItems": MAX_CHECKS})
+    image: Text = ""
+
+    @field_validator("id")
+    @classmethod
+    def _id_is_a_name(cls, value: str) -> str:
+        if not _STEP_ID.match(value):
+            raise invalid("", "must be 1-64 letters, digits, '.', '_' or '-', starting alnum")
+        return value
+
+    @field_validator("command")
+    @classmethod
+    def _command_is_argv(cls, command: tuple[str, ...]) -> tuple[str, ...]:
+        if not command:
+            raise invalid("", "argv must not be empty")
+        if not command[0]:
+            raise invalid("[0]", "program must not be empty")
+        if len(command) > MAX_ARGV:
+            raise invalid("", f"more than {MAX_ARGV} arguments")
+        for k, arg in enumerate(command):
+            if "\x00" in arg:
+                raise invalid(f"[{k}]", "contains a NUL byte")
+            if len(arg) > MAX_ARG_CHARS:
+                raise invalid(f"[{k}]", f"longer than {MAX_ARG_CHARS} characters")
+        return command
+
+    @field_validator("env")
+    @classmethod
+    def _env_is_variables(cls, env: dict[str, str]) -> dict[str, str]:
+        if len(env) > MAX_ENV:
+            raise invalid("", f"more than {MAX_ENV} variables")
+        for name, value in env.items():
+            if not _ENV_NAME.match(name):
+                raise invalid("", f"invalid variable name {name[:64]!r}")
+            if "\x00" in value or len(value) > MAX_ARG_CHARS:
+                raise invalid(f"[{name}]", "contains NUL or is too long")
+        return env
+
+    @field_validator("timeout_seconds")
+    @classmethod
+    def _timeout_in_range(cls, value: int) -> int:
+        if not 0 <= value <= MAX_TIMEOUT_SECONDS:
+            raise invalid("", f"must be at most {MAX_TIMEOUT_SECONDS}")
+        return value
+
+    @field_validator("expect")
+    @classmethod
+    def _few_checks(cls, checks: tuple[Check, ...]) -> tuple[Check, ...]:
+        if len(checks) > MAX_CHECKS:
+            raise invalid("", f"more than {MAX_CHECKS} checks")
+        return checks
+
+
+def _steps_form_a_plan(steps: tuple[Step, ...]) -> tuple[Step, ...]:
+    """Unique ids, `depends_on` naming known other steps, and no cycle."""
+    if len(steps) > MAX_STEPS:
+        raise invalid("", f"more than {MAX_STEPS} steps")
+    seen: set[str] = set()
+    for i, step in enumerate(steps):
+        if step.id in seen:
+            raise invalid(f"[{i}].id", f"duplicate step id {step.id!r}")
+        seen.add(step.id)
+    for i, step in enumerate(steps):
+        for j, dep in enumerate(step.depends_on):
+            if dep not in seen:
+                raise invalid(f"[{i}].depends_on[{j}]", f"unknown step id {dep[:64]!r}")
+            if dep == step.id:
+                raise invalid(f"[{i}].depends_on[{j}]", "a step cannot need itself")
+    cycle = _find_cycle(steps)
+    if cycle:
+        raise invalid(".depends_on", "cycle: " + " -> ".join(cycle))
+    return steps
+
+
+#: The steps of a task or a plan, checked as a whole.
+Steps = Annotated[
+    tuple[Step, ...],
+    Field(json_schema_extra={"maxItems": MAX_STEPS}),
+    AfterValidator(_steps_form_a_plan),
+]
+STEPS: TypeAdapter[tuple[Step, ...]] = TypeAdapter(Steps)
+
+
+class AcceptanceCriterion(DomainModel):
+    """What the finished task must satisfy; `check`, when set, is verified by machine."""
+
+    description: Text = ""
+    check: Check | None = None
+
+
+class TaskMetadata(DomainModel):
+    user_id: Text = ""
+    project_id: Text = ""
+    labels: dict[Text, Text] = Field(default_factory=dict)
+
+
+class Budget(DomainModel):
+    """Per-workflow limits whose end suspends the workflow; 0 means no limit."""
+
+    max_dispatches: int = 0
+    max_consecutive_attempts: int = 0
+    deadline_seconds: int = 0
+
+    @field_validator("max_dispatches", "max_consecutive_attempts", "deadline_seconds")
+    @classmethod
+    def _in_range(cls, value: int) -> int:
+        if not 0 <= value <= MAX_BUDGET_VALUE:
+            raise invalid("", f"must be between 0 and {MAX_BUDGET_VALUE}")
+        return value
+
+    def raised_by(self, other: Budget) -> Budget:
+        """This budget with every limit `other` sets (non-zero) replaced by `other`'s."""
+        return Budget(
+            max_dispatches=other.max_dispatches or self.max_dispatches,
+            max_consecutive_attempts=other.max_consecutive_attempts
+            or self.max_consecutive_attempts,
+            deadline_seconds=other.deadline_seconds or self.deadline_seconds,
+        )
+
+
+class TaskSpec(DomainModel):
+    """A task: what to achieve (prompt, criteria), optionally how (steps), and its limits."""
+
+    prompt: Text = ""
+    acceptance_criteria: tuple[AcceptanceCriterion, ...] = ()
+    steps: Steps = ()
+    preferences: tuple[JsonObject, ...] = ()
+    metadata: TaskMetadata = Field(default_factory=TaskMetadata)
+    max_attempts_per_step: int = DEFAULT_MAX_ATTEMPTS
+    budget: Budget = Field(default_factory=Budget)
+    max_parallel_steps: int = DEFAULT_MAX_PARALLEL
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_fits(cls, prompt: str) -> str:
+        if len(prompt) > MAX_PROMPT_CHARS:
+            raise invalid("", f"longer than {MAX_PROMPT_CHARS} characters")
+        return prompt
+
+    @field_validator("preferences")
+    @classmethod
+    def _preferences_are_json(cls, layers: tuple[JsonObject, ...]) -> tuple[JsonObject, ...]:
+        for i, layer in enumerate(layers):
+            check_json(layer, f"[{i}]")
+        return layers
+
+    @field_validator("max_attempts_per_step")
+    @classmethod
+    def _attempts_in_range(cls, value: int) -> int:
+        if not 1 <= value <= MAX_ATTEMPTS:
+            raise invalid("", f"must be between 1 and {MAX_ATTEMPTS}")
+        return value
+
+    @field_validator("max_parallel_steps")
+    @classmethod
+    def _parallel_in_range(cls, value: int) -> int:
+        if not 1 <= value <= MAX_PARALLEL:
+            raise invalid("", f"must be between 1 and {MAX_PARALLEL}")
+        return value
+
+
+class Plan(DomainModel):
+    """Steps a worker can execute, and what the planner assumed to get there."""
+
+    steps: Steps
+    assumptions: tuple[Text, ...] = ()
+
+
+def find_nul(value: Any, path: str) -> str | None:
+    """The path of the first string (or key) holding NUL; PostgreSQL text and jsonb refuse it."""
+    if isinstance(value, str):
+        return path if "\x00" in value else None
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            found = (path if "\x00" in str(key) else None) or find_nul(item, f"{path}.{key}")
+            if found:
+                return found
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            found = find_nul(item, f"{path}[{i}]")
+            if found:
+                return found
+    return None
+
+
+def check_json(value: Any, at: str) -> None:
+    """Storable JSON: no NUL, bounded nesting, finite numbers (PostgreSQL has no NaN in JSON)."""
+    nul = find_nul(value, at)
+    if nul is not None:
+        raise invalid(nul, "contains a NUL character, which cannot be stored")
+    _check_json(value, at, MAX_PREFERENCE_DEPTH)
+
+
+def _check_json(value: Any, at: str, budget: int) -> None:
+    if budget < 0:
+        raise invalid(at, f"nested deeper than {MAX_PREFERENCE_DEPTH} levels")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise invalid(at, "numbers must be finite (no Infinity or NaN)")
+    if isinstance(value, Mapping):
+        for item in value.values():
+            _check_json(item, at, budget - 1)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            _check_json(item, at, budget - 1)
+
+
+def _is_exit_code(value: Any) -> bool:
+    # JSON numbers arrive as floats (and may be inf or nan): accept whole numbers only.
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return math.isfinite(value) and value == int(value) and -255 <= value <= 255
+
+
+def _find_cycle(steps: Sequence[Step]) -> list[str]:
+    """Return one dependency cycle as a list of step ids (first id repeated last), or []."""
+    needs = {step.id: step.depends_on for step in steps}
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        state[node] = 1
+        path.append(node)
+        for dep in needs.get(node, ()):
+            if state.get(dep) == 1:
+                return [*path[path.index(dep) :], dep]
+            if dep not in state and (found := visit(dep)):
+                return found
+        path.pop()
+        state[node] = 2
+        return []
+
+    for step in steps:
+        if step.id not in state and (found := visit(step.id)):
+            return found
+    return []

@@ -1,0 +1,70 @@
+"""Capabilities are chosen by settings through one factory, and opened and closed around use."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from types import TracebackType
+from typing import Any
+
+import pytest
+
+from workflow_engine.capabilities.base import JobRequest, JobResult
+from workflow_engine.capabilities.factory import (
+    Lent,
+    UnknownCapability,
+    build_capabilities,
+    opened,
+)
+from workflow_engine.capabilities.planner import StaticPlanner
+from workflow_engine.capabilities.sandbox import LocalSandboxWorker
+from workflow_engine.capabilities.simulated import SimulatedWorker
+from workflow_engine.config import Settings
+
+
+async def no_task(task_id: str) -> dict[str, Any]:
+    raise AssertionError("not read in these tests")
+
+
+def test_the_settings_choose_each_implementation(tmp_path: Any) -> None:
+    default = build_capabilities(Settings(data_dir=tmp_path), Lent(load_task=no_task))
+    assert isinstance(default.worker, LocalSandboxWorker)
+    assert isinstance(default.planner, StaticPlanner)
+    simulated = build_capabilities(Settings(worker="simulated"), Lent(load_task=no_task))
+    assert isinstance(simulated.worker, SimulatedWorker)
+
+
+@pytest.mark.parametrize("setting", ["worker", "planner", "verifier", "task_source", "compressor"])
+def test_an_unknown_implementation_names_its_setting(setting: str) -> None:
+    with pytest.raises(UnknownCapability, match=f"WORKFLOW_ENGINE_{setting.upper()}: unknown"):
+        build_capabilities(Settings(**{setting: "nonesuch"}), Lent(load_task=no_task))
+
+
+class ClientWorker(SimulatedWorker):
+    """A worker that owns a resource, as an HTTP worker owns its client."""
+
+    def __init__(self, journal: list[str]) -> None:
+        super().__init__()
+        self.journal = journal
+
+    async def __aenter__(self) -> ClientWorker:
+        self.journal.append("opened")
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.journal.append("closed")
+
+    async def run(self, target: str, job: JobRequest) -> JobResult:
+        assert self.journal == ["opened"], "used before it was opened or after it was closed"
+        return await super().run(target, job)
+
+
+async def test_opened_enters_and_exits_what_owns_resources() -> None:
+    journal: list[str] = []
+    caps = replace(
+        build_capabilities(Settings(), Lent(load_task=no_task)), worker=ClientWorker(journal)
+    )
+    async with opened(caps):
+        assert journal == ["opened"]
+    assert journal == ["opened", "closed"]

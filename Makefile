@@ -29,7 +29,7 @@ test: install pgbouncer
 
 # The integration, end-to-end and chaos tests once more, every engine and test connection
 # through a transaction-mode PgBouncer that the fixtures start (see tests/database.py).
-POOLED_TESTS := tests/api tests/features tests/storage tests/runtime tests/e2e tests/chaos
+POOLED_TESTS := tests/integration tests/e2e tests/chaos
 test-pooler: install pgbouncer
 	WORKFLOW_ENGINE_TEST_POOLER=pgbouncer $(BIN)/pytest -p no:cacheprovider $(POOLED_TESTS)
 

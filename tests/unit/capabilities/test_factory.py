@@ -1,16 +1,13 @@
-"""Capabilities are chosen by settings through one factory and opened and closed with the engine."""
+"""Capabilities are chosen by settings through one factory, and opened and closed around use."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from dataclasses import replace
 from types import TracebackType
 from typing import Any
 
 import pytest
 
-from tests.conftest import start_engine, stop_engine
 from workflow_engine.capabilities.factory import (
     Lent,
     UnknownCapability,
@@ -42,25 +39,6 @@ def test_an_unknown_implementation_names_its_setting(setting: str) -> None:
         build_capabilities(Settings(**{setting: "nonesuch"}), Lent(load_task=no_task))
 
 
-def test_serve_refuses_an_unknown_implementation_with_the_setting_named(tmp_path: Any) -> None:
-    """Before it starts anything: no database is started for a configuration that cannot run."""
-    out = subprocess.run(
-        [sys.executable, "-m", "workflow_engine.cli", "serve"],
-        env={
-            "WORKFLOW_ENGINE_PLANNER": "oracle",
-            "WORKFLOW_ENGINE_DATA_DIR": str(tmp_path),
-            "PATH": "/usr/bin:/bin",
-        },
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert out.returncode == 2
-    assert "WORKFLOW_ENGINE_PLANNER: unknown planner 'oracle'" in out.stderr
-    assert not (tmp_path / "pgdata").exists()
-
-
 class ClientWorker(SimulatedWorker):
     """A worker that owns a resource, as an HTTP worker owns its client."""
 
@@ -89,15 +67,4 @@ async def test_opened_enters_and_exits_what_owns_resources() -> None:
     )
     async with opened(caps):
         assert journal == ["opened"]
-    assert journal == ["opened", "closed"]
-
-
-async def test_the_engine_opens_its_capabilities_and_closes_them_when_it_stops(
-    settings: Settings,
-) -> None:
-    journal: list[str] = []
-    caps = build_capabilities(settings, Lent(load_task=no_task))
-    replica = await start_engine(settings, replace(caps, worker=ClientWorker(journal)))
-    assert journal == ["opened"]
-    await stop_engine(replica)
     assert journal == ["opened", "closed"]

@@ -14,8 +14,8 @@ import psycopg
 import pytest
 
 from tests.conftest import RunningEngine
-from tests.features.test_cancel import wait_for_file, wait_gone
 from tests.helpers import new_task_id, shell_step, step, task, wait_for_status
+from tests.integration.features.test_cancel import wait_for_file, wait_gone
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 ROUNDS = 50

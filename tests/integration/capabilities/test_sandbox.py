@@ -22,7 +22,7 @@ from workflow_engine.capabilities import _sandbox_supervisor as supervisor
 from workflow_engine.capabilities.sandbox import LocalSandboxWorker
 from workflow_engine.domain.jobs import JobRequest, Sandbox
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 # A broken re-attach or lost-job check shows up as a wait that never ends; fail it instead.
 pytestmark = pytest.mark.timeout(30)
 

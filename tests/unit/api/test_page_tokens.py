@@ -1,4 +1,4 @@
-"""Fault plans (the fault suite's injection) and ListWorkflows page tokens, on their own."""
+"""ListWorkflows page tokens: they round-trip and are bound to the filters they were made for."""
 
 from __future__ import annotations
 
@@ -9,34 +9,7 @@ import pytest
 
 from workflow_engine.api.listing import _decode_token, _encode_token
 from workflow_engine.errors import InvalidArgument
-from workflow_engine.runtime.faults import FaultPlan, InjectedDatabaseError
 from workflow_engine.storage.records import WorkflowQuery
-from workflow_engine.storage.retry import is_transient
-
-
-def test_a_fault_fires_once_at_its_occurrence_and_looks_transient() -> None:
-    plan = FaultPlan.parse("dberror:before:plan_steps#2, dberror:renew:*")
-    plan.at("before", "plan_steps")  # the first occurrence passes
-    with pytest.raises(InjectedDatabaseError) as fired:
-        plan.at("before", "plan_steps")
-    assert is_transient(fired.value)
-    plan.at("before", "plan_steps")  # fired once, never again
-    with pytest.raises(InjectedDatabaseError):
-        plan.at("renew", "anything")
-    assert plan.fired == 2
-
-
-@pytest.mark.parametrize("spec", ["dberror:before", "explode:before:x", "dberror:nowhere:x"])
-def test_a_bad_fault_spec_names_the_setting(spec: str) -> None:
-    with pytest.raises(ValueError, match="WORKFLOW_ENGINE_FAULTS"):
-        FaultPlan.parse(spec)
-
-
-def test_an_empty_plan_is_inert() -> None:
-    plan = FaultPlan.parse("")
-    assert not plan
-    plan.at("before", "plan_steps")
-
 
 AFTER = (datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC), "6f1c2e1a-0b5e-4d9a-8c2b-1d2e3f4a5b6c")
 

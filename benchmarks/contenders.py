@@ -293,7 +293,7 @@ class EngineInProcess:
         self.engine = await Engine.start(engine_settings(url, self.data_dir, concurrency))
 
     async def run(self, i: int) -> None:
-        from workflow_engine.api.convert import task_from_proto
+        from workflow_engine.api.requests import task_from_proto
 
         task_id = str(uuid.uuid4())
         await self.engine.service.start(

@@ -27,7 +27,7 @@ from psycopg.conninfo import make_conninfo
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from contenders import STEPS, engine_settings
 
-from workflow_engine.api.convert import task_from_proto
+from workflow_engine.api.requests import task_from_proto
 from workflow_engine.app import Engine
 from workflow_engine.logs import configure_logging
 from workflow_engine.storage.embedded import start_embedded_postgres

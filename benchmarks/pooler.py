@@ -32,7 +32,7 @@ from psycopg.conninfo import make_conninfo
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from tests.pgbouncer import PgBouncer  # noqa: E402  (the same runner the tests use)
-from workflow_engine.api.convert import task_from_proto  # noqa: E402
+from workflow_engine.api.requests import task_from_proto  # noqa: E402
 from workflow_engine.app import Engine  # noqa: E402
 from workflow_engine.config import Settings  # noqa: E402
 from workflow_engine.logs import configure_logging  # noqa: E402

@@ -23,8 +23,8 @@ from psycopg.conninfo import make_conninfo
 from tests import database
 from tests.pgbouncer import PgBouncer
 from workflow_engine.app import Engine, GrpcServer, run_migrations
+from workflow_engine.capabilities.factory import Capabilities
 from workflow_engine.config import Settings
-from workflow_engine.graph.nodes import Capabilities
 from workflow_engine.logs import configure_logging
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
 

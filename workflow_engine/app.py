@@ -24,14 +24,19 @@ from psycopg_pool import AsyncConnectionPool
 from workflow_engine.api.decoding import generic_handler
 from workflow_engine.api.health import HealthServicer
 from workflow_engine.api.servicer import WorkflowEngineServicer
-from workflow_engine.capabilities.factory import Lent, build_capabilities, check_choices, opened
+from workflow_engine.capabilities.factory import (
+    Capabilities,
+    Lent,
+    build_capabilities,
+    check_choices,
+    opened,
+)
 from workflow_engine.capabilities.jobs import JobTracker
 from workflow_engine.config import Settings
+from workflow_engine.faults import FaultPlan
 from workflow_engine.graph.builder import build_graph
-from workflow_engine.graph.nodes import Capabilities
 from workflow_engine.graph.state import STATE_KEYS
 from workflow_engine.runtime.events import EventHub
-from workflow_engine.runtime.faults import FaultPlan
 from workflow_engine.runtime.manager import RunManager
 from workflow_engine.runtime.recovery import Recoverer
 from workflow_engine.service import WorkflowService

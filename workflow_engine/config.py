@@ -1,7 +1,10 @@
 """The engine's settings: one frozen object, read once at start-up and passed down.
 
 Every setting comes from a ``WORKFLOW_ENGINE_*`` environment variable, and the command line may
-override it. No other module reads the environment.
+override it. No other module reads the environment. A capability's own settings are a section:
+a frozen dataclass field of `Settings` whose variables are ``WORKFLOW_ENGINE_<SECTION>_<FIELD>``
+(`JobSettings` is ``settings.job``, from ``WORKFLOW_ENGINE_JOB_TIMEOUT_SECONDS``...); a new
+capability adds its section here and reads it in its factory entry.
 """
 
 from __future__ import annotations
@@ -10,9 +13,9 @@ import os
 import socket
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, get_type_hints
 
 ENV_PREFIX = "WORKFLOW_ENGINE_"
 PREPARE_MODES = ("auto", "off")
@@ -24,6 +27,16 @@ def _default_holder_id() -> str:
     # Unique per process: a restarted process is a new holder and must wait for its old lease
     # to expire unless the orchestrator resumes with an explicit, stable holder_id.
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobSettings:
+    """The local sandbox's jobs (``WORKFLOW_ENGINE_JOB_*``)."""
+
+    #: Default and maximum time of a job.
+    timeout_seconds: int = 3600
+    #: Output of each stream a result keeps.
+    output_bytes: int = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -59,8 +72,7 @@ class Settings:
     #: Largest request the gRPC server accepts, in bytes.
     max_message_bytes: int = 4 * 1024 * 1024
     #: Local sandbox: default and maximum job time, and how much output a result keeps.
-    job_timeout_seconds: int = 3600
-    job_output_bytes: int = 64 * 1024
+    job: JobSettings = field(default_factory=JobSettings)
     #: Jobs running at once in this process, across all workflows (each workflow is also bounded
     #: by its task's max_parallel_steps).
     max_running_jobs: int = 64
@@ -72,7 +84,7 @@ class Settings:
     recovery_enabled: bool = True
     recovery_interval_seconds: float = 5.0
     recovery_max_attempts: int = 5
-    #: Fault injection for the fault suite only; see `workflow_engine.runtime.faults`.
+    #: Fault injection for the fault suite only; see `workflow_engine.faults`.
     faults: str = ""
     #: Which implementation each capability uses (see `capabilities.factory` for the choices).
     #: Worker: "sandbox" (local processes) or "simulated" (in-process true / echo / sleep, for
@@ -121,17 +133,41 @@ class Settings:
 def settings_from_env(environ: Mapping[str, str] | None = None) -> Settings:
     """Build `Settings` from ``WORKFLOW_ENGINE_<FIELD>`` variables; unknown ones are ignored."""
     environ = os.environ if environ is None else environ
+    settings: Settings = _from_env(Settings, environ, ENV_PREFIX)
+    return settings
+
+
+def env_names(kind: type = Settings, prefix: str = ENV_PREFIX) -> set[str]:
+    """Every variable the settings read."""
+    names: set[str] = set()
+    for name, hint in _fields(kind).items():
+        if is_dataclass(hint):
+            names |= env_names(hint, f"{prefix}{name.upper()}_")  # type: ignore[arg-type]
+        else:
+            names.add(prefix + name.upper())
+    return names
+
+
+def _from_env(kind: type, environ: Mapping[str, str], prefix: str) -> Any:
     values: dict[str, Any] = {}
-    for f in fields(Settings):
-        raw = environ.get(ENV_PREFIX + f.name.upper())
+    for name, hint in _fields(kind).items():
+        if is_dataclass(hint):
+            values[name] = _from_env(hint, environ, f"{prefix}{name.upper()}_")  # type: ignore[arg-type]
+            continue
+        raw = environ.get(prefix + name.upper())
         if raw is None or raw == "":
             continue
-        values[f.name] = _parse(f.name, f.type, raw)
-    return Settings(**values)
+        values[name] = _parse(prefix + name.upper(), hint.__name__, raw)
+    return kind(**values)
 
 
-def _parse(name: str, kind: Any, raw: str) -> Any:
-    kind = str(kind)
+def _fields(kind: type) -> dict[str, Any]:
+    """A settings dataclass's fields and their (resolved) types."""
+    hints = get_type_hints(kind)
+    return {f.name: hints[f.name] for f in fields(kind)}
+
+
+def _parse(variable: str, kind: str, raw: str) -> Any:
     try:
         if kind == "int":
             return int(raw)
@@ -144,5 +180,5 @@ def _parse(name: str, kind: Any, raw: str) -> Any:
                 raise ValueError(raw)
             return raw.lower() in ("1", "true", "yes", "on")
     except ValueError:
-        raise ValueError(f"{ENV_PREFIX}{name.upper()}: expected {kind}, got {raw!r}") from None
+        raise ValueError(f"{variable}: expected {kind}, got {raw!r}") from None
     return raw

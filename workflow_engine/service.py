@@ -12,9 +12,18 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from workflow_engine.config import Settings
+from workflow_engine.domain.records import (
+    Fence,
+    Lease,
+    StartOutcome,
+    WorkflowEventRecord,
+    WorkflowPage,
+    WorkflowQuery,
+    WorkflowRecord,
+)
 from workflow_engine.domain.status import TERMINAL_STATUSES, WorkflowStatus
 from workflow_engine.domain.task import Budget, TaskSpec
-from workflow_engine.errors import InvalidArgument, InvalidState, ShuttingDown
+from workflow_engine.errors import InvalidState, ShuttingDown
 from workflow_engine.graph import commands, routing
 from workflow_engine.graph.commands import Change, Decision
 from workflow_engine.graph.nodes import jobs_in_flight
@@ -22,20 +31,8 @@ from workflow_engine.graph.state import WorkflowState, initial_state
 from workflow_engine.runtime.events import EventHub
 from workflow_engine.runtime.manager import RunManager
 from workflow_engine.runtime.run import Run, RunEnded
-from workflow_engine.storage.leases import Fence, Lease
 from workflow_engine.storage.queries import MAX_HISTORY_EVENTS
-from workflow_engine.storage.records import (
-    StartOutcome,
-    WorkflowEventRecord,
-    WorkflowPage,
-    WorkflowQuery,
-    WorkflowRecord,
-)
 from workflow_engine.storage.workflows import WorkflowStore
-
-MAX_LEASE_TTL_SECONDS = 24 * 3600
-MIN_LEASE_TTL_SECONDS = 3
-
 
 #: How long a change waits for a closing run of its workflow (one that wrote its last
 #: checkpoint, or was told to stop) to end before claiming the workflow itself. Such a run has
@@ -90,14 +87,8 @@ class WorkflowService:
         self._check_plannable = check_plannable
 
     def _ttl(self, requested: int) -> float:
-        if requested == 0:
-            return float(self._settings.lease_ttl_seconds)
-        if not MIN_LEASE_TTL_SECONDS <= requested <= MAX_LEASE_TTL_SECONDS:
-            raise InvalidArgument(
-                "lease_ttl_seconds",
-                f"must be between {MIN_LEASE_TTL_SECONDS} and {MAX_LEASE_TTL_SECONDS}",
-            )
-        return float(requested)
+        """The lease TTL a request asked for (checked by the API), or the configured one."""
+        return float(requested or self._settings.lease_ttl_seconds)
 
     def _check_accepting(self) -> None:
         if not self._runs.accepting:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from workflow_engine.cli import _parser, settings_from_args
-from workflow_engine.config import settings_from_env
+from workflow_engine.config import env_names, settings_from_env
 
 
 def test_env_is_parsed_by_field_type() -> None:
@@ -68,3 +68,14 @@ def test_pooler_settings() -> None:
 def test_bad_pooler_settings_name_the_variable(name: str, value: str) -> None:
     with pytest.raises(ValueError, match=f"WORKFLOW_ENGINE_{name}"):
         settings_from_env({f"WORKFLOW_ENGINE_{name}": value})
+
+
+def test_a_capability_section_reads_its_own_prefixed_variables() -> None:
+    settings = settings_from_env(
+        {"WORKFLOW_ENGINE_JOB_TIMEOUT_SECONDS": "60", "WORKFLOW_ENGINE_JOB_OUTPUT_BYTES": "10"}
+    )
+    assert (settings.job.timeout_seconds, settings.job.output_bytes) == (60, 10)
+    assert settings_from_env({}).job.timeout_seconds == 3600
+    assert "WORKFLOW_ENGINE_JOB_TIMEOUT_SECONDS" in env_names()
+    with pytest.raises(ValueError, match=r"^WORKFLOW_ENGINE_JOB_OUTPUT_BYTES: expected int"):
+        settings_from_env({"WORKFLOW_ENGINE_JOB_OUTPUT_BYTES": "lots"})

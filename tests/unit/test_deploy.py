@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import re
-from dataclasses import fields
 from pathlib import Path
 
 import yaml
 
-from workflow_engine.config import ENV_PREFIX, Settings
+from workflow_engine.config import ENV_PREFIX, env_names
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
-KNOWN = {ENV_PREFIX + f.name.upper() for f in fields(Settings)}
+KNOWN = env_names()
 
 
 def test_every_engine_variable_in_deploy_is_a_setting() -> None:

@@ -21,9 +21,9 @@ from typing import Any
 
 from google.protobuf import timestamp_pb2
 
-from workflow_engine.api import convert
+from workflow_engine.api import convert, requests
+from workflow_engine.domain.records import WorkflowListItem, WorkflowPage, WorkflowQuery
 from workflow_engine.errors import InvalidArgument
-from workflow_engine.storage.records import WorkflowListItem, WorkflowPage, WorkflowQuery
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 DEFAULT_PAGE_SIZE = 50
@@ -53,7 +53,7 @@ def parse_list_request(msg: pb.ListWorkflowsRequest) -> WorkflowQuery:
         if value == pb.WORKFLOW_STATUS_UNSPECIFIED:
             raise InvalidArgument(f"statuses[{i}]", "WORKFLOW_STATUS_UNSPECIFIED is not a status")
         statuses.add(
-            convert.parse_enum(
+            requests.parse_enum(
                 value, pb.WorkflowStatus.DESCRIPTOR, _STATUS_NAMES, f"statuses[{i}]", "status"
             )
         )

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from workflow_engine.api import convert, listing
+from workflow_engine.api import convert, listing, requests
 from workflow_engine.api.decoding import UndecodableRequest
 from workflow_engine.api.errors import status_for
 from workflow_engine.errors import InvalidArgument, RunControl
@@ -54,17 +54,17 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
     async def StartWorkflow(
         self, request: pb.StartWorkflowRequest, context: Context
     ) -> pb.StartWorkflowResponse:
-        task_id = convert.parse_task_id(request.task_id)
-        holder_id = convert.parse_holder_id(request.holder_id)
-        key = convert.parse_uuid(request.idempotency_key, "idempotency_key", required=False)
+        task_id = requests.parse_task_id(request.task_id)
+        holder_id = requests.parse_holder_id(request.holder_id)
+        key = requests.parse_uuid(request.idempotency_key, "idempotency_key", required=False)
         if not request.HasField("task"):
             raise InvalidArgument("task", "required")
         outcome = await self._service.start(
             task_id=task_id,
             holder_id=holder_id,
             idempotency_key=key,
-            task=convert.task_from_proto(request.task),
-            lease_ttl_seconds=request.lease_ttl_seconds,
+            task=requests.task_from_proto(request.task),
+            lease_ttl_seconds=requests.parse_lease_ttl(request.lease_ttl_seconds),
         )
         lease = outcome.lease
         return pb.StartWorkflowResponse(
@@ -81,17 +81,17 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
     async def ResumeWorkflow(
         self, request: pb.ResumeWorkflowRequest, context: Context
     ) -> pb.ResumeWorkflowResponse:
-        task_id = convert.parse_task_id(request.task_id)
+        task_id = requests.parse_task_id(request.task_id)
         outcome = await self._service.resume(
             task_id=task_id,
-            holder_id=convert.parse_holder_id(request.holder_id),
-            lease_ttl_seconds=request.lease_ttl_seconds,
+            holder_id=requests.parse_holder_id(request.holder_id),
+            lease_ttl_seconds=requests.parse_lease_ttl(request.lease_ttl_seconds),
             decision=(
-                convert.decision_from_proto(request.decision)
+                requests.decision_from_proto(request.decision)
                 if request.HasField("decision")
                 else None
             ),
-            budget=convert.budget_from_proto(request.budget)
+            budget=requests.budget_from_proto(request.budget)
             if request.HasField("budget")
             else None,
         )
@@ -111,7 +111,7 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
     async def GetWorkflow(self, request: pb.GetWorkflowRequest, context: Context) -> pb.Workflow:
         """The workflow with its history: its events, oldest first, and at most the newest
         `MAX_HISTORY_EVENTS` (1000) of them; WatchWorkflow from sequence 1 has them all."""
-        task_id = convert.parse_task_id(request.task_id)
+        task_id = requests.parse_task_id(request.task_id)
         record, history = await self._service.get_with_history(task_id)
         workflow = convert.workflow_to_proto(record)
         workflow.history.extend(convert.event_to_proto(task_id, event) for event in history)
@@ -121,12 +121,9 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
     async def CancelWorkflow(
         self, request: pb.CancelWorkflowRequest, context: Context
     ) -> pb.Workflow:
-        task_id = convert.parse_task_id(request.task_id)
-        if len(request.reason) > 4096:
-            raise InvalidArgument("reason", "longer than 4096 characters")
-        if "\x00" in request.reason:
-            raise InvalidArgument("reason", "contains a NUL character")
-        return convert.workflow_to_proto(await self._service.cancel(task_id, request.reason))
+        task_id = requests.parse_task_id(request.task_id)
+        reason = requests.parse_reason(request.reason)
+        return convert.workflow_to_proto(await self._service.cancel(task_id, reason))
 
     async def WatchWorkflow(
         self, request: pb.WatchWorkflowRequest, context: Context
@@ -134,7 +131,7 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
         try:
             if isinstance(request, UndecodableRequest):
                 raise request.error()
-            task_id = convert.parse_task_id(request.task_id)
+            task_id = requests.parse_task_id(request.task_id)
             async for event in self._service.watch(task_id, request.from_sequence):
                 yield convert.event_to_proto(task_id, event)
         except (Exception, RunControl) as exc:
@@ -153,8 +150,8 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
     async def UpdateWorkflow(
         self, request: pb.UpdateWorkflowRequest, context: Context
     ) -> pb.Workflow:
-        task_id = convert.parse_task_id(request.task_id)
-        change = convert.update_from_proto(request)
+        task_id = requests.parse_task_id(request.task_id)
+        change = requests.update_from_proto(request)
         applied = await self._service.update(task_id, change)
         workflow = convert.workflow_to_proto(applied.record)
         workflow.status = convert.status_to_proto(applied.status)

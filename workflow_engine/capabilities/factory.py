@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
 from workflow_engine.capabilities.base import (
@@ -34,9 +34,23 @@ from workflow_engine.capabilities.task_source import InlineTaskSource
 from workflow_engine.capabilities.verifier import MachineVerifier
 from workflow_engine.config import ENV_PREFIX, Settings
 from workflow_engine.domain.model import JsonObject
-from workflow_engine.graph.nodes import Capabilities
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """The capability each node calls; see `workflow_engine.capabilities`."""
+
+    task_source: TaskSource
+    planner: Planner
+    worker: Worker
+    verifier: Verifier
+    compressor: ContextCompressor = field(default_factory=TruncatingCompressor)
+    #: Characters of earlier steps' output handed to each dispatch, at most.
+    context_budget_chars: int = 8000
+    #: Jobs running at once in this process, across all workflows.
+    max_running_jobs: int = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,8 +72,8 @@ PLANNERS: Mapping[str, Builder[Planner]] = {
 WORKERS: Mapping[str, Builder[Worker]] = {
     "sandbox": lambda s, lent: LocalSandboxWorker(
         jobs_dir=s.jobs_dir,
-        default_timeout_seconds=s.job_timeout_seconds,
-        max_output_bytes=s.job_output_bytes,
+        default_timeout_seconds=s.job.timeout_seconds,
+        max_output_bytes=s.job.output_bytes,
     ),
     "simulated": lambda s, lent: SimulatedWorker(),
 }

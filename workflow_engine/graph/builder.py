@@ -29,10 +29,11 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.runtime import Runtime
 
+from workflow_engine.capabilities.factory import Capabilities
 from workflow_engine.capabilities.jobs import JobTracker
 from workflow_engine.domain.model import JsonObject
 from workflow_engine.graph import routing
-from workflow_engine.graph.nodes import Capabilities, Nodes, is_control, node_functions
+from workflow_engine.graph.nodes import Nodes, is_control, node_functions
 from workflow_engine.graph.state import WorkflowState
 
 log = structlog.get_logger(__name__)

@@ -20,27 +20,16 @@ from typing import Any, Literal
 
 from workflow_engine.domain.model import parse
 from workflow_engine.domain.status import WorkflowStatus
-from workflow_engine.domain.task import STEPS, Budget, Step, find_nul
+from workflow_engine.domain.task import STEPS, Budget, Step
 from workflow_engine.errors import InvalidArgument, InvalidState
 from workflow_engine.graph import routing
-from workflow_engine.graph.state import STATE_KEYS, WorkflowState
+from workflow_engine.graph.state import WorkflowState
 
 #: The node whose router continues the graph after an update.
 CONTINUE_FROM = "verify_step_result"
 
 Verdict = Literal["approve", "reject", "edit"]
 Branch = Literal["finalize_summary", "mark_failed"]
-
-#: State keys an operator may replace with UpdateWorkflow, and the JSON type each must have.
-EDITABLE: dict[str, type | tuple[type, ...]] = {
-    "preferences_effective": dict,
-    "metadata": dict,
-    "plan": dict,
-    "max_attempts_per_step": int,
-    "max_parallel_steps": int,
-    "budget": dict,
-    "summary": str,
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,36 +146,14 @@ def raise_budget(state: WorkflowState, budget: Budget, actor: str) -> StateUpdat
 
 
 def set_state(
-    state: WorkflowState, patch: Mapping[str, Any], actor: str, reason: str
+    state: WorkflowState, values: Mapping[str, Any], actor: str, reason: str
 ) -> StateUpdate:
-    """Replace editable top-level state keys, each checked for its type (and the plan)."""
-    if not patch:
-        raise InvalidArgument("set_state", "names no field")
-    values: dict[str, Any] = {}
-    for key, value in patch.items():
-        where = f"set_state.{key}"
-        if key not in STATE_KEYS:
-            raise InvalidArgument(where, "is not a state field")
-        if key not in EDITABLE:
-            raise InvalidArgument(where, f"cannot be edited; editable: {', '.join(EDITABLE)}")
-        expected = EDITABLE[key]
-        if expected is int and isinstance(value, float) and value.is_integer():
-            value = int(value)  # a Struct carries every number as a double
-        if not isinstance(value, expected) or isinstance(value, bool):
-            raise InvalidArgument(where, f"must be a {_type_name(expected)}")
-        nul = find_nul(value, where)
-        if nul:
-            raise InvalidArgument(nul, "contains a NUL character")
-        values[key] = value
+    """Replace editable top-level state keys with `values`, whose form the API checked
+    (`api.requests.parse_state_patch`); a new plan must keep every step that passed or runs."""
     if "plan" in values:
-        _check_plan_edit(state, values["plan"])
-    if "budget" in values:
-        values["budget"] = _budget_from(values["budget"]).to_json()
-    for key in ("max_attempts_per_step", "max_parallel_steps"):
-        if key in values and not 1 <= values[key] <= 100:
-            raise InvalidArgument(f"set_state.{key}", "must be between 1 and 100")
+        _check_plan_keeps_settled_steps(state, values["plan"])
     detail = "set " + ", ".join(sorted(values)) + (f": {reason}" if reason else "")
-    return StateUpdate(values, "operator_override", "overridden", detail, actor)  # type: ignore[arg-type]
+    return StateUpdate(dict(values), "operator_override", "overridden", detail, actor)  # type: ignore[arg-type]
 
 
 def reject_last_result(state: WorkflowState, actor: str, reason: str) -> StateUpdate:
@@ -240,30 +207,14 @@ def force_branch(state: WorkflowState, branch: Branch, actor: str, reason: str) 
     return StateUpdate(values, "operator_override", "overridden", detail, actor)
 
 
-def _check_plan_edit(state: WorkflowState, plan: dict[str, Any]) -> None:
-    raw = plan.get("steps")
-    if not isinstance(raw, list) or not raw:
-        raise InvalidArgument("set_state.plan.steps", "must be a non-empty list")
-    steps: tuple[Step, ...] = parse(STEPS, raw, "set_state.plan.steps")
+def _check_plan_keeps_settled_steps(state: WorkflowState, plan: Mapping[str, Any]) -> None:
     settled = {
         sid
         for sid, s in state.get("steps", {}).items()
         if s.get("status") in ("passed", "dispatched", "collected")
     }
-    new = {s.id for s in steps}
+    new = {step["id"] for step in plan["steps"]}
     if missing := sorted(settled - new):
         raise InvalidArgument(
             "set_state.plan.steps", f"would drop steps that passed or run: {missing}"
         )
-
-
-def _budget_from(value: Mapping[str, Any]) -> Budget:
-    budget: Budget = parse(Budget, value, "set_state.budget")
-    return budget
-
-
-def _type_name(expected: type | tuple[type, ...]) -> str:
-    names = {dict: "JSON object", int: "whole number", str: "string", list: "list"}
-    if isinstance(expected, tuple):
-        return " or ".join(names.get(t, t.__name__) for t in expected)
-    return names.get(expected, expected.__name__)

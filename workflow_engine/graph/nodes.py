@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -18,14 +17,7 @@ import psycopg
 import structlog
 from pydantic import ValidationError
 
-from workflow_engine.capabilities.base import (
-    ContextCompressor,
-    Planner,
-    TaskSource,
-    Verifier,
-    Worker,
-)
-from workflow_engine.capabilities.context import TruncatingCompressor
+from workflow_engine.capabilities.factory import Capabilities
 from workflow_engine.capabilities.jobs import JobTracker
 from workflow_engine.capabilities.preferences import merge_preferences
 from workflow_engine.domain.jobs import Finding, JobRequest, JobResult, Sandbox, Verification
@@ -45,21 +37,6 @@ JOB_NAMESPACE = uuid.UUID("5b0d7d0e-8f3c-4f7e-9a57-0e1f6c8a2b11")
 def job_id_for(task_id: str, step_id: str, attempt: int) -> str:
     """The deterministic job id of one attempt at one step."""
     return str(uuid.uuid5(JOB_NAMESPACE, f"{task_id}/{step_id}/{attempt}"))
-
-
-@dataclass(frozen=True, slots=True)
-class Capabilities:
-    """The capability each node calls; see `workflow_engine.capabilities`."""
-
-    task_source: TaskSource
-    planner: Planner
-    worker: Worker
-    verifier: Verifier
-    compressor: ContextCompressor = field(default_factory=TruncatingCompressor)
-    #: Characters of earlier steps' output handed to each dispatch, at most.
-    context_budget_chars: int = 8000
-    #: Jobs running at once in this process, across all workflows.
-    max_running_jobs: int = 64
 
 
 def is_control(exc: BaseException) -> bool:

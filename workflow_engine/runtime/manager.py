@@ -23,13 +23,13 @@ from langgraph.graph.state import CompiledStateGraph
 
 from workflow_engine.capabilities.jobs import JobTracker
 from workflow_engine.domain.jobs import JobRequest
+from workflow_engine.domain.records import Fence
 from workflow_engine.domain.status import TERMINAL_STATUSES, WorkflowStatus
 from workflow_engine.errors import LeaseLost, RunStopped, WorkflowEngineError
+from workflow_engine.faults import FaultPlan
 from workflow_engine.graph.commands import Change
 from workflow_engine.graph.state import WorkflowState
-from workflow_engine.runtime.faults import FaultPlan
 from workflow_engine.runtime.run import Run
-from workflow_engine.storage.leases import Fence
 from workflow_engine.storage.workflows import WorkflowStore
 
 log = structlog.get_logger(__name__)

@@ -32,6 +32,7 @@ import structlog
 from langchain_core.runnables import RunnableConfig
 from langgraph.graph.state import CompiledStateGraph
 
+from workflow_engine.domain.records import Fence
 from workflow_engine.domain.status import FINAL_STATUSES, WorkflowStatus
 from workflow_engine.errors import (
     CheckpointCorrupt,
@@ -40,12 +41,11 @@ from workflow_engine.errors import (
     RunStopped,
     WorkflowEngineError,
 )
+from workflow_engine.faults import FaultPlan
 from workflow_engine.graph.builder import NodeContext
 from workflow_engine.graph.commands import CONTINUE_FROM, Change, apply_all
 from workflow_engine.graph.state import WorkflowState
-from workflow_engine.runtime.faults import FaultPlan
 from workflow_engine.storage.checkpointer import FENCE_KEY, FRESH_KEY, NODE_EVENT
-from workflow_engine.storage.leases import Fence
 from workflow_engine.storage.workflows import WorkflowStore
 
 log = structlog.get_logger(__name__)

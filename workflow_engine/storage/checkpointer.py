@@ -46,11 +46,11 @@ from langgraph.checkpoint.base import (
 )
 from psycopg_pool import AsyncConnectionPool
 
+from workflow_engine.domain.records import Fence
 from workflow_engine.domain.status import FINAL_STATUSES, WorkflowStatus
 from workflow_engine.errors import CheckpointCorrupt, LeaseLost
-from workflow_engine.runtime.faults import FaultPlan
+from workflow_engine.faults import FaultPlan
 from workflow_engine.storage.group_commit import CheckpointRow, GroupCommitter
-from workflow_engine.storage.leases import Fence
 from workflow_engine.storage.retry import with_retry
 
 #: The task id LangGraph gives the writes of `update_state` (not a node's).

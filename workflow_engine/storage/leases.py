@@ -7,32 +7,12 @@ revoked), and every checkpoint write checks it in the same statement (see `check
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from psycopg import AsyncConnection
 
-
-@dataclass(frozen=True, slots=True)
-class Fence:
-    """What a runner proves on every write: it is `holder_id` at `epoch` for `task_id`."""
-
-    task_id: str
-    run_id: str
-    holder_id: str
-    epoch: int
-
-
-@dataclass(frozen=True, slots=True)
-class Lease:
-    task_id: str
-    lease_id: str
-    holder_id: str | None
-    epoch: int
-    expires_at: datetime | None
-    live: bool
-
+from workflow_engine.domain.records import Fence, Lease
 
 # The fence, written once. A runner proves it still holds the task's lease `l` (aliased so in
 # every statement): it is the holder, at its epoch (which a takeover, even by the same holder,

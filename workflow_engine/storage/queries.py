@@ -11,15 +11,15 @@ from typing import Any, LiteralString
 
 from psycopg.rows import dict_row
 
-from workflow_engine.errors import WorkflowNotFound
-from workflow_engine.storage.pool import Connection, Pool, in_transaction, on_connection
-from workflow_engine.storage.records import (
+from workflow_engine.domain.records import (
     WorkflowEventRecord,
     WorkflowListItem,
     WorkflowPage,
     WorkflowQuery,
     WorkflowRecord,
 )
+from workflow_engine.errors import WorkflowNotFound
+from workflow_engine.storage.pool import Connection, Pool, in_transaction, on_connection
 
 #: GetWorkflow's history holds at most this many events: the newest ones, oldest first.
 MAX_HISTORY_EVENTS = 1000

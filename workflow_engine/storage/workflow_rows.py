@@ -14,13 +14,12 @@ import uuid
 from psycopg.types.json import Jsonb
 
 from workflow_engine.domain.model import JsonObject
+from workflow_engine.domain.records import Fence, ResumeClaim, StartOutcome, WorkflowRecord
 from workflow_engine.domain.status import PAUSED_STATUSES, RECOVERY_EXHAUSTED, WorkflowStatus
 from workflow_engine.errors import LeaseHeld, WorkflowExists, WorkflowNotFound
 from workflow_engine.storage import leases, tasks
-from workflow_engine.storage.leases import Fence
 from workflow_engine.storage.pool import Connection, Pool, in_transaction, on_connection
 from workflow_engine.storage.queries import select_workflow
-from workflow_engine.storage.records import ResumeClaim, StartOutcome, WorkflowRecord
 
 _INSERT_WORKFLOW = """
 INSERT INTO workflow_checkpoints

@@ -14,11 +14,8 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from workflow_engine.domain.model import JsonObject
-from workflow_engine.storage import leases, queries, tasks, workflow_rows
-from workflow_engine.storage.leases import Fence
-from workflow_engine.storage.pool import Pool, on_connection
-from workflow_engine.storage.queries import MAX_HISTORY_EVENTS
-from workflow_engine.storage.records import (
+from workflow_engine.domain.records import (
+    Fence,
     ResumeClaim,
     StartOutcome,
     WorkflowEventRecord,
@@ -26,6 +23,9 @@ from workflow_engine.storage.records import (
     WorkflowQuery,
     WorkflowRecord,
 )
+from workflow_engine.storage import leases, queries, tasks, workflow_rows
+from workflow_engine.storage.pool import Pool, on_connection
+from workflow_engine.storage.queries import MAX_HISTORY_EVENTS
 
 
 class WorkflowStore:

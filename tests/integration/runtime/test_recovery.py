@@ -17,7 +17,7 @@ from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 async def orphan(store: WorkflowStore, db_url: str, spec: pb.TaskSpec, attempts: int = 0) -> str:
     """A workflow whose runner died right after StartWorkflow: RUNNING, lease expired."""
-    from workflow_engine.api.convert import task_from_proto
+    from workflow_engine.api.requests import task_from_proto
 
     task_id = new_task_id()
     await store.create(

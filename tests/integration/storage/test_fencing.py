@@ -14,12 +14,11 @@ from psycopg_pool import AsyncConnectionPool
 
 from tests.conftest import RunningEngine
 from tests.helpers import new_task_id, step, task
+from workflow_engine.domain.records import Fence, StartOutcome
 from workflow_engine.errors import LeaseLost
 from workflow_engine.graph.state import STATE_KEYS, initial_state
 from workflow_engine.runtime.run import Run
 from workflow_engine.storage.checkpointer import FENCE_KEY, NODE_EVENT, RowCheckpointSaver
-from workflow_engine.storage.leases import Fence
-from workflow_engine.storage.records import StartOutcome
 from workflow_engine.storage.workflows import WorkflowStore
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 

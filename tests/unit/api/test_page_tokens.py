@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 import pytest
 
 from workflow_engine.api.listing import _decode_token, _encode_token
+from workflow_engine.domain.records import WorkflowQuery
 from workflow_engine.errors import InvalidArgument
-from workflow_engine.storage.records import WorkflowQuery
 
 AFTER = (datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC), "6f1c2e1a-0b5e-4d9a-8c2b-1d2e3f4a5b6c")
 

@@ -85,22 +85,6 @@ def test_force_branch_commits_to_its_status() -> None:
         assert routing.committed_status({**base, **update.values}, 0) == status
 
 
-@pytest.mark.parametrize(
-    ("patch", "field"),
-    [
-        ({}, "set_state"),
-        ({"status": "succeeded"}, "set_state.status"),
-        ({"max_attempts_per_step": 0}, "set_state.max_attempts_per_step"),
-        ({"plan": {"steps": []}}, "set_state.plan.steps"),
-        ({"summary": "a\x00b"}, "set_state.summary"),
-    ],
-)
-def test_set_state_refuses_with_the_field_named(patch: dict[str, object], field: str) -> None:
-    with pytest.raises(InvalidArgument) as err:
-        commands.set_state(waiting(), patch, "op", "")
-    assert err.value.field.startswith(field)
-
-
 def test_reject_last_result_gives_exactly_one_more_attempt() -> None:
     state: WorkflowState = {
         "status": "running",

@@ -1,7 +1,8 @@
-"""What storage hands back about workflows: rows, events, start and resume outcomes, list pages.
+"""What is known about a workflow, as storage reads it: its row, events, lease and fence,
+start and resume outcomes, list queries and pages.
 
-Plain frozen values, built from a row (or a lease) and nothing else; the API converts them to
-messages at its edge.
+Plain frozen values that the storage layer builds from rows, the runtime and service pass on,
+and the API converts to messages at its edge; none of them knows how it is stored.
 """
 
 from __future__ import annotations
@@ -13,7 +14,26 @@ from typing import Literal
 
 from workflow_engine.domain.model import JsonObject
 from workflow_engine.domain.status import TERMINAL_STATUSES
-from workflow_engine.storage.leases import Lease
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """What a runner proves on every write: it is `holder_id` at `epoch` for `task_id`."""
+
+    task_id: str
+    run_id: str
+    holder_id: str
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    task_id: str
+    lease_id: str
+    holder_id: str | None
+    epoch: int
+    expires_at: datetime | None
+    live: bool
 
 
 @dataclass(frozen=True, slots=True)

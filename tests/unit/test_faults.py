@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workflow_engine.runtime.faults import FaultPlan, InjectedDatabaseError
+from workflow_engine.faults import FaultPlan, InjectedDatabaseError
 from workflow_engine.storage.retry import is_transient
 
 

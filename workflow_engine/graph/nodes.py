@@ -211,8 +211,9 @@ class Nodes:
                     raise outcome
                 log.warning("worker_failed", job_id=job.job_id, error=repr(outcome))
                 outcome = _worker_error_result(job, outcome)
-            steps[sid] = {**steps[sid], "status": "collected", "result": outcome.to_json()}
-            update.update({"last_result": outcome.to_json(), "last_step_id": sid})
+            result = outcome.to_json()
+            steps[sid] = {**steps[sid], "status": "collected", "result": result}
+            update.update({"last_result": result, "last_step_id": sid})
         update["steps"] = steps
         return update
 
@@ -247,8 +248,9 @@ class Nodes:
                 status = "pending"
             else:
                 status = "failed"
-            steps[sid] = {**steps[sid], "status": status, "verification": verification.to_json()}
-            update["verification"] = verification.to_json()
+            verdict = verification.to_json()
+            steps[sid] = {**steps[sid], "status": status, "verification": verdict}
+            update["verification"] = verdict
         passed = [s["id"] for s in plan if steps[s["id"]]["status"] == "passed"]
         first_open = next((i for i, s in enumerate(plan) if s["id"] not in passed), len(plan))
         update.update(

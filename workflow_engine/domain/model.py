@@ -67,8 +67,22 @@ def as_invalid_argument(exc: ValidationError, where: str) -> InvalidArgument:
     context = error.get("ctx") or {}
     if error["type"] == _INVALID:
         return InvalidArgument(path + str(context.get("at", "")), str(context["problem"]))
-    return InvalidArgument(path, _lower_first(error["msg"]))
+    problem = _JSON_WORDING.get(error["type"]) or error["msg"][:1].lower() + error["msg"][1:]
+    return InvalidArgument(path, problem)
 
 
-def _lower_first(message: str) -> str:
-    return message[:1].lower() + message[1:]
+# Pydantic's type errors in the words of the JSON (or proto) the client sent, not Python's.
+_JSON_WORDING = {
+    "missing": "required",
+    "string_type": "must be a string",
+    "tuple_type": "must be a list",
+    "list_type": "must be a list",
+    "dict_type": "must be a JSON object",
+    "model_type": "must be a JSON object",
+    "model_attributes_type": "must be a JSON object",
+    "int_type": "must be a whole number",
+    "int_parsing": "must be a whole number",
+    "int_from_float": "must be a whole number",
+    "bool_type": "must be true or false",
+    "bool_parsing": "must be true or false",
+}

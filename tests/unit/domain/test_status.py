@@ -5,6 +5,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 import workflow_engine.domain
 from workflow_engine.domain.status import (
     FINAL_STATUSES,
@@ -50,3 +52,13 @@ def test_domain_imports_no_layer_above_it() -> None:
                 assert not (parts[0] == "workflow_engine" and parts[1:2] and parts[1] in above), (
                     f"{module.name} imports {name}"
                 )
+
+
+def test_the_state_spelling_converts_both_ways() -> None:
+    for status in WorkflowStatus:
+        assert WorkflowStatus.of_state(status.in_state) is status
+    assert WorkflowStatus.of_state(None) is WorkflowStatus.RUNNING  # a state not yet loaded
+    assert WorkflowStatus.of_state("waiting_for_approval") == "WAITING_FOR_APPROVAL"
+    for unknown in ("RUNNING", "done", 3):
+        with pytest.raises(ValueError, match="unknown workflow status"):
+            WorkflowStatus.of_state(unknown)

@@ -168,6 +168,20 @@ def test_each_invariant_names_its_field(data: dict[str, Any], field: str) -> Non
     assert refused(data).field == field
 
 
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (one(command="echo hi"), "task.steps[0].command: must be a list"),
+        ({"steps": [{"command": ["x"]}]}, "task.steps[0].id: required"),
+        (one(timeout_seconds=1.5), "task.steps[0].timeout_seconds: must be a whole number"),
+        (one(requires_approval="maybe"), "task.steps[0].requires_approval: must be true or false"),
+        ({"metadata": []}, "task.metadata: must be a JSON object"),
+    ],
+)
+def test_type_errors_are_worded_for_json_clients(data: dict[str, Any], message: str) -> None:
+    assert refused(data).message == message
+
+
 def test_a_bare_list_of_steps_is_named_from_where_it_came() -> None:
     """An edited plan (a decision, a set_state) names the field the client sent."""
     steps = [{"id": "a", "command": ["true"]}, {"id": "b", "command": ["\x00"]}]
@@ -187,6 +201,7 @@ def test_plan_and_verification_export_json_schemas() -> None:
     plan = Plan.model_json_schema()
     step = plan["$defs"]["Step"]
     assert plan["required"] == ["steps"]
+    assert plan["properties"]["steps"]["maxItems"] == 500
     assert step["required"] == ["id", "command"]
     assert step["properties"]["id"]["pattern"].startswith("^[A-Za-z0-9]")
     assert step["properties"]["command"]["maxItems"] == 256

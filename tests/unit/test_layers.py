@@ -1,0 +1,41 @@
+"""Layers import downward only: what each package of the engine must never import."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import workflow_engine
+
+PACKAGE = Path(workflow_engine.__file__).parent
+#: Package -> the parts of the engine it must not import (they sit above it, or beside it).
+FORBIDDEN = {
+    "domain": {"storage", "runtime", "api", "graph", "capabilities", "service", "app"},
+    "storage": {"runtime", "api", "graph", "capabilities", "service", "app"},
+    "capabilities": {"storage", "runtime", "api", "graph", "service", "app"},
+    "graph": {"storage", "runtime", "api", "service", "app"},
+    "api": {"storage.records", "storage.leases", "runtime", "app"},
+}
+
+
+def imported(module: Path) -> set[str]:
+    """The engine modules `module` imports, as dotted names below `workflow_engine`."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(module.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+    prefix = "workflow_engine."
+    return {name[len(prefix) :] for name in names if name.startswith(prefix)}
+
+
+@pytest.mark.parametrize("layer", sorted(FORBIDDEN))
+def test_a_layer_imports_nothing_above_it(layer: str) -> None:
+    for module in (PACKAGE / layer).rglob("*.py"):
+        for name in imported(module):
+            bad = [f for f in FORBIDDEN[layer] if name == f or name.startswith(f + ".")]
+            assert not bad, f"{module.relative_to(PACKAGE)} imports workflow_engine.{name}"

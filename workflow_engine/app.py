@@ -7,6 +7,7 @@ the same way. `serve` adds what a deployed process needs: signal handling and th
 from __future__ import annotations
 
 import asyncio
+import gc
 import signal
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -163,6 +164,10 @@ class Engine:
                 interval_seconds=settings.recovery_interval_seconds,
             )
             recoverer.start()
+        # Everything built so far (modules, the compiled graph, pools) lives as long as the
+        # engine: move it out of the collector's reach, so the full collections that workflow
+        # churn triggers do not walk it again and again.
+        gc.freeze()
         return cls(
             settings, pool, store, runs, events, service, recoverer, saver, resources, embedded
         )

@@ -179,7 +179,11 @@ class RowCheckpointSaver(BaseCheckpointSaver[int]):
             return next_config  # LangGraph's input bookkeeping; see the module docstring
         node = str(event.get("node") or "")
         state = {k: v for k, v in values.items() if k in self._state_keys}
-        internal = {k: v for k, v in values.items() if k not in self._state_keys}
+        # The node event is written to the events table below; keeping it in the checkpoint
+        # too would only grow every row write (nothing reads it back: each node writes anew).
+        internal = {
+            k: v for k, v in values.items() if k not in self._state_keys and k != NODE_EVENT
+        }
         bookkeeping = {k: v for k, v in checkpoint.items() if k != "channel_values"}
         bookkeeping["channel_values"] = internal
         status = row_status(state)

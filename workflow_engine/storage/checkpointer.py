@@ -82,7 +82,7 @@ NODE_EVENT = "node_event"
 
 def row_status(state: dict[str, Any]) -> str:
     """The row's `status` column for a state's `status` field."""
-    return WorkflowStatus.of_state(state.get("status")).value
+    return WorkflowStatus.of_state(state.get("status"))
 
 
 class RowCheckpointSaver(BaseCheckpointSaver[int]):

@@ -38,6 +38,7 @@ from workflow_engine.v1 import workflow_engine_pb2 as pb
 MAX_HOLDER_ID_CHARS = 256
 MAX_LEASE_TTL_SECONDS = 24 * 3600
 MIN_LEASE_TTL_SECONDS = 3
+MAX_REASON_CHARS = 4096
 
 
 def parse_uuid(value: str, field: str, *, required: bool = True) -> str | None:
@@ -176,7 +177,6 @@ def _to_json(msg: Any, where: str) -> Any:
         raise InvalidArgument(where, "numbers must be finite (no Infinity or NaN)") from None
 
 
-MAX_REASON_CHARS = 4096
 _VERDICTS: dict[int, Verdict] = {pb.APPROVE: "approve", pb.REJECT: "reject", pb.EDIT: "edit"}
 _BRANCHES: dict[int, Branch] = {
     pb.FINALIZE_SUMMARY: "finalize_summary",

@@ -35,6 +35,23 @@ class WorkflowNotFound(WorkflowEngineError):
         super().__init__(f"task_id: no workflow for task {task_id}", task_id=task_id)
 
 
+class TaskNotFound(WorkflowEngineError):
+    """The orchestrator has no such task (its `tasks` table, a foreign key to it, or its task
+    source said so); `where` names what was asked."""
+
+    def __init__(self, task_id: str, where: str) -> None:
+        super().__init__(f"task_id: task {task_id} not found in {where}", task_id=task_id)
+        self.where = where
+
+
+class TaskNotStartable(WorkflowEngineError):
+    """The task exists but may not be started: closed, soft-deleted, or owned by another writer."""
+
+    def __init__(self, task_id: str, why: str) -> None:
+        super().__init__(f"task_id: task {task_id} cannot be started: {why}", task_id=task_id)
+        self.why = why
+
+
 class WorkflowExists(WorkflowEngineError):
     """StartWorkflow for a task that already has a workflow under another idempotency key."""
 

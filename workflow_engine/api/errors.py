@@ -19,6 +19,8 @@ from workflow_engine.errors import (
     LeaseLost,
     RunControl,
     ShuttingDown,
+    TaskNotFound,
+    TaskNotStartable,
     WorkflowEngineError,
     WorkflowExists,
     WorkflowNotFound,
@@ -30,6 +32,8 @@ log = structlog.get_logger(__name__)
 _CODES: list[tuple[type[WorkflowEngineError | RunControl], grpc.StatusCode]] = [
     (InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
     (WorkflowNotFound, grpc.StatusCode.NOT_FOUND),
+    (TaskNotFound, grpc.StatusCode.NOT_FOUND),
+    (TaskNotStartable, grpc.StatusCode.FAILED_PRECONDITION),
     (WorkflowExists, grpc.StatusCode.ALREADY_EXISTS),
     (LeaseHeld, grpc.StatusCode.FAILED_PRECONDITION),
     (LeaseLost, grpc.StatusCode.ABORTED),

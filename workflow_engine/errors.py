@@ -120,3 +120,13 @@ class LeaseLost(RunControl):
         )
         self.holder_id = holder_id
         self.epoch = epoch
+
+
+class OutsideWrite(RunControl):
+    """The workflow's row was changed by another writer since the engine last wrote it (or is
+    not the engine's): the run stops without writing, and the workflow waits for an operator."""
+
+    def __init__(self, task_id: str) -> None:
+        super().__init__(
+            f"the workflow row of task {task_id} was changed outside the engine", task_id=task_id
+        )

@@ -25,9 +25,9 @@ from workflow_engine.domain.status import TERMINAL_STATUSES, WorkflowStatus
 from workflow_engine.domain.task import Budget, TaskSpec
 from workflow_engine.errors import InvalidState, ShuttingDown
 from workflow_engine.graph import commands, routing
-from workflow_engine.graph.commands import Change, Decision
+from workflow_engine.graph.commands import Change, Decision, Override
 from workflow_engine.graph.nodes import jobs_in_flight
-from workflow_engine.graph.state import WorkflowState, initial_state
+from workflow_engine.graph.state import WorkflowState, accepted_state, initial_state
 from workflow_engine.runtime.events import EventHub
 from workflow_engine.runtime.manager import RunManager
 from workflow_engine.runtime.run import Run, RunEnded
@@ -152,6 +152,7 @@ class WorkflowService:
         ttl = self._ttl(lease_ttl_seconds)
         holder = holder_id or self._settings.holder_id
         record = await self._store.get(task_id)
+        _refuse_blocked(record)
         changes = _resume_changes(record, decision, budget, holder)
         if changes:
             applied = await self._apply(task_id, holder, ttl, changes)
@@ -164,25 +165,67 @@ class WorkflowService:
             task_id=task_id, holder_id=holder, ttl_seconds=ttl
         )
         if claim.lease is None:
+            _refuse_blocked(claim.record)  # changed outside the engine since the read above
             return ResumeOutcome(claim.record, None, False, claim.record.status)
         self._launch_resumed(claim.record, holder, claim.lease, ttl)
         return ResumeOutcome(claim.record, claim.lease, True, claim.record.status)
 
-    async def update(self, task_id: str, change: Change) -> Applied:
-        """Apply an operator's override (`change` of the current state) under the lease.
+    async def update(self, task_id: str, override: Override) -> Applied:
+        """Apply an operator's override under the lease.
 
-        A run in this process applies it at once (interrupting its node); a workflow nobody
-        runs is claimed, changed and continued here; one another replica runs is refused (its
-        holder is named). `change` raises before anything is written when the override does not
-        fit.
+        A change of the state (`override.change`): a run in this process applies it at once
+        (interrupting its node); a workflow nobody runs is claimed, changed and continued here;
+        one another replica runs is refused (its holder is named). The change raises before
+        anything is written when it does not fit. A blocked workflow (another writer changed
+        its row) takes only a decision about that: accept their state, or fail it.
         """
         record = await self._store.get(task_id)
         if record.terminal:
             raise InvalidState(f"the workflow has ended ({record.status}); nothing to override")
-        commands.apply_all([change], _state_of(record))  # refuse early; applied below
+        if override.accept_outside_state:
+            return await self._accept_outside_state(record, override)
+        if record.blocked_reason and override.fails:
+            ended = await self._store.end_blocked(
+                task_id,
+                f"failed by {override.actor}"
+                + (f": {override.reason}" if override.reason else "")
+                + " (its state was changed outside the engine)",
+                override.actor,
+                "failed after a change outside the engine"
+                + (f": {override.reason}" if override.reason else ""),
+            )
+            return Applied(ended, None, ended.status)
+        _refuse_blocked(record)
+        assert override.change is not None
+        changes = [override.change]
+        commands.apply_all(changes, _state_of(record))  # refuse early; applied below
         return await self._apply(
-            task_id, self._settings.holder_id, float(self._settings.lease_ttl_seconds), [change]
+            task_id, self._settings.holder_id, float(self._settings.lease_ttl_seconds), changes
         )
+
+    async def _accept_outside_state(self, record: WorkflowRecord, override: Override) -> Applied:
+        """Take what another writer left in a blocked workflow as the engine's, and run it from
+        the start: the task is read again and re-planned (see `accepted_state`)."""
+        if not record.blocked_reason:
+            raise InvalidState(
+                "accept_outside_state: the workflow's row is as the engine wrote it; "
+                "nothing to accept"
+            )
+        self._check_accepting()
+        holder = self._settings.holder_id
+        ttl = float(self._settings.lease_ttl_seconds)
+        claim = await self._store.restart_from(
+            task_id=record.task_id,
+            holder_id=holder,
+            ttl_seconds=ttl,
+            state=lambda outside: dict(accepted_state(record.task_id, outside)),
+            actor=override.actor,
+            detail="accepted the state written outside the engine; re-planning"
+            + (f": {override.reason}" if override.reason else ""),
+        )
+        assert claim.lease is not None
+        self._launch_resumed(claim.record, holder, claim.lease, ttl)
+        return Applied(claim.record, claim.lease, claim.record.status)
 
     async def _apply(
         self, task_id: str, holder: str, ttl: float, changes: Sequence[Change]
@@ -210,6 +253,7 @@ class WorkflowService:
                 task_id=task_id, holder_id=holder, ttl_seconds=ttl
             )
             if claim.lease is None:
+                _refuse_blocked(claim.record)
                 raise InvalidState(
                     f"the workflow has ended ({claim.record.status}); nothing was changed"
                 )
@@ -324,6 +368,12 @@ class WorkflowService:
     async def list_workflows(self, query: WorkflowQuery) -> WorkflowPage:
         """One page of workflows matching `query`, newest update first (no state, no history)."""
         return await self._store.list_workflows(query)
+
+
+def _refuse_blocked(record: WorkflowRecord) -> None:
+    """Refuse to run or change a workflow another writer changed (`blocked_reason`)."""
+    if record.blocked_reason and not record.terminal:
+        raise InvalidState(f"task {record.task_id} is blocked: {record.blocked_reason}")
 
 
 def _state_of(record: WorkflowRecord) -> WorkflowState:

@@ -51,6 +51,7 @@ def workflow_to_proto(record: WorkflowRecord) -> pb.Workflow:
         summary=record.summary,
         error=record.error,
         pending_approval=approval_to_proto(record.state),
+        blocked_reason=record.blocked_reason,
     )
 
 
@@ -61,6 +62,7 @@ EVENT_KINDS: dict[str, pb.EventKind.ValueType] = {
     "approval_requested": pb.APPROVAL_REQUESTED,
     "approval_decided": pb.APPROVAL_DECIDED,
     "overridden": pb.OVERRIDDEN,
+    "blocked": pb.BLOCKED,
 }
 
 

@@ -31,7 +31,7 @@ from workflow_engine.domain.task import (
 )
 from workflow_engine.errors import InvalidArgument
 from workflow_engine.graph import commands
-from workflow_engine.graph.commands import Branch, Change, Decision, Verdict
+from workflow_engine.graph.commands import Branch, Decision, Verdict
 from workflow_engine.graph.state import STATE_KEYS
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
@@ -245,22 +245,37 @@ def decision_from_proto(msg: pb.ApprovalDecision) -> Decision:
     )
 
 
-def update_from_proto(msg: pb.UpdateWorkflowRequest) -> Change:
-    """UpdateWorkflow's action, as a change of the current state (see graph.commands)."""
+def update_from_proto(msg: pb.UpdateWorkflowRequest) -> commands.Override:
+    """UpdateWorkflow's action: who, why, and the change of the current state it makes (see
+    graph.commands)."""
     operator = parse_text(msg.operator, "operator", limit=256, required=True)
     reason = parse_text(msg.reason, "reason", limit=MAX_REASON_CHARS)
     action = msg.WhichOneof("action")
     if action == "set_state":
         values = parse_state_patch(_to_json(msg.set_state, "set_state"))
-        return lambda state: commands.set_state(state, values, operator, reason)
+        return commands.Override(
+            operator, reason, lambda state: commands.set_state(state, values, operator, reason)
+        )
     if action == "reject_last_result":
-        return lambda state: commands.reject_last_result(state, operator, reason)
+        return commands.Override(
+            operator, reason, lambda state: commands.reject_last_result(state, operator, reason)
+        )
     if action == "force_branch":
         branch = parse_enum(
             msg.force_branch, pb.Branch.DESCRIPTOR, _BRANCHES, "force_branch", "branch"
         )
-        return lambda state: commands.force_branch(state, branch, operator, reason)
-    raise InvalidArgument("action", "required: set_state, reject_last_result or force_branch")
+        return commands.Override(
+            operator,
+            reason,
+            lambda state: commands.force_branch(state, branch, operator, reason),
+            fails=branch == "mark_failed",
+        )
+    if action == "accept_outside_state":
+        return commands.Override(operator, reason, accept_outside_state=True)
+    raise InvalidArgument(
+        "action",
+        "required: set_state, reject_last_result, force_branch or accept_outside_state",
+    )
 
 
 #: State keys an operator may replace with UpdateWorkflow, and the JSON type each must have.

@@ -151,8 +151,8 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
         self, request: pb.UpdateWorkflowRequest, context: Context
     ) -> pb.Workflow:
         task_id = requests.parse_task_id(request.task_id)
-        change = requests.update_from_proto(request)
-        applied = await self._service.update(task_id, change)
+        override = requests.update_from_proto(request)
+        applied = await self._service.update(task_id, override)
         workflow = convert.workflow_to_proto(applied.record)
         workflow.status = convert.status_to_proto(applied.status)
         return workflow

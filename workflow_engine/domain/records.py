@@ -53,6 +53,9 @@ class WorkflowRecord:
     has_checkpoint: bool
     lease_holder_id: str | None
     lease_expires_at: datetime | None
+    #: Why the engine will not run this workflow until an operator decides ('' when it will):
+    #: another writer changed its state or last_node_id.
+    blocked_reason: str = ""
 
     @property
     def terminal(self) -> bool:

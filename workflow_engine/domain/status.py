@@ -55,3 +55,10 @@ FINAL_STATUSES: frozenset[str] = TERMINAL_STATUSES | PAUSED_STATUSES
 
 #: The error of a workflow marked FAILED because automatic recovery claimed it too often.
 RECOVERY_EXHAUSTED = "recovery attempts exhausted"
+
+#: Why the engine holds a workflow whose row another writer changed (`blocked_reason`).
+OUTSIDE_CHANGE = (
+    "its state or last_node_id was changed outside the engine, which will not run from it "
+    "until an operator decides: UpdateWorkflow accept_outside_state re-plans from that state; "
+    "force_branch MARK_FAILED or CancelWorkflow ends it"
+)

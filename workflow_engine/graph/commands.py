@@ -51,6 +51,23 @@ Change = Callable[[WorkflowState], StateUpdate]
 
 
 @dataclass(frozen=True, slots=True)
+class Override:
+    """An operator's UpdateWorkflow: who, why, and what.
+
+    `change` is a change of the current state (set_state, reject_last_result, force_branch),
+    applied by the run holding the lease. A blocked workflow (another writer changed its row)
+    takes no such change; only `fails` (force_branch MARK_FAILED) or `accept_outside_state`
+    decide about it.
+    """
+
+    actor: str
+    reason: str
+    change: Change | None = None
+    fails: bool = False
+    accept_outside_state: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class Decision:
     """An answer to a pending approval request (ResumeWorkflow's `decision`)."""
 

@@ -6,7 +6,8 @@ orchestrator's state model; the rest are the engine's own.
 
 from __future__ import annotations
 
-from typing import Literal, TypedDict
+from collections.abc import Mapping
+from typing import Any, Literal, TypedDict
 
 from workflow_engine.domain.model import JsonObject
 from workflow_engine.domain.status import WorkflowStatus
@@ -58,6 +59,23 @@ class WorkflowState(TypedDict, total=False):
 
 
 STATE_KEYS: frozenset[str] = frozenset(WorkflowState.__annotations__)
+
+
+#: What an accepted outside state keeps (see `accepted_state`): the orchestrator's own record of
+#: the last result and its verification. Everything else is re-read (task) or re-planned.
+ACCEPTED_KEYS = ("last_result", "verification")
+
+
+def accepted_state(task_id: str, outside: Mapping[str, Any]) -> WorkflowState:
+    """The state a blocked workflow starts again from when an operator accepts what another
+    writer wrote into it: a fresh start (the task is read again and re-planned) that keeps their
+    last result and verification, when they are JSON objects."""
+    state = initial_state(task_id)
+    for key in ACCEPTED_KEYS:
+        value = outside.get(key)
+        if isinstance(value, dict):
+            state[key] = value  # type: ignore[literal-required]
+    return state
 
 
 def initial_state(task_id: str) -> WorkflowState:

@@ -33,11 +33,12 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.graph.state import CompiledStateGraph
 
 from workflow_engine.domain.records import Fence
-from workflow_engine.domain.status import FINAL_STATUSES, WorkflowStatus
+from workflow_engine.domain.status import FINAL_STATUSES, OUTSIDE_CHANGE, WorkflowStatus
 from workflow_engine.errors import (
     CheckpointCorrupt,
     InvalidState,
     LeaseLost,
+    OutsideWrite,
     RunStopped,
     WorkflowEngineError,
 )
@@ -213,6 +214,12 @@ class Run:
             self.outcome = "lease lost"
             release = False
             log.warning("run_lease_lost", last_node=self.last_node)
+        except OutsideWrite:
+            # Another writer changed the row: nothing of this run is written over it. The
+            # workflow waits for an operator (see `WorkflowService.accept_outside_state`).
+            self.outcome = "blocked: changed outside the engine"
+            log.warning("run_outside_write", last_node=self.last_node)
+            await self._store.block(self._fence, OUTSIDE_CHANGE)
         except CheckpointCorrupt as exc:
             self.outcome = "failed: corrupt checkpoint"
             log.error("run_checkpoint_corrupt", error=exc.message)

@@ -48,9 +48,9 @@ from psycopg_pool import AsyncConnectionPool
 
 from workflow_engine.domain.records import Fence
 from workflow_engine.domain.status import FINAL_STATUSES, WorkflowStatus
-from workflow_engine.errors import CheckpointCorrupt, LeaseLost
+from workflow_engine.errors import CheckpointCorrupt, LeaseLost, OutsideWrite
 from workflow_engine.faults import FaultPlan
-from workflow_engine.storage.group_commit import CheckpointRow, GroupCommitter
+from workflow_engine.storage.group_commit import CheckpointRow, GroupCommitter, Written
 from workflow_engine.storage.retry import with_retry
 
 #: The task id LangGraph gives the writes of `update_state` (not a node's).
@@ -63,8 +63,11 @@ _MAX_TRACKED_THREADS = 100_000
 FENCE_KEY = "workflow_engine_fence"
 FRESH_KEY = "workflow_engine_fresh"
 
+# The last column says whether the row is still as the engine wrote it (see `OutsideWrite`).
 READ_CHECKPOINT = """
-SELECT state, checkpoint_id, checkpoint, checkpoint_metadata
+SELECT state, checkpoint_id, checkpoint, checkpoint_metadata,
+       engine_owned AND blocked_reason = ''
+       AND engine_digest IS NOT DISTINCT FROM workflow_engine_digest(state, last_node_id)
   FROM workflow_checkpoints
  WHERE task_id = %(task_id)s
 """
@@ -121,9 +124,11 @@ class RowCheckpointSaver(BaseCheckpointSaver[int]):
                 return row
 
         row = await with_retry(read)
+        if row is not None and not row[4]:
+            raise OutsideWrite(task_id)  # never resumed from blindly
         if row is None or row[1] is None or (wanted and wanted != row[1]):
             return None
-        state, checkpoint_id, stored, metadata = row
+        state, checkpoint_id, stored, metadata, _ = row
         checkpoint = _rebuild_checkpoint(task_id, state, checkpoint_id, stored)
         return CheckpointTuple(
             config={
@@ -207,14 +212,17 @@ class RowCheckpointSaver(BaseCheckpointSaver[int]):
             release=status in FINAL_STATUSES,
         )
 
-        async def write() -> bool:
+        async def write() -> Written:
             self._faults.at("before", node)
-            held = await self._committer.write(row)
+            written = await self._committer.write(row)
             self._faults.at("after", node)  # committed, but the answer may be "lost"
-            return held
+            return written
 
-        if not await with_retry(write):
+        written = await with_retry(write)
+        if written == "lost":
             raise LeaseLost(task_id, fence.holder_id, fence.epoch)
+        if written == "outside":
+            raise OutsideWrite(task_id)
         return next_config
 
     async def aput_writes(

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import structlog
 from psycopg.types.json import Jsonb
@@ -29,9 +29,9 @@ log = structlog.get_logger(__name__)
 # sees the takeover), upsert the rows they fence, append each row's events, release the lease
 # of a row that ends or pauses its workflow (so the moment the final status is visible, the task
 # is free to claim: no window in which the row says "waiting" but the lease still says "held"),
-# and say for every input row whether it is written. A row counts as written when its lease
-# still held, or when the row already holds this very checkpoint at this epoch: a retry after a
-# commit whose answer was lost (which may have released the lease) is not a lost lease. The rows
+# and say for every input row how it went (`Written`). A row counts as written when it was, or
+# when the row already holds this very checkpoint at this epoch: a retry after a commit whose
+# answer was lost (which may have released the lease) is not a lost lease. The rows
 # arrive as one JSON array: psycopg would otherwise escape every JSON document into an array
 # literal, which cost more CPU than the rest of the write.
 WRITE_BATCH = (
@@ -54,11 +54,15 @@ WITH input AS (
     + """
        FOR SHARE OF l
 ), cp AS (
+    -- Every column the orchestrator's table has is given (its ORM creates it without
+    -- defaults); the row is the engine's, with the digest of what it now holds.
     INSERT INTO workflow_checkpoints AS c
-        (task_id, state, last_node_id, updated_at, run_id, status, lease_epoch,
-         checkpoint_id, checkpoint, checkpoint_metadata, event_seq, summary, error)
-    SELECT i.task_id, i.state, i.node, now(), i.run_id, i.status, i.epoch,
-           i.checkpoint_id, i.checkpoint, i.metadata, n.n_events, i.summary, i.error
+        (id, task_id, state, last_node_id, updated_at, created_at, run_id, status, lease_epoch,
+         checkpoint_id, checkpoint, checkpoint_metadata, event_seq, summary, error,
+         engine_owned, engine_digest)
+    SELECT gen_random_uuid(), i.task_id, i.state, i.node, now(), now(), i.run_id, i.status,
+           i.epoch, i.checkpoint_id, i.checkpoint, i.metadata, n.n_events, i.summary, i.error,
+           true, workflow_engine_digest(i.state, i.node)
       FROM input i JOIN lease USING (task_id) JOIN events_of n USING (task_id)
     ON CONFLICT (task_id) DO UPDATE SET
         state = EXCLUDED.state,
@@ -73,9 +77,14 @@ WITH input AS (
         event_seq = c.event_seq + EXCLUDED.event_seq,
         summary = EXCLUDED.summary,
         error = EXCLUDED.error,
-        recovery_attempts = 0
-    -- A retry after a commit whose answer was lost must not append the events twice.
+        recovery_attempts = 0,
+        engine_digest = EXCLUDED.engine_digest
+    -- A retry after a commit whose answer was lost must not append the events twice; and a
+    -- row that is not the engine's, or that another writer changed since the engine's last
+    -- write, is not overwritten (the answer says "outside").
     WHERE c.checkpoint_id IS DISTINCT FROM EXCLUDED.checkpoint_id
+      AND c.engine_owned AND c.blocked_reason = ''
+      AND c.engine_digest IS NOT DISTINCT FROM workflow_engine_digest(c.state, c.last_node_id)
     RETURNING c.task_id, c.event_seq, c.updated_at
 ), released AS (
     UPDATE task_workflow_leases l
@@ -96,13 +105,23 @@ WITH input AS (
            (ARRAY[i.actor, i.actor])[1:n.n_events]
      ) WITH ORDINALITY AS e(kind, node, status, detail, actor, ord)
 )
-SELECT i.task_id::text, lease.task_id IS NOT NULL OR w.task_id IS NOT NULL
+SELECT i.task_id::text,
+       CASE WHEN cp.task_id IS NOT NULL OR w.task_id IS NOT NULL THEN 'written'
+            WHEN lease.task_id IS NULL THEN 'lost'
+            ELSE 'outside' END
   FROM input i
   LEFT JOIN lease USING (task_id)
+  LEFT JOIN cp USING (task_id)
   LEFT JOIN workflow_checkpoints w
     ON w.task_id = i.task_id AND w.checkpoint_id = i.checkpoint_id AND w.lease_epoch = i.epoch
 """
 )
+
+
+#: How a row's write went: ``written`` (durable), ``lost`` (its lease no longer holds), or
+#: ``outside`` (the lease holds, but the row is not the engine's to overwrite: another writer
+#: changed it since the engine's last write, or it is blocked for that reason).
+Written = Literal["written", "lost", "outside"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,13 +152,13 @@ class CheckpointRow:
 @dataclass
 class _Pending:
     row: CheckpointRow
-    done: asyncio.Future[bool] = field(
+    done: asyncio.Future[Written] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
 
 
 class GroupCommitter:
-    """Batches `CheckpointRow` writes; `write` returns whether the row's lease still held."""
+    """Batches `CheckpointRow` writes; `write` says how each went (`Written`)."""
 
     def __init__(
         self, pool: AsyncConnectionPool[Any], *, max_batch: int = 256, flushers: int = 2
@@ -150,8 +169,8 @@ class GroupCommitter:
         self._queue: asyncio.Queue[_Pending] | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
-    async def write(self, row: CheckpointRow) -> bool:
-        """Write `row` durably (with whatever else is waiting); False: the lease is lost."""
+    async def write(self, row: CheckpointRow) -> Written:
+        """Write `row` durably (with whatever else is waiting), or say why it was not."""
         if self._queue is None:
             self._start()
         assert self._queue is not None
@@ -184,7 +203,7 @@ class GroupCommitter:
 
     async def _flush(self, batch: list[_Pending]) -> None:
         try:
-            held = await self._execute([p.row for p in batch])
+            outcomes = await self._execute([p.row for p in batch])
         except Exception as exc:
             if is_transient(exc) or len(batch) == 1:
                 for p in batch:
@@ -197,9 +216,9 @@ class GroupCommitter:
             return
         for p in batch:
             if not p.done.done():
-                p.done.set_result(held.get(p.row.task_id, False))
+                p.done.set_result(outcomes.get(p.row.task_id, "lost"))
 
-    async def _execute(self, rows: Sequence[CheckpointRow]) -> dict[str, bool]:
+    async def _execute(self, rows: Sequence[CheckpointRow]) -> dict[str, Written]:
         batch = [
             {
                 "task_id": r.task_id,
@@ -223,4 +242,4 @@ class GroupCommitter:
         ]
         async with self._pool.connection() as conn:
             cur = await conn.execute(WRITE_BATCH, {"rows": Jsonb(batch)})
-            return {task_id: bool(ok) for task_id, ok in await cur.fetchall()}
+            return dict(await cur.fetchall())

@@ -31,22 +31,39 @@ def fence_sql(holder: str = "%(holder_id)s", epoch: str = "%(epoch)s") -> str:
 
 # Insert the lease, or take it over where it is released or expired (or, for a resume, where
 # the same holder had it: a restarted runner fences out its own older incarnation). No row back
-# means someone else holds it.
-ACQUIRE = """
-INSERT INTO task_workflow_leases AS l (task_id, lease_id, holder_id, expires_at, epoch)
-VALUES (%(task_id)s, %(lease_id)s, %(holder_id)s, now() + make_interval(secs => %(ttl)s), 1)
+# means someone else holds it. Every column the orchestrator's table has is given here: its ORM
+# creates the table without defaults. `engine_lease_id` records that the engine took it.
+_ACQUIRE = """
+INSERT INTO task_workflow_leases AS l
+    (id, task_id, lease_id, holder_id, expires_at, created_at, updated_at, epoch,
+     engine_lease_id, handed_over)
+VALUES (gen_random_uuid(), %(task_id)s, %(lease_id)s, %(holder_id)s,
+        now() + make_interval(secs => %(ttl)s), now(), now(), 1, %(lease_id)s, false)
 ON CONFLICT (task_id) DO UPDATE
    SET lease_id = EXCLUDED.lease_id,
        holder_id = EXCLUDED.holder_id,
        expires_at = EXCLUDED.expires_at,
        epoch = l.epoch + 1,
-       updated_at = now()
- WHERE l.holder_id IS NULL
-    OR l.expires_at IS NULL
-    OR l.expires_at <= now()
-    OR (%(take_own)s AND l.holder_id = %(holder_id)s)
+       updated_at = now(),
+       engine_lease_id = EXCLUDED.lease_id,
+       handed_over = false
+ WHERE """
+
+# Whom each kind of acquire may take the lease from.
+_TAKE_FREE = "l.holder_id IS NULL OR l.expires_at IS NULL OR l.expires_at <= now()"
+_TAKE_OWN = " OR (%(take_own)s AND l.holder_id = %(holder_id)s)"
+# Automatic recovery takes only what the engine left for another replica: a lease the engine
+# itself took last, and then handed over (drain) or let expire (crash). A lease the
+# orchestrator released (holder null, not handed over) or took itself stays where it is.
+ORPHANED = (
+    "l.lease_id = l.engine_lease_id"
+    " AND ((l.holder_id IS NULL AND l.handed_over) OR l.expires_at <= now())"
+)
+_RETURNING = """
 RETURNING task_id::text, lease_id::text, holder_id, epoch, expires_at, true
 """
+ACQUIRE = _ACQUIRE + _TAKE_FREE + _TAKE_OWN + _RETURNING
+ACQUIRE_ORPHANED = _ACQUIRE + ORPHANED + _RETURNING
 
 CURRENT = """
 SELECT task_id::text, lease_id::text, holder_id, epoch, expires_at,
@@ -66,9 +83,11 @@ RETURNING l.expires_at
 """
 )
 
+# The engine releases a lease only for someone to carry on (or at the end, when nothing
+# follows): it is handed over, which automatic recovery may take.
 RELEASE = """
 UPDATE task_workflow_leases AS l
-   SET holder_id = NULL, expires_at = NULL, updated_at = now()
+   SET holder_id = NULL, expires_at = NULL, updated_at = now(), handed_over = true
  WHERE l.task_id = %(task_id)s AND """ + HELD.format(holder="%(holder_id)s", epoch="%(epoch)s")
 
 FENCE_HOLDS = (
@@ -87,7 +106,8 @@ LOCK_FENCED = (
 # holder's next fenced write fails.
 REVOKE = """
 UPDATE task_workflow_leases
-   SET holder_id = NULL, expires_at = NULL, epoch = epoch + 1, updated_at = now()
+   SET holder_id = NULL, expires_at = NULL, epoch = epoch + 1, updated_at = now(),
+       handed_over = false
  WHERE task_id = %(task_id)s
 """
 
@@ -111,10 +131,15 @@ async def acquire(
     holder_id: str,
     ttl_seconds: float,
     take_own: bool = False,
+    orphaned_only: bool = False,
 ) -> Lease | None:
-    """Take the lease in one statement; `None` when another holder has it live."""
+    """Take the lease in one statement; `None` when another holder has it live.
+
+    `take_own`: also from this holder's live lease (a resume). `orphaned_only`: only a lease
+    the engine handed over or let expire (automatic recovery; see `ORPHANED`).
+    """
     cur = await conn.execute(
-        ACQUIRE,
+        ACQUIRE_ORPHANED if orphaned_only else ACQUIRE,
         {
             "task_id": task_id,
             "lease_id": lease_id,

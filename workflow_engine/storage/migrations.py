@@ -115,11 +115,53 @@ MIGRATIONS: list[LiteralString] = [
         ADD COLUMN IF NOT EXISTS detail text NOT NULL DEFAULT '',
         ADD COLUMN IF NOT EXISTS actor text NOT NULL DEFAULT '';
     """,
+    # 3: sharing the orchestrator's tables (issue 12). Only the engine's own columns are added
+    # or changed; the orchestrator's keep their meaning, and rows of other writers are marked
+    # as not the engine's.
+    """
+    -- The digest of a row's state and last_node_id as the engine wrote them: a row whose digest
+    -- no longer matches was changed by another writer. md5 of jsonb's text form, which is
+    -- canonical (keys sorted, spacing fixed), so equal documents digest equally.
+    CREATE OR REPLACE FUNCTION workflow_engine_digest(state jsonb, node text) RETURNS text
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+        SELECT md5(coalesce(state::text, 'null') || chr(31) || coalesce(node, ''))
+    $$;
+
+    ALTER TABLE workflow_checkpoints
+        -- Rows the engine created. It never recovers, resumes, fails or rewrites any other.
+        ADD COLUMN IF NOT EXISTS engine_owned boolean NOT NULL DEFAULT false,
+        ADD COLUMN IF NOT EXISTS engine_digest text,
+        -- Why the engine will not run the workflow until an operator decides; '' when it will.
+        ADD COLUMN IF NOT EXISTS blocked_reason text NOT NULL DEFAULT '';
+    -- Before this version every row with a run id was the engine's.
+    UPDATE workflow_checkpoints
+       SET engine_owned = true, engine_digest = workflow_engine_digest(state, last_node_id)
+     WHERE run_id IS NOT NULL;
+    -- Another writer's row has no status of the engine's (the old default said RUNNING).
+    ALTER TABLE workflow_checkpoints ALTER COLUMN status SET DEFAULT '';
+    UPDATE workflow_checkpoints SET status = '' WHERE NOT engine_owned;
+
+    ALTER TABLE task_workflow_leases
+        -- The lease id of the engine's last acquire: while `lease_id` equals it, nobody else has
+        -- taken the lease since (the orchestrator's acquire writes a lease id of its own).
+        ADD COLUMN IF NOT EXISTS engine_lease_id uuid,
+        -- Set when the engine released the lease for another replica to continue (a drain);
+        -- a release by anyone else leaves it false and means stop.
+        ADD COLUMN IF NOT EXISTS handed_over boolean NOT NULL DEFAULT false;
+    UPDATE task_workflow_leases l
+       SET engine_lease_id = l.lease_id,
+           -- before this version the engine released a running workflow only to hand it over
+           handed_over = l.holder_id IS NULL
+      FROM workflow_checkpoints c
+     WHERE c.task_id = l.task_id AND c.engine_owned;
+    """,
 ]
 
 
-async def migrate(conn: AsyncConnection[Any]) -> int:
-    """Apply every migration not yet applied; return how many the schema now has."""
+async def migrate(conn: AsyncConnection[Any], *, up_to: int | None = None) -> int:
+    """Apply every migration not yet applied (the first `up_to` only, when given: a schema of
+    an earlier version, for tests); return how many the schema now has."""
+    wanted = len(MIGRATIONS) if up_to is None else up_to
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK_KEY,))
         await conn.execute(
@@ -135,10 +177,10 @@ async def migrate(conn: AsyncConnection[Any]) -> int:
         )
         row = await cur.fetchone()
         current = int(row[0]) if row else 0
-        for version in range(current, len(MIGRATIONS)):
+        for version in range(current, wanted):
             await conn.execute(MIGRATIONS[version])
             await conn.execute(
                 "INSERT INTO workflow_engine_migrations (version) VALUES (%s)", (version,)
             )
             log.info("migration_applied", version=version)
-    return len(MIGRATIONS)
+    return max(current, wanted)

@@ -18,20 +18,26 @@ from workflow_engine.domain.records import (
     WorkflowQuery,
     WorkflowRecord,
 )
+from workflow_engine.domain.status import OUTSIDE_CHANGE
 from workflow_engine.errors import WorkflowNotFound
 from workflow_engine.storage.pool import Connection, Pool, in_transaction, on_connection
 
 #: GetWorkflow's history holds at most this many events: the newest ones, oldest first.
 MAX_HISTORY_EVENTS = 1000
 
+# `blocked_reason`: the one recorded, else the outside change the digest shows right now (so a
+# write by another writer is visible at once, before any resume meets it).
 _SELECT_WORKFLOW = """
 SELECT c.task_id::text AS task_id, c.run_id::text AS run_id, c.status, c.last_node_id,
        c.state, c.updated_at, c.summary, c.error, c.idempotency_key::text AS idempotency_key,
        c.event_seq, c.checkpoint_id IS NOT NULL AS has_checkpoint,
-       l.holder_id AS lease_holder_id, l.expires_at AS lease_expires_at
+       l.holder_id AS lease_holder_id, l.expires_at AS lease_expires_at,
+       CASE WHEN c.blocked_reason <> '' THEN c.blocked_reason
+            WHEN c.engine_digest IS DISTINCT FROM workflow_engine_digest(c.state, c.last_node_id)
+            THEN %(outside_change)s ELSE '' END AS blocked_reason
   FROM workflow_checkpoints c
   LEFT JOIN task_workflow_leases l ON l.task_id = c.task_id
- WHERE c.task_id = %(task_id)s
+ WHERE c.task_id = %(task_id)s AND c.engine_owned
 """
 
 _SELECT_EVENTS = """
@@ -61,6 +67,7 @@ SELECT c.task_id::text AS task_id, c.run_id::text AS run_id, c.status, c.last_no
        l.holder_id AS lease_holder_id, l.expires_at AS lease_expires_at
   FROM workflow_checkpoints c
   LEFT JOIN task_workflow_leases l ON l.task_id = c.task_id
+ WHERE c.engine_owned
 """
 _LIST_ORDER = """
  ORDER BY c.updated_at DESC, c.task_id
@@ -71,10 +78,13 @@ _LIST_ORDER = """
 async def select_workflow(
     conn: Connection, task_id: str, *, lock: bool = False
 ) -> WorkflowRecord | None:
-    """The task's row with its lease on `conn`; ``lock`` takes the row lock (FOR UPDATE)."""
+    """The task's row with its lease on `conn`; ``lock`` takes the row lock (FOR UPDATE).
+
+    Only the engine's own rows: a row another writer created is none of its business.
+    """
     query = _SELECT_WORKFLOW + (" FOR UPDATE OF c" if lock else "")
     async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(query, {"task_id": task_id})
+        await cur.execute(query, {"task_id": task_id, "outside_change": OUTSIDE_CHANGE})
         row = await cur.fetchone()
     return WorkflowRecord(**row) if row else None
 
@@ -135,7 +145,7 @@ def list_statement(query: WorkflowQuery) -> tuple[LiteralString, dict[str, Any]]
             "(c.updated_at < %(after_updated_at)s"
             " OR (c.updated_at = %(after_updated_at)s AND c.task_id > %(after_task_id)s::uuid))"
         )
-    sql = _LIST_WORKFLOWS + (" WHERE " + " AND ".join(where) if where else "") + _LIST_ORDER
+    sql = _LIST_WORKFLOWS + "".join(" AND " + clause for clause in where) + _LIST_ORDER
     params: dict[str, Any] = {
         "statuses": list(query.statuses),
         "user_id": query.user_id,

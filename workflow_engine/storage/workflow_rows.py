@@ -10,23 +10,40 @@ finds the RUNNING workflows that recovery claims.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 
+import psycopg
 from psycopg.types.json import Jsonb
 
 from workflow_engine.domain.model import JsonObject
 from workflow_engine.domain.records import Fence, ResumeClaim, StartOutcome, WorkflowRecord
-from workflow_engine.domain.status import PAUSED_STATUSES, RECOVERY_EXHAUSTED, WorkflowStatus
-from workflow_engine.errors import LeaseHeld, WorkflowExists, WorkflowNotFound
+from workflow_engine.domain.status import (
+    PAUSED_STATUSES,
+    RECOVERY_EXHAUSTED,
+    TERMINAL_STATUSES,
+    WorkflowStatus,
+)
+from workflow_engine.errors import (
+    InvalidState,
+    LeaseHeld,
+    TaskNotFound,
+    TaskNotStartable,
+    WorkflowExists,
+    WorkflowNotFound,
+)
 from workflow_engine.storage import leases, tasks
 from workflow_engine.storage.pool import Connection, Pool, in_transaction, on_connection
 from workflow_engine.storage.queries import select_workflow
 
+# Every column the orchestrator's table has is given (its ORM creates it without defaults);
+# the row is marked as the engine's, with the digest of what it holds.
 _INSERT_WORKFLOW = """
 INSERT INTO workflow_checkpoints
-    (task_id, state, last_node_id, run_id, status, lease_epoch, idempotency_key, event_seq,
-     user_id, project_id)
-VALUES (%(task_id)s, %(state)s, NULL, %(run_id)s, 'RUNNING', %(epoch)s, %(idempotency_key)s, 1,
-        %(user_id)s, %(project_id)s)
+    (id, task_id, state, last_node_id, updated_at, created_at, run_id, status, lease_epoch,
+     idempotency_key, event_seq, user_id, project_id, engine_owned, engine_digest)
+VALUES (gen_random_uuid(), %(task_id)s, %(state)s, NULL, now(), now(), %(run_id)s, 'RUNNING',
+        %(epoch)s, %(idempotency_key)s, 1, %(user_id)s, %(project_id)s, true,
+        workflow_engine_digest(%(state)s, NULL))
 ON CONFLICT (task_id) DO NOTHING
 RETURNING run_id
 """
@@ -35,19 +52,28 @@ RETURNING run_id
 # checkpoint write does (FOR SHARE), so two of them never wait on each other in a cycle.
 _LOCK_LEASE = "SELECT 1 FROM task_workflow_leases WHERE task_id = %(task_id)s FOR UPDATE"
 
-# RUNNING workflows nobody is running: their lease was released (drain) or expired (crash).
-_ORPHANS = """
+# The engine's RUNNING workflows nobody is running: the engine handed their lease over (drain)
+# or let it expire (crash). Not one the orchestrator released or took, and not a blocked one.
+_ORPHANS = (
+    """
 SELECT c.task_id::text
   FROM workflow_checkpoints c
   JOIN task_workflow_leases l ON l.task_id = c.task_id
- WHERE c.status = 'RUNNING' AND (l.holder_id IS NULL OR l.expires_at <= now())
+ WHERE c.status = 'RUNNING' AND c.engine_owned AND c.blocked_reason = '' AND """
+    + leases.ORPHANED
+    + """
  ORDER BY c.updated_at
  LIMIT %(limit)s
 """
+)
 
 # Tells every replica's event listener that a task's workflow was cancelled (see `EventHub`).
 CONTROL_CHANNEL = "workflow_control"
 _NOTIFY_CONTROL = "SELECT pg_notify('workflow_control', %(task_id)s::text)"
+
+_SELECT_FOREIGN = (
+    "SELECT 1 FROM workflow_checkpoints WHERE task_id = %(task_id)s AND NOT engine_owned"
+)
 
 _COUNT_RECOVERY = """
 UPDATE workflow_checkpoints SET recovery_attempts = recovery_attempts + 1
@@ -60,17 +86,76 @@ INSERT INTO workflow_events (task_id, seq, run_id, kind, node_id, status)
 VALUES (%(task_id)s, %(seq)s, %(run_id)s, 'status', NULL, %(status)s)
 """
 
+# The status column, and the state's status field with it, unless another writer changed the
+# state (then it is left as they wrote it: the engine does not rewrite what is not its own).
+# A status that ends the workflow also settles a block: an operator decided (cancel, fail),
+# and the row as it now is becomes what the engine last saw.
 _SET_STATUS = """
-UPDATE workflow_checkpoints
+WITH cur AS (
+    SELECT task_id,
+           engine_digest IS NOT DISTINCT FROM workflow_engine_digest(state, last_node_id)
+               AND jsonb_typeof(state) = 'object' AS ours,
+           CASE WHEN jsonb_typeof(state) = 'object'  -- a hand-edited row may hold anything
+                THEN jsonb_set(state, '{status}', to_jsonb(lower(%(status)s)))
+                ELSE state END AS state
+      FROM workflow_checkpoints
+     WHERE task_id = %(task_id)s
+)
+UPDATE workflow_checkpoints c
    SET status = %(status)s,
-       state = CASE WHEN jsonb_typeof(state) = 'object'  -- a hand-edited row may hold anything
-                    THEN jsonb_set(state, '{status}', to_jsonb(lower(%(status)s)))
-                    ELSE state END,
-       error = CASE WHEN %(error)s = '' THEN error ELSE %(error)s END,
+       state = CASE WHEN cur.ours THEN cur.state ELSE c.state END,
+       engine_digest = CASE WHEN cur.ours THEN workflow_engine_digest(cur.state, c.last_node_id)
+                            WHEN %(ends)s THEN workflow_engine_digest(c.state, c.last_node_id)
+                            ELSE c.engine_digest END,
+       blocked_reason = CASE WHEN %(ends)s THEN '' ELSE c.blocked_reason END,
+       error = CASE WHEN %(error)s = '' THEN c.error ELSE %(error)s END,
+       event_seq = c.event_seq + 1,
+       updated_at = now()
+  FROM cur
+ WHERE c.task_id = cur.task_id
+RETURNING c.event_seq
+"""
+
+# Record why the engine will not run the workflow (once: the first detection writes the event).
+_BLOCK = """
+UPDATE workflow_checkpoints
+   SET blocked_reason = %(reason)s, event_seq = event_seq + 1, updated_at = now()
+ WHERE task_id = %(task_id)s AND blocked_reason = ''
+RETURNING event_seq, status
+"""
+
+# An operator accepted the state another writer left: it becomes the engine's, to run from the
+# start (no LangGraph bookkeeping, no last node), under the new lease's epoch.
+_RESTART = """
+UPDATE workflow_checkpoints
+   SET state = %(state)s,
+       last_node_id = NULL,
+       checkpoint_id = NULL,
+       checkpoint = NULL,
+       checkpoint_metadata = NULL,
+       status = 'RUNNING',
+       lease_epoch = %(epoch)s,
+       summary = '',
+       error = '',
+       blocked_reason = '',
+       engine_digest = workflow_engine_digest(%(state)s, NULL),
+       recovery_attempts = 0,
        event_seq = event_seq + 1,
        updated_at = now()
  WHERE task_id = %(task_id)s
-RETURNING event_seq
+RETURNING event_seq, status
+"""
+
+# An operator decided about a blocked workflow: one more event, nothing else yet.
+_NOTE_OVERRIDE = """
+UPDATE workflow_checkpoints SET event_seq = event_seq + 1
+ WHERE task_id = %(task_id)s
+RETURNING event_seq, status
+"""
+
+_INSERT_EVENT = """
+INSERT INTO workflow_events (task_id, seq, run_id, kind, node_id, status, detail, actor)
+VALUES (%(task_id)s, %(seq)s, %(run_id)s, %(kind)s, NULL, %(status)s, %(detail)s, %(actor)s)
 """
 
 
@@ -114,6 +199,9 @@ async def create(
             outcome = await _explain_refused_start(pool, task_id, holder_id, idempotency_key)
             if outcome is not None:
                 return outcome
+        except psycopg.errors.ForeignKeyViolation:
+            # The orchestrator's schema ties its rows to `tasks.id`: the task is not there.
+            raise TaskNotFound(task_id, "the orchestrator's tasks table") from None
     raise LeaseHeld(task_id, None, None)
 
 
@@ -168,6 +256,7 @@ async def _explain_refused_start(
     """Answer a start that could not store a workflow; `None` means try again.
 
     Decided from one snapshot of the lease and the workflow, in this order:
+    - a row another writer created (not the engine's): TaskNotStartable;
     - the workflow this key started: finished, ALREADY_FINISHED; not finished and no lease
       live, or the requesting holder's live lease, ALREADY_RUNNING (with its real status);
     - anyone else's live lease, or the holder's own under another key or none: LeaseHeld;
@@ -178,6 +267,13 @@ async def _explain_refused_start(
         await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         lease = await leases.current(conn, task_id)
         record = await select_workflow(conn, task_id)
+        foreign = record is None and await _foreign_row(conn, task_id)
+    if foreign:
+        raise TaskNotStartable(
+            task_id,
+            "its workflow_checkpoints row was written by another writer (not this engine), "
+            "which the engine leaves alone",
+        )
     live = lease if lease is not None and lease.live else None
     if (
         record is not None
@@ -195,6 +291,11 @@ async def _explain_refused_start(
     return None
 
 
+async def _foreign_row(conn: Connection, task_id: str) -> bool:
+    cur = await conn.execute(_SELECT_FOREIGN, {"task_id": task_id})
+    return await cur.fetchone() is not None
+
+
 async def claim_for_resume(
     pool: Pool,
     *,
@@ -205,8 +306,12 @@ async def claim_for_resume(
 ) -> ResumeClaim:
     """Take the lease of an unfinished workflow; a finished one is returned as it is.
 
-    With `max_recoveries`, this is an automatic recovery: it is counted, and the claim that
-    goes over the cap marks the workflow FAILED ("recovery attempts exhausted") instead.
+    A workflow whose row another writer changed is not claimed either: the first claim that
+    meets it records why (`blocked_reason`), and the claim comes back without a lease.
+
+    With `max_recoveries`, this is an automatic recovery: it takes only a lease the engine
+    handed over or let expire (see `leases.ORPHANED`), it is counted, and the claim that goes
+    over the cap marks the workflow FAILED ("recovery attempts exhausted") instead.
     """
     try:
         return await in_transaction(
@@ -230,6 +335,9 @@ async def _claim_once(
     record = await _lock_workflow(conn, task_id)
     if record.terminal:
         return ResumeClaim(record=record, lease=None)
+    if record.blocked_reason:
+        await _block(conn, record, record.blocked_reason)
+        return ResumeClaim(record=await _lock_workflow(conn, task_id), lease=None)
     lease = await leases.acquire(
         conn,
         task_id=task_id,
@@ -237,6 +345,7 @@ async def _claim_once(
         holder_id=holder_id,
         ttl_seconds=ttl_seconds,
         take_own=True,
+        orphaned_only=max_recoveries is not None,
     )
     if lease is None:
         raise _Refused("lease")
@@ -253,6 +362,84 @@ async def _claim_once(
         await _set_status(conn, record, WorkflowStatus.RUNNING, "")
         record = await _lock_workflow(conn, task_id)
     return ResumeClaim(record=record, lease=lease)
+
+
+async def restart_from(
+    pool: Pool,
+    *,
+    task_id: str,
+    holder_id: str,
+    ttl_seconds: float,
+    state: Callable[[JsonObject], JsonObject],
+    actor: str,
+    detail: str,
+) -> ResumeClaim:
+    """An operator accepts the state another writer left in a blocked workflow: take the lease,
+    replace the row's state with `state(what they wrote)`, drop LangGraph's bookkeeping (the
+    run starts again from that state, as a workflow that never ran a node), clear the block and
+    record who decided. `InvalidState` when the workflow is not blocked or has ended."""
+
+    async def once(conn: Connection) -> ResumeClaim:
+        record = await _lock_workflow(conn, task_id)
+        if record.terminal:
+            raise InvalidState(f"the workflow has ended ({record.status}); nothing to accept")
+        if not record.blocked_reason:
+            raise InvalidState(
+                "accept_outside_state: the workflow's row is as the engine wrote it; "
+                "nothing to accept"
+            )
+        lease = await leases.acquire(
+            conn,
+            task_id=task_id,
+            lease_id=str(uuid.uuid4()),
+            holder_id=holder_id,
+            ttl_seconds=ttl_seconds,
+            take_own=True,
+        )
+        if lease is None:
+            raise _Refused("lease")
+        outside = record.state if isinstance(record.state, dict) else {}
+        cur = await conn.execute(
+            _RESTART,
+            {"task_id": task_id, "state": Jsonb(state(outside)), "epoch": lease.epoch},
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        await _insert_event(conn, record, row[0], "overridden", row[1], detail, actor)
+        return ResumeClaim(record=await _lock_workflow(conn, task_id), lease=lease)
+
+    try:
+        return await in_transaction(pool, once)
+    except _Refused:
+        async with pool.connection() as conn:
+            lease = await leases.current(conn, task_id)
+        raise LeaseHeld(
+            task_id, lease.holder_id if lease else None, lease.expires_at if lease else None
+        ) from None
+
+
+async def end_blocked(
+    pool: Pool, task_id: str, error: str, actor: str, detail: str
+) -> WorkflowRecord:
+    """An operator fails a blocked workflow: FAILED with `error`, its state left as the other
+    writer wrote it, the lease revoked; `InvalidState` when it is not blocked or has ended."""
+
+    async def once(conn: Connection) -> WorkflowRecord:
+        record = await _lock_workflow(conn, task_id)
+        if record.terminal or not record.blocked_reason:
+            raise InvalidState("the workflow is not blocked; nothing was changed")
+        cur = await conn.execute(_NOTE_OVERRIDE, {"task_id": task_id})
+        row = await cur.fetchone()
+        assert row is not None
+        await _insert_event(conn, record, row[0], "overridden", row[1], detail, actor)
+        await _set_status(conn, record, WorkflowStatus.FAILED, error)
+        await leases.revoke(conn, task_id)
+        await conn.execute(_NOTIFY_CONTROL, {"task_id": task_id})
+        updated = await select_workflow(conn, task_id)
+        assert updated is not None
+        return updated
+
+    return await in_transaction(pool, once)
 
 
 async def orphans(pool: Pool, limit: int = 100) -> list[str]:
@@ -311,9 +498,61 @@ async def _lock_workflow(conn: Connection, task_id: str) -> WorkflowRecord:
     return record
 
 
+async def block(pool: Pool, fence: Fence, reason: str) -> bool:
+    """Record, from a runner that still holds its lease, why the workflow must wait for an
+    operator (its row was changed outside the engine); False when the fence no longer holds."""
+
+    async def once(conn: Connection) -> bool:
+        if not await leases.lock_fenced(conn, fence):
+            return False
+        record = await select_workflow(conn, fence.task_id, lock=True)
+        if record is not None:
+            await _block(conn, record, reason)
+        return record is not None
+
+    return await in_transaction(pool, once)
+
+
+async def _block(conn: Connection, record: WorkflowRecord, reason: str) -> None:
+    """Record `reason` as the row's `blocked_reason` and say so in its events (once)."""
+    cur = await conn.execute(_BLOCK, {"task_id": record.task_id, "reason": reason})
+    row = await cur.fetchone()
+    if row is not None:
+        await _insert_event(conn, record, row[0], "blocked", row[1], reason, "")
+
+
+async def _insert_event(
+    conn: Connection,
+    record: WorkflowRecord,
+    seq: int,
+    kind: str,
+    status: str,
+    detail: str,
+    actor: str,
+) -> None:
+    await conn.execute(
+        _INSERT_EVENT,
+        {
+            "task_id": record.task_id,
+            "seq": seq,
+            "run_id": record.run_id,
+            "kind": kind,
+            "status": status,
+            "detail": detail,
+            "actor": actor,
+        },
+    )
+
+
 async def _set_status(conn: Connection, record: WorkflowRecord, status: str, error: str) -> None:
     cur = await conn.execute(
-        _SET_STATUS, {"task_id": record.task_id, "status": status, "error": error}
+        _SET_STATUS,
+        {
+            "task_id": record.task_id,
+            "status": status,
+            "error": error,
+            "ends": status in TERMINAL_STATUSES,
+        },
     )
     row = await cur.fetchone()
     assert row is not None

@@ -10,7 +10,7 @@ The per-node checkpoint is not here: `checkpointer` writes it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 
 from workflow_engine.domain.model import JsonObject
@@ -81,6 +81,37 @@ class WorkflowStore:
     async def set_status(self, fence: Fence, status: str, error: str = "") -> bool:
         """Set a status from a runner that still holds its lease; False when it does not."""
         return await workflow_rows.set_status(self._pool, fence, status, error)
+
+    async def restart_from(
+        self,
+        *,
+        task_id: str,
+        holder_id: str,
+        ttl_seconds: float,
+        state: Callable[[JsonObject], JsonObject],
+        actor: str,
+        detail: str,
+    ) -> ResumeClaim:
+        """Accept the state another writer left in a blocked workflow; see `workflow_rows`."""
+        return await workflow_rows.restart_from(
+            self._pool,
+            task_id=task_id,
+            holder_id=holder_id,
+            ttl_seconds=ttl_seconds,
+            state=state,
+            actor=actor,
+            detail=detail,
+        )
+
+    async def end_blocked(
+        self, task_id: str, error: str, actor: str, detail: str
+    ) -> WorkflowRecord:
+        """Fail a blocked workflow, leaving its state as the other writer wrote it."""
+        return await workflow_rows.end_blocked(self._pool, task_id, error, actor, detail)
+
+    async def block(self, fence: Fence, reason: str) -> bool:
+        """Record why the workflow waits for an operator, from a runner holding its lease."""
+        return await workflow_rows.block(self._pool, fence, reason)
 
     async def orphans(self, limit: int = 100) -> list[str]:
         """Task ids of RUNNING workflows whose lease was released or has expired."""

@@ -149,6 +149,10 @@ class _EventKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_EventKind.V
     """ResumeWorkflow answered it; detail says how, actor who."""
     OVERRIDDEN: _EventKind.ValueType  # 5
     """An UpdateWorkflow override; detail says what, actor who."""
+    BLOCKED: _EventKind.ValueType  # 6
+    """The engine found the workflow's row changed by another writer and holds it for an
+    operator; detail says why (see Workflow.blocked_reason).
+    """
 
 class EventKind(_EventKind, metaclass=_EventKindEnumTypeWrapper): ...
 
@@ -161,6 +165,10 @@ APPROVAL_DECIDED: EventKind.ValueType  # 4
 """ResumeWorkflow answered it; detail says how, actor who."""
 OVERRIDDEN: EventKind.ValueType  # 5
 """An UpdateWorkflow override; detail says what, actor who."""
+BLOCKED: EventKind.ValueType  # 6
+"""The engine found the workflow's row changed by another writer and holds it for an
+operator; detail says why (see Workflow.blocked_reason).
+"""
 Global___EventKind: _TypeAlias = EventKind  # noqa: Y015
 
 @_typing.final
@@ -543,6 +551,26 @@ class RejectLastResult(_message.Message):
 Global___RejectLastResult: _TypeAlias = RejectLastResult  # noqa: Y015
 
 @_typing.final
+class AcceptOutsideState(_message.Message):
+    """Take the state another writer wrote into a blocked workflow (see Workflow.blocked_reason) as
+    the engine's and go on from it: the task is read again and re-planned; the other writer's
+    last_result and verification are kept.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AcceptOutsideState: _TypeAlias = AcceptOutsideState  # noqa: Y015
+
+@_typing.final
 class UpdateWorkflowRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -552,13 +580,16 @@ class UpdateWorkflowRequest(_message.Message):
     SET_STATE_FIELD_NUMBER: _builtins.int
     REJECT_LAST_RESULT_FIELD_NUMBER: _builtins.int
     FORCE_BRANCH_FIELD_NUMBER: _builtins.int
+    ACCEPT_OUTSIDE_STATE_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     operator: _builtins.str
     """Who makes the override; recorded in the history. Required."""
     reason: _builtins.str
     """Why; recorded in the history."""
     force_branch: Global___Branch.ValueType
-    """Go to this node next."""
+    """Go to this node next. MARK_FAILED also ends a blocked workflow (its state is left as
+    the other writer wrote it).
+    """
     @_builtins.property
     def set_state(self) -> _struct_pb2.Struct:
         """State fields to replace (top level keys); only the editable ones are accepted."""
@@ -566,6 +597,10 @@ class UpdateWorkflowRequest(_message.Message):
     @_builtins.property
     def reject_last_result(self) -> Global___RejectLastResult:
         """Treat the last result as failed verification: the step gets one more attempt."""
+
+    @_builtins.property
+    def accept_outside_state(self) -> Global___AcceptOutsideState:
+        """Only for a blocked workflow."""
 
     def __init__(
         self,
@@ -576,12 +611,13 @@ class UpdateWorkflowRequest(_message.Message):
         set_state: _struct_pb2.Struct | None = ...,
         reject_last_result: Global___RejectLastResult | None = ...,
         force_branch: Global___Branch.ValueType = ...,
+        accept_outside_state: Global___AcceptOutsideState | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "force_branch", b"force_branch", "reject_last_result", b"reject_last_result", "set_state", b"set_state"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["accept_outside_state", b"accept_outside_state", "action", b"action", "force_branch", b"force_branch", "reject_last_result", b"reject_last_result", "set_state", b"set_state"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "force_branch", b"force_branch", "operator", b"operator", "reason", b"reason", "reject_last_result", b"reject_last_result", "set_state", b"set_state", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accept_outside_state", b"accept_outside_state", "action", b"action", "force_branch", b"force_branch", "operator", b"operator", "reason", b"reason", "reject_last_result", b"reject_last_result", "set_state", b"set_state", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_action: _TypeAlias = _typing.Literal["set_state", "reject_last_result", "force_branch"]  # noqa: Y015
+    _WhichOneofReturnType_action: _TypeAlias = _typing.Literal["set_state", "reject_last_result", "force_branch", "accept_outside_state"]  # noqa: Y015
     _WhichOneofArgType_action: _TypeAlias = _typing.Literal["action", b"action"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_action) -> _WhichOneofReturnType_action | None: ...
 
@@ -649,6 +685,7 @@ class Workflow(_message.Message):
     ERROR_FIELD_NUMBER: _builtins.int
     HISTORY_FIELD_NUMBER: _builtins.int
     PENDING_APPROVAL_FIELD_NUMBER: _builtins.int
+    BLOCKED_REASON_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     run_id: _builtins.str
     status: Global___WorkflowStatus.ValueType
@@ -656,6 +693,11 @@ class Workflow(_message.Message):
     lease_holder_id: _builtins.str
     summary: _builtins.str
     error: _builtins.str
+    blocked_reason: _builtins.str
+    """Set when the engine will not run the workflow until an operator decides: another writer
+    changed its state or last_node_id. UpdateWorkflow accept_outside_state, force_branch
+    MARK_FAILED, or CancelWorkflow decide; ResumeWorkflow and other updates are refused.
+    """
     @_builtins.property
     def state(self) -> _struct_pb2.Struct: ...
     @_builtins.property
@@ -685,10 +727,11 @@ class Workflow(_message.Message):
         error: _builtins.str = ...,
         history: _abc.Iterable[Global___WorkflowEvent] | None = ...,
         pending_approval: Global___ApprovalRequest | None = ...,
+        blocked_reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["lease_expires_at", b"lease_expires_at", "pending_approval", b"pending_approval", "state", b"state", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "history", b"history", "last_node_id", b"last_node_id", "lease_expires_at", b"lease_expires_at", "lease_holder_id", b"lease_holder_id", "pending_approval", b"pending_approval", "run_id", b"run_id", "state", b"state", "status", b"status", "summary", b"summary", "task_id", b"task_id", "updated_at", b"updated_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocked_reason", b"blocked_reason", "error", b"error", "history", b"history", "last_node_id", b"last_node_id", "lease_expires_at", b"lease_expires_at", "lease_holder_id", b"lease_holder_id", "pending_approval", b"pending_approval", "run_id", b"run_id", "state", b"state", "status", b"status", "summary", b"summary", "task_id", b"task_id", "updated_at", b"updated_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -20,9 +20,10 @@ async def test_tampered_checkpoint_fails_the_workflow_on_resume(
     marker.unlink()
     async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
         # Make it look unfinished, with LangGraph's bookkeeping replaced by a pickle-ish blob.
+        # (State and last_node_id stay as the engine wrote them: a change to those is another
+        # writer's, which blocks the workflow instead; see tests/integration/orchestrator.)
         await conn.execute(
-            "UPDATE workflow_checkpoints SET status = 'RUNNING', last_node_id = 'dispatch_step',"
-            " checkpoint = to_jsonb(%s::text)"
+            "UPDATE workflow_checkpoints SET status = 'RUNNING', checkpoint = to_jsonb(%s::text)"
             " WHERE task_id = %s",
             ("gASVKAAAAAAAAACMBXBvc2l4lIwGc3lzdGVtlJOUjAJpZJSFlFKULg==", task_id),
         )

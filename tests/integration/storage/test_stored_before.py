@@ -2,36 +2,68 @@
 
 `fixtures/paused_before_issue11.json` holds the rows (checkpoint, lease, task, events) the engine
 wrote at commit 9d8bf5d, before the checkpointer stopped talking to the run: a two-step task
-paused for approval of its second step. Its LangGraph bookkeeping has no `node_event` channel.
+paused for approval of its second step. Its LangGraph bookkeeping has no `node_event` channel,
+and its rows have none of the columns later migrations add (ownership, digest, handover): they
+are loaded into a schema of that version, and the engine's start migrates them.
 """
 
 from __future__ import annotations
 
 import json
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 
 import psycopg
+import pytest
+from psycopg.conninfo import make_conninfo
 from psycopg.types.json import Json
 
-from tests.conftest import RunningEngine
+from tests import database
+from tests.conftest import RunningEngine, start_engine, stop_engine
 from tests.helpers import wait_for_status
+from workflow_engine.config import Settings
+from workflow_engine.storage.migrations import migrate
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 FIXTURE = Path(__file__).parent / "fixtures" / "paused_before_issue11.json"
 TABLES = ("task_workflow_leases", "workflow_checkpoints", "workflow_tasks", "workflow_events")
 
 
-async def test_a_paused_workflow_stored_before_resumes_to_the_end(
-    running: RunningEngine, db_url: str
-) -> None:
+#: The schema version the fixture's rows were written at (migrations 0 to 2).
+FIXTURE_SCHEMA = 3
+
+
+@pytest.fixture
+async def running(pg_server_url: str, settings: Settings) -> AsyncIterator[RunningEngine]:
+    """An engine started on a database that held the fixture's rows at the schema they were
+    written with; starting it applies the later migrations to them, as an upgrade would."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    async with await psycopg.AsyncConnection.connect(pg_server_url, autocommit=True) as admin:
+        await admin.execute(f"CREATE DATABASE {name}")
+    url = make_conninfo(pg_server_url, dbname=name)
     rows = json.loads(FIXTURE.read_text())
-    task_id = rows["workflow_checkpoints"][0]["task_id"]
-    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        await migrate(conn, up_to=FIXTURE_SCHEMA)
         for table in TABLES:
             await conn.execute(
                 f"INSERT INTO {table} SELECT * FROM json_populate_recordset(NULL::{table}, %s)",
                 (Json(rows[table]),),
             )
+    assert database.ROUTE is not None
+    replica = await start_engine(replace(settings, database_url=database.ROUTE.client(name)))
+    try:
+        yield replica
+    finally:
+        await stop_engine(replica)
+        async with await psycopg.AsyncConnection.connect(pg_server_url, autocommit=True) as admin:
+            await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+async def test_a_paused_workflow_stored_before_resumes_to_the_end(running: RunningEngine) -> None:
+    rows = json.loads(FIXTURE.read_text())
+    task_id = rows["workflow_checkpoints"][0]["task_id"]
     before = await running.stub.GetWorkflow(pb.GetWorkflowRequest(task_id=task_id))
     assert before.status == pb.WAITING_FOR_APPROVAL
     assert before.pending_approval.step_id == "ship"

@@ -22,7 +22,7 @@ from psycopg.types.json import Json
 
 from tests import database
 from tests.conftest import RunningEngine, start_engine, stop_engine
-from tests.helpers import wait_for_status
+from tests.helpers import new_task_id, step, task, wait_for_status
 from workflow_engine.config import Settings
 from workflow_engine.storage.migrations import migrate
 from workflow_engine.v1 import workflow_engine_pb2 as pb
@@ -84,3 +84,35 @@ async def test_a_paused_workflow_stored_before_resumes_to_the_end(running: Runni
     sequences = [e.sequence for e in done.history]
     assert sequences == list(range(1, len(sequences) + 1))  # went on from the stored ones
     assert done.history[8].kind == pb.APPROVAL_DECIDED
+
+
+async def test_a_workflow_drained_before_the_upgrade_is_adopted_after_it(
+    settings: Settings, db_url: str
+) -> None:
+    """A RUNNING workflow whose lease a draining replica released before migration 3 (ownership,
+    handover) is still an orphan after it: the upgrade marks that release as a handover."""
+    draining = await start_engine(settings)
+    task_id = new_task_id()
+    await draining.stub.StartWorkflow(
+        pb.StartWorkflowRequest(
+            task_id=task_id, task=task(step("slow", "sleep", "0.5"), step("b", "true"))
+        )
+    )
+    await stop_engine(draining)  # stops at a node boundary and releases the lease
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+        # Make the rows what the version before migration 3 wrote, and that migration pending.
+        await conn.execute(
+            "UPDATE workflow_checkpoints SET engine_owned = false, engine_digest = NULL"
+        )
+        await conn.execute(
+            "UPDATE task_workflow_leases SET engine_lease_id = NULL, handed_over = false"
+        )
+        await conn.execute("DELETE FROM workflow_engine_migrations WHERE version >= 3")
+    survivor = await start_engine(
+        settings.with_overrides(holder_id="survivor", recovery_interval_seconds=0.2)
+    )
+    try:
+        wf = await wait_for_status(survivor.stub, task_id, timeout=20)
+        assert wf.status == pb.SUCCEEDED, wf.error
+    finally:
+        await stop_engine(survivor)

@@ -134,7 +134,7 @@ class Engine:
         applied = await run_migrations(pool)
         log.info("schema_ready", migrations=applied)
         store = WorkflowStore(pool)
-        caps = capabilities or build_capabilities(settings, Lent(load_task=store.load_task))
+        caps = capabilities or build_capabilities(settings, Lent(stored_task=store.load_task))
         resources = AsyncExitStack()
         await resources.enter_async_context(opened(caps))
         faults = FaultPlan.parse(settings.faults)
@@ -152,7 +152,7 @@ class Engine:
             store=store,
             runs=runs,
             events=events,
-            on_task_stored=caps.task_source.stored,
+            on_task_stored=caps.stored_tasks.stored,
             check_plannable=caps.planner.check,
         )
         recoverer = None

@@ -27,10 +27,11 @@ from workflow_engine.capabilities.base import (
     Worker,
 )
 from workflow_engine.capabilities.context import TruncatingCompressor
+from workflow_engine.capabilities.inline_tasks import InlineTaskSource
 from workflow_engine.capabilities.planner import StaticPlanner
 from workflow_engine.capabilities.sandbox import LocalSandboxWorker
 from workflow_engine.capabilities.simulated import SimulatedWorker
-from workflow_engine.capabilities.task_source import InlineTaskSource
+from workflow_engine.capabilities.stored_tasks import StoredTasks
 from workflow_engine.capabilities.verifier import MachineVerifier
 from workflow_engine.config import ENV_PREFIX, Settings
 from workflow_engine.domain.model import JsonObject
@@ -40,12 +41,15 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True)
 class Capabilities:
-    """The capability each node calls; see `workflow_engine.capabilities`."""
+    """The capability each node calls, and the task source StartWorkflow loads tasks from."""
 
+    #: Where StartWorkflow loads a task by id when none is sent (configurable).
     task_source: TaskSource
     planner: Planner
     worker: Worker
     verifier: Verifier
+    #: The task each workflow was started with, which the nodes read (not configurable).
+    stored_tasks: StoredTasks
     compressor: ContextCompressor = field(default_factory=TruncatingCompressor)
     #: Characters of earlier steps' output handed to each dispatch, at most.
     context_budget_chars: int = 8000
@@ -58,13 +62,13 @@ class Lent:
     """What the engine lends its capabilities: plain callables, never the engine's objects."""
 
     #: The task stored with a workflow (its JSON), by task id; raises `WorkflowNotFound`.
-    load_task: Callable[[str], Awaitable[JsonObject]]
+    stored_task: Callable[[str], Awaitable[JsonObject]]
 
 
 Builder = Callable[[Settings, Lent], T]
 
 TASK_SOURCES: Mapping[str, Builder[TaskSource]] = {
-    "inline": lambda s, lent: InlineTaskSource(lent.load_task),
+    "inline": lambda s, lent: InlineTaskSource(),
 }
 PLANNERS: Mapping[str, Builder[Planner]] = {
     "static": lambda s, lent: StaticPlanner(),
@@ -124,6 +128,7 @@ def build_capabilities(settings: Settings, lent: Lent) -> Capabilities:
         planner=_build(PLANNERS, "planner", settings, lent),
         worker=_build(WORKERS, "worker", settings, lent),
         verifier=_build(VERIFIERS, "verifier", settings, lent),
+        stored_tasks=StoredTasks(lent.stored_task),
         compressor=_build(COMPRESSORS, "compressor", settings, lent),
         context_budget_chars=settings.context_budget_chars,
         max_running_jobs=settings.max_running_jobs,

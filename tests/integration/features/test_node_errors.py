@@ -50,7 +50,9 @@ class FaultyTargets(Faulty):
         await self.inner.cancel(target, job)  # type: ignore[attr-defined]
 
 
-class BrokenSource:
+class BrokenStoredTasks:
+    """The stored task cannot be read (load_task_context's one read)."""
+
     async def load(self, task_id: str) -> TaskSpec:
         raise RuntimeError("task table unreachable")
 
@@ -64,7 +66,7 @@ async def engine_with(settings: Settings) -> AsyncIterator[object]:
     started: list[RunningEngine] = []
 
     async def start(change: object) -> RunningEngine:
-        engine_caps = build_capabilities(settings, Lent(load_task=None))  # type: ignore[arg-type]
+        engine_caps = build_capabilities(settings, Lent(stored_task=None))  # type: ignore[arg-type]
         running = await start_engine(settings, change(engine_caps))  # type: ignore[operator]
         started.append(running)
         return running
@@ -132,7 +134,7 @@ async def test_an_exception_in_a_node_fails_the_workflow_with_its_message(
     engine_with: object,
 ) -> None:
     def change(caps: object) -> object:
-        return replace(caps, task_source=BrokenSource())  # type: ignore[type-var]
+        return replace(caps, stored_tasks=BrokenStoredTasks())  # type: ignore[type-var]
 
     running: RunningEngine = await engine_with(change)  # type: ignore[operator]
     task_id = new_task_id()

@@ -25,18 +25,22 @@ async def no_task(task_id: str) -> dict[str, Any]:
     raise AssertionError("not read in these tests")
 
 
+#: What the engine lends, for tests that never read a task through it.
+LENT_NOTHING = Lent(stored_task=no_task)
+
+
 def test_the_settings_choose_each_implementation(tmp_path: Any) -> None:
-    default = build_capabilities(Settings(data_dir=tmp_path), Lent(load_task=no_task))
+    default = build_capabilities(Settings(data_dir=tmp_path), LENT_NOTHING)
     assert isinstance(default.worker, LocalSandboxWorker)
     assert isinstance(default.planner, StaticPlanner)
-    simulated = build_capabilities(Settings(worker="simulated"), Lent(load_task=no_task))
+    simulated = build_capabilities(Settings(worker="simulated"), LENT_NOTHING)
     assert isinstance(simulated.worker, SimulatedWorker)
 
 
 @pytest.mark.parametrize("setting", ["worker", "planner", "verifier", "task_source", "compressor"])
 def test_an_unknown_implementation_names_its_setting(setting: str) -> None:
     with pytest.raises(UnknownCapability, match=f"WORKFLOW_ENGINE_{setting.upper()}: unknown"):
-        build_capabilities(Settings(**{setting: "nonesuch"}), Lent(load_task=no_task))
+        build_capabilities(Settings(**{setting: "nonesuch"}), LENT_NOTHING)
 
 
 class ClientWorker(SimulatedWorker):
@@ -62,9 +66,7 @@ class ClientWorker(SimulatedWorker):
 
 async def test_opened_enters_and_exits_what_owns_resources() -> None:
     journal: list[str] = []
-    caps = replace(
-        build_capabilities(Settings(), Lent(load_task=no_task)), worker=ClientWorker(journal)
-    )
+    caps = replace(build_capabilities(Settings(), LENT_NOTHING), worker=ClientWorker(journal))
     async with opened(caps):
         assert journal == ["opened"]
     assert journal == ["opened", "closed"]

@@ -2,8 +2,9 @@
 
 Each kind (task source, planner, worker, verifier, context compressor) has a setting that names
 its implementation and a registry below mapping that name to a builder. A builder gets the
-settings and what the engine lends capabilities (`Lent`: today, how to read a stored task), and
-returns the implementation. Adding one, say an LLM planner, is one new module and one line here:
+settings and what the engine lends capabilities (`Lent`: how to read a stored task and the
+orchestrator's tasks table), and returns the implementation. Adding one, say an LLM planner, is
+one new module and one line here:
 
     PLANNERS = {"static": ..., "llm": lambda s, lent: LlmPlanner(s.llm)}
 
@@ -32,6 +33,7 @@ from workflow_engine.capabilities.planner import StaticPlanner
 from workflow_engine.capabilities.sandbox import LocalSandboxWorker
 from workflow_engine.capabilities.simulated import SimulatedWorker
 from workflow_engine.capabilities.stored_tasks import StoredTasks
+from workflow_engine.capabilities.task_table import TaskTableSource
 from workflow_engine.capabilities.verifier import MachineVerifier
 from workflow_engine.config import ENV_PREFIX, Settings
 from workflow_engine.domain.model import JsonObject
@@ -63,12 +65,22 @@ class Lent:
 
     #: The task stored with a workflow (its JSON), by task id; raises `WorkflowNotFound`.
     stored_task: Callable[[str], Awaitable[JsonObject]]
+    #: A row of the orchestrator's ``tasks`` table (as JSON), by task id; `None` when none.
+    orchestrator_task: Callable[[str], Awaitable[JsonObject | None]]
+    #: Whether the database has the orchestrator's ``tasks`` table.
+    has_orchestrator_tasks: Callable[[], Awaitable[bool]]
 
 
 Builder = Callable[[Settings, Lent], T]
 
+
+def _task_table(lent: Lent) -> TaskTableSource:
+    return TaskTableSource(lent.orchestrator_task, lent.has_orchestrator_tasks)
+
+
 TASK_SOURCES: Mapping[str, Builder[TaskSource]] = {
-    "inline": lambda s, lent: InlineTaskSource(),
+    "inline": lambda s, lent: InlineTaskSource(_task_table(lent)),
+    "orchestrator": lambda s, lent: _task_table(lent),
 }
 PLANNERS: Mapping[str, Builder[Planner]] = {
     "static": lambda s, lent: StaticPlanner(),

@@ -10,7 +10,8 @@ from google.protobuf import json_format
 
 from tests.conftest import RunningEngine, start_engine, stop_engine
 from tests.helpers import new_task_id, step, task, wait_for_status
-from workflow_engine.capabilities.factory import Lent, build_capabilities
+from tests.unit.capabilities.test_factory import LENT_NOTHING
+from workflow_engine.capabilities.factory import build_capabilities
 from workflow_engine.config import Settings
 from workflow_engine.domain.jobs import JobRequest, JobResult, Verification
 from workflow_engine.domain.task import AcceptanceCriterion, Step, TaskSpec
@@ -66,7 +67,7 @@ async def engine_with(settings: Settings) -> AsyncIterator[object]:
     started: list[RunningEngine] = []
 
     async def start(change: object) -> RunningEngine:
-        engine_caps = build_capabilities(settings, Lent(stored_task=None))  # type: ignore[arg-type]
+        engine_caps = build_capabilities(settings, LENT_NOTHING)
         running = await start_engine(settings, change(engine_caps))  # type: ignore[operator]
         started.append(running)
         return running

@@ -14,9 +14,11 @@ from workflow_engine.capabilities.factory import (
     build_capabilities,
     opened,
 )
+from workflow_engine.capabilities.inline_tasks import InlineTaskSource
 from workflow_engine.capabilities.planner import StaticPlanner
 from workflow_engine.capabilities.sandbox import LocalSandboxWorker
 from workflow_engine.capabilities.simulated import SimulatedWorker
+from workflow_engine.capabilities.task_table import TaskTableSource
 from workflow_engine.config import Settings
 from workflow_engine.domain.jobs import JobRequest, JobResult
 
@@ -25,8 +27,12 @@ async def no_task(task_id: str) -> dict[str, Any]:
     raise AssertionError("not read in these tests")
 
 
+async def no_table() -> bool:
+    raise AssertionError("not asked in these tests")
+
+
 #: What the engine lends, for tests that never read a task through it.
-LENT_NOTHING = Lent(stored_task=no_task)
+LENT_NOTHING = Lent(stored_task=no_task, orchestrator_task=no_task, has_orchestrator_tasks=no_table)
 
 
 def test_the_settings_choose_each_implementation(tmp_path: Any) -> None:
@@ -35,6 +41,12 @@ def test_the_settings_choose_each_implementation(tmp_path: Any) -> None:
     assert isinstance(default.planner, StaticPlanner)
     simulated = build_capabilities(Settings(worker="simulated"), LENT_NOTHING)
     assert isinstance(simulated.worker, SimulatedWorker)
+
+
+def test_the_task_source_setting_chooses_where_a_task_is_loaded_by_id() -> None:
+    assert isinstance(build_capabilities(Settings(), LENT_NOTHING).task_source, InlineTaskSource)
+    table = build_capabilities(Settings(task_source="orchestrator"), LENT_NOTHING).task_source
+    assert isinstance(table, TaskTableSource)
 
 
 @pytest.mark.parametrize("setting", ["worker", "planner", "verifier", "task_source", "compressor"])

@@ -167,3 +167,18 @@ async def second_replica(settings: Settings) -> AsyncIterator[RunningEngine]:
         yield replica
     finally:
         await stop_engine(replica)
+
+
+@pytest.fixture
+async def orchestrator_url(
+    pg_server_url: str, request: pytest.FixtureRequest
+) -> AsyncIterator[str]:
+    """A fresh database with the orchestrator's `tasks` table as their ORM makes it (variant
+    `request.param`, default plain) and the engine's own tables (see `create_tasks_db`)."""
+    from tests.orchestrator_schema import create_tasks_db
+
+    name = await create_tasks_db(pg_server_url, getattr(request, "param", "plain"))
+    assert database.ROUTE is not None
+    yield database.ROUTE.client(name)
+    async with await psycopg.AsyncConnection.connect(pg_server_url, autocommit=True) as admin:
+        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")

@@ -147,3 +147,21 @@ async def insert_task(
         ),
     )
     return task_id
+
+
+async def create_tasks_db(admin_url: str, variant: str) -> str:
+    """Like `create_orchestrator_db`, but with the engine's own lease and checkpoint tables in
+    place of theirs: for tests of their `tasks` table (starting a task by id).
+
+    The engine does not run on their lease and checkpoint tables yet (their `id` columns have no
+    default; another part of issue 12). Once it does, use `create_orchestrator_db` instead.
+    """
+    from workflow_engine.app import run_migrations
+
+    name = await create_orchestrator_db(admin_url, variant, migrate=False)
+    url = make_conninfo(admin_url, dbname=name)
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        await conn.execute("DROP TABLE workflow_checkpoints, task_workflow_leases CASCADE")
+    async with AsyncConnectionPool(url, kwargs={"autocommit": True}, min_size=1) as pool:
+        await run_migrations(pool)
+    return name

@@ -1,65 +1,31 @@
 """StartWorkflow without a task: the task is loaded by id from the orchestrator's `tasks` table.
 
-Each test runs a real engine over gRPC on a database made as the orchestrator's ORM makes it
-(`tests.orchestrator_schema`, then the engine's migrations), with task rows inserted as their
-ORM inserts them.
+Each test runs a real engine over gRPC on a database holding the orchestrator's `tasks` table
+as their ORM makes it (`orchestrator_url`, from `tests.orchestrator_schema`), with task rows
+inserted as their ORM inserts them. The resume after a crash is in `tests/e2e`.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import replace
-from functools import partial
 from typing import Any
 
 import grpc
 import psycopg
 import pytest
 from google.protobuf import json_format
-from psycopg.conninfo import make_conninfo
-from psycopg_pool import AsyncConnectionPool
 
 from tests import database
 from tests.conftest import RunningEngine, start_engine, stop_engine
 from tests.helpers import new_task_id, snapshot, step, task, wait_for_status
-from tests.orchestrator_schema import create_orchestrator_db, insert_task
-from workflow_engine.app import run_migrations
-from workflow_engine.capabilities.factory import Lent, build_capabilities
+from tests.orchestrator_schema import insert_task
 from workflow_engine.config import Settings
 from workflow_engine.domain.task import TaskSpec
-from workflow_engine.storage import orchestrator_tasks
-from workflow_engine.storage import tasks as workflow_tasks
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 USER = "11111111-1111-4111-8111-111111111111"
 PROJECT = "22222222-2222-4222-8222-222222222222"
-
-
-# The engine does not run on their lease and checkpoint tables yet (their `id` columns have no
-# default: another part of issue 12); these tests are about their `tasks` table, so the engine's
-# own lease and checkpoint tables stand beside it. Drop these two statements once it does.
-_WITHOUT_THEIR_WORKFLOW_TABLES = "DROP TABLE workflow_checkpoints, task_workflow_leases CASCADE"
-
-
-@pytest.fixture
-async def orchestrator_url(
-    pg_server_url: str, request: pytest.FixtureRequest
-) -> AsyncIterator[str]:
-    """A fresh database with the orchestrator's tasks table (variant `param`, default plain)
-    and the engine's migrations."""
-    name = await create_orchestrator_db(
-        pg_server_url, getattr(request, "param", "plain"), migrate=False
-    )
-    direct = make_conninfo(pg_server_url, dbname=name)
-    async with await psycopg.AsyncConnection.connect(direct, autocommit=True) as conn:
-        await conn.execute(_WITHOUT_THEIR_WORKFLOW_TABLES)
-    async with AsyncConnectionPool(direct, kwargs={"autocommit": True}, min_size=1) as pool:
-        await run_migrations(pool)
-    assert database.ROUTE is not None
-    yield database.ROUTE.client(name)
-    async with await psycopg.AsyncConnection.connect(pg_server_url, autocommit=True) as admin:
-        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
 def on(url: str, settings: Settings, **overrides: Any) -> Settings:
@@ -193,51 +159,6 @@ async def test_an_inline_task_wins_over_the_tasks_table(
         assert (await stored_spec(orchestrator_url, task_id)).prompt == "inline"
     finally:
         await stop_engine(replica)
-
-
-class HeldStoredTasks:
-    """Holds `load_task_context` at its read of the stored task, so the first engine stops
-    with the workflow started but no node run (a resume then runs every node)."""
-
-    async def load(self, task_id: str) -> TaskSpec:
-        await asyncio.Event().wait()
-        raise AssertionError("unreachable")
-
-    def stored(self, task_id: str, spec: TaskSpec) -> None:
-        pass
-
-
-@pytest.mark.parametrize("change", ["UPDATE tasks SET prompt = '$ false'", "DELETE FROM tasks"])
-async def test_a_resume_runs_the_task_as_stored_whatever_became_of_its_row(
-    orchestrator_url: str, settings: Settings, change: str
-) -> None:
-    engine_settings = on(orchestrator_url, settings)
-    async with AsyncConnectionPool(orchestrator_url, kwargs={"autocommit": True}) as pool:
-        lent = Lent(
-            stored_task=partial(workflow_tasks.load, pool),
-            orchestrator_task=partial(orchestrator_tasks.read_task, pool),
-            has_orchestrator_tasks=partial(orchestrator_tasks.table_exists, pool),
-        )
-        caps = build_capabilities(engine_settings, lent)
-        held = replace(caps, stored_tasks=HeldStoredTasks())  # type: ignore[arg-type]
-        first = await start_engine(engine_settings, held)
-        task_id = await insert(orchestrator_url, prompt="$ echo hello")
-        await first.stub.StartWorkflow(pb.StartWorkflowRequest(task_id=task_id))
-        await first.channel.close()
-        await first.server.stop(drain_timeout=0.2)  # the held run is abandoned; no node ran
-    assert (await stored_spec(orchestrator_url, task_id)).prompt == "$ echo hello"
-
-    await execute(orchestrator_url, change + " WHERE id = %s", task_id)
-    second = await start_engine(engine_settings)
-    try:
-        await second.stub.ResumeWorkflow(pb.ResumeWorkflowRequest(task_id=task_id))
-        done = await wait_for_status(second.stub, task_id)
-        assert done.status == pb.SUCCEEDED, done.error
-        state = state_of(done)
-        assert state["prompt"] == "$ echo hello"
-        assert [r["stdout"] for r in state["results"]] == ["hello\n"]
-    finally:
-        await stop_engine(second)
 
 
 async def test_without_a_tasks_table_a_task_is_required(

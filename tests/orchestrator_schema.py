@@ -165,3 +165,9 @@ async def create_tasks_db(admin_url: str, variant: str) -> str:
     async with AsyncConnectionPool(url, kwargs={"autocommit": True}, min_size=1) as pool:
         await run_migrations(pool)
     return name
+
+
+async def insert_task_at(url: str, **row: object) -> str:
+    """`insert_task` on a connection of its own to `url`."""
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        return await insert_task(conn, **row)  # type: ignore[arg-type]

@@ -78,9 +78,18 @@ def _task_table(lent: Lent) -> TaskTableSource:
     return TaskTableSource(lent.orchestrator_task, lent.has_orchestrator_tasks)
 
 
+def _mcp_tasks(settings: Settings, lent: Lent) -> TaskSource:
+    # Imported here: the MCP SDK brings an HTTP server stack along (half a second and some
+    # 500 modules), which only an engine that uses this source should load.
+    from workflow_engine.capabilities.mcp_tasks import McpTaskSource
+
+    return McpTaskSource(settings.mcp)
+
+
 TASK_SOURCES: Mapping[str, Builder[TaskSource]] = {
     "inline": lambda s, lent: InlineTaskSource(_task_table(lent)),
     "orchestrator": lambda s, lent: _task_table(lent),
+    "mcp": _mcp_tasks,
 }
 PLANNERS: Mapping[str, Builder[Planner]] = {
     "static": lambda s, lent: StaticPlanner(),

@@ -18,10 +18,9 @@ from google.protobuf import json_format
 
 from tests import database
 from tests.conftest import RunningEngine, start_engine, stop_engine
-from tests.helpers import new_task_id, snapshot, step, task, wait_for_status
-from tests.orchestrator_schema import insert_task
+from tests.helpers import new_task_id, snapshot, step, stored_task, task, wait_for_status
+from tests.orchestrator_schema import insert_task_at
 from workflow_engine.config import Settings
-from workflow_engine.domain.task import TaskSpec
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 USER = "11111111-1111-4111-8111-111111111111"
@@ -43,22 +42,9 @@ async def engine(orchestrator_url: str, settings: Settings) -> AsyncIterator[Run
         await stop_engine(replica)
 
 
-async def insert(url: str, **row: Any) -> str:
-    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        return await insert_task(conn, **row)
-
-
 async def execute(url: str, sql: str, *params: Any) -> None:
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
         await conn.execute(sql, params)
-
-
-async def stored_spec(url: str, task_id: str) -> TaskSpec:
-    async with await psycopg.AsyncConnection.connect(url) as conn:
-        cur = await conn.execute("SELECT spec FROM workflow_tasks WHERE task_id = %s", (task_id,))
-        row = await cur.fetchone()
-    assert row is not None, "no task stored with the workflow"
-    return TaskSpec.from_json(row[0])
 
 
 def state_of(workflow: pb.Workflow) -> dict[str, Any]:
@@ -82,7 +68,7 @@ async def test_a_task_started_by_id_runs_from_the_orchestrators_row(
     engine: RunningEngine, orchestrator_url: str
 ) -> None:
     """The default source falls back to the tasks table; its `$ ` prompt line is the step."""
-    task_id = await insert(
+    task_id = await insert_task_at(
         orchestrator_url,
         prompt="Say hello\n$ echo hello",
         acceptance_criteria=["greets", {"description": "says hello", "check": None}],
@@ -105,7 +91,7 @@ async def test_a_task_started_by_id_runs_from_the_orchestrators_row(
         "project_id": PROJECT,
         "labels": {"team": "core", "name": "Greeting"},
     }
-    spec = await stored_spec(orchestrator_url, task_id)
+    spec = await stored_task(orchestrator_url, task_id)
     assert spec.prompt == "Say hello\n$ echo hello"
     assert spec.metadata.user_id == USER
 
@@ -121,7 +107,7 @@ async def test_an_unknown_task_is_not_found(engine: RunningEngine, orchestrator_
 
 
 async def test_a_closed_task_is_not_startable(engine: RunningEngine, orchestrator_url: str) -> None:
-    task_id = await insert(orchestrator_url, closed=True)
+    task_id = await insert_task_at(orchestrator_url, closed=True)
     await refused(
         engine.stub.StartWorkflow(pb.StartWorkflowRequest(task_id=task_id)),
         grpc.StatusCode.FAILED_PRECONDITION,
@@ -134,7 +120,7 @@ async def test_a_closed_task_is_not_startable(engine: RunningEngine, orchestrato
 async def test_a_soft_deleted_task_is_not_startable(
     engine: RunningEngine, orchestrator_url: str
 ) -> None:
-    task_id = await insert(orchestrator_url)
+    task_id = await insert_task_at(orchestrator_url)
     await execute(orchestrator_url, "UPDATE tasks SET deleted_at = now() WHERE id = %s", task_id)
     await refused(
         engine.stub.StartWorkflow(pb.StartWorkflowRequest(task_id=task_id)),
@@ -150,13 +136,13 @@ async def test_an_inline_task_wins_over_the_tasks_table(
     """Whatever the source, here `orchestrator` itself: the task sent is the one that runs."""
     replica = await start_engine(on(orchestrator_url, settings, task_source="orchestrator"))
     try:
-        task_id = await insert(orchestrator_url, prompt="$ echo from-the-table")
+        task_id = await insert_task_at(orchestrator_url, prompt="$ echo from-the-table")
         inline = task(step("s", "echo", "sent-inline"), prompt="inline")
         await replica.stub.StartWorkflow(pb.StartWorkflowRequest(task_id=task_id, task=inline))
         done = await wait_for_status(replica.stub, task_id)
         assert done.status == pb.SUCCEEDED, done.error
         assert [r["stdout"] for r in state_of(done)["results"]] == ["sent-inline\n"]
-        assert (await stored_spec(orchestrator_url, task_id)).prompt == "inline"
+        assert (await stored_task(orchestrator_url, task_id)).prompt == "inline"
     finally:
         await stop_engine(replica)
 
@@ -193,7 +179,7 @@ async def test_a_repeated_start_is_answered_as_before_once_the_task_is_closed(
 ) -> None:
     """The orchestrator closes a task when its workflow is done; a retried start still gets
     the truth (ALREADY_FINISHED), not a refusal of the task."""
-    task_id = await insert(orchestrator_url)
+    task_id = await insert_task_at(orchestrator_url)
     key = new_task_id()
     request = pb.StartWorkflowRequest(task_id=task_id, idempotency_key=key)
     first = await engine.stub.StartWorkflow(request)

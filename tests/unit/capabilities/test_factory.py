@@ -15,11 +15,12 @@ from workflow_engine.capabilities.factory import (
     opened,
 )
 from workflow_engine.capabilities.inline_tasks import InlineTaskSource
+from workflow_engine.capabilities.mcp_tasks import McpTaskSource
 from workflow_engine.capabilities.planner import StaticPlanner
 from workflow_engine.capabilities.sandbox import LocalSandboxWorker
 from workflow_engine.capabilities.simulated import SimulatedWorker
 from workflow_engine.capabilities.task_table import TaskTableSource
-from workflow_engine.config import Settings
+from workflow_engine.config import McpSettings, Settings
 from workflow_engine.domain.jobs import JobRequest, JobResult
 
 
@@ -47,6 +48,8 @@ def test_the_task_source_setting_chooses_where_a_task_is_loaded_by_id() -> None:
     assert isinstance(build_capabilities(Settings(), LENT_NOTHING).task_source, InlineTaskSource)
     table = build_capabilities(Settings(task_source="orchestrator"), LENT_NOTHING).task_source
     assert isinstance(table, TaskTableSource)
+    mcp = Settings(task_source="mcp", mcp=McpSettings(url="http://orchestrator/mcp"))
+    assert isinstance(build_capabilities(mcp, LENT_NOTHING).task_source, McpTaskSource)
 
 
 @pytest.mark.parametrize("setting", ["worker", "planner", "verifier", "task_source", "compressor"])

@@ -167,3 +167,18 @@ async def second_replica(settings: Settings) -> AsyncIterator[RunningEngine]:
         yield replica
     finally:
         await stop_engine(replica)
+
+
+@pytest.fixture
+async def orchestrator_url(
+    pg_server_url: str, request: pytest.FixtureRequest
+) -> AsyncIterator[str]:
+    """A fresh database with the orchestrator's tables as their ORM makes them (variant
+    `request.param`, default plain), then the engine's migrations."""
+    from tests.orchestrator_schema import create_orchestrator_db
+
+    name = await create_orchestrator_db(pg_server_url, getattr(request, "param", "plain"))
+    assert database.ROUTE is not None
+    yield database.ROUTE.client(name)
+    async with await psycopg.AsyncConnection.connect(pg_server_url, autocommit=True) as admin:
+        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")

@@ -11,6 +11,7 @@ from typing import Any
 import psycopg
 from google.protobuf import json_format, struct_pb2
 
+from workflow_engine.domain.task import TaskSpec
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
 
@@ -101,3 +102,12 @@ async def snapshot(db_url: str) -> dict[str, list[Any]]:
             cur = await conn.execute(f"SELECT t::text FROM {table} t ORDER BY 1")
             out[table] = await cur.fetchall()
     return out
+
+
+async def stored_task(db_url: str, task_id: str) -> TaskSpec:
+    """The task stored with the task's workflow (`workflow_tasks`)."""
+    async with await psycopg.AsyncConnection.connect(db_url) as conn:
+        cur = await conn.execute("SELECT spec FROM workflow_tasks WHERE task_id = %s", (task_id,))
+        row = await cur.fetchone()
+    assert row is not None, "no task stored with the workflow"
+    return TaskSpec.from_json(row[0])

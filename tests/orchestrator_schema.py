@@ -147,3 +147,9 @@ async def insert_task(
         ),
     )
     return task_id
+
+
+async def insert_task_at(url: str, **row: object) -> str:
+    """`insert_task` on a connection of its own to `url`."""
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        return await insert_task(conn, **row)  # type: ignore[arg-type]

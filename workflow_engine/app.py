@@ -11,6 +11,7 @@ import gc
 import signal
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import grpc
@@ -41,6 +42,7 @@ from workflow_engine.runtime.events import EventHub
 from workflow_engine.runtime.manager import RunManager
 from workflow_engine.runtime.recovery import Recoverer
 from workflow_engine.service import WorkflowService
+from workflow_engine.storage import orchestrator_tasks
 from workflow_engine.storage.checkpointer import RowCheckpointSaver
 from workflow_engine.storage.embedded import EmbeddedPostgres, start_embedded_postgres
 from workflow_engine.storage.migrations import migrate
@@ -134,7 +136,14 @@ class Engine:
         applied = await run_migrations(pool)
         log.info("schema_ready", migrations=applied)
         store = WorkflowStore(pool)
-        caps = capabilities or build_capabilities(settings, Lent(load_task=store.load_task))
+        caps = capabilities or build_capabilities(
+            settings,
+            Lent(
+                stored_task=store.load_task,
+                orchestrator_task=partial(orchestrator_tasks.read_task, pool),
+                has_orchestrator_tasks=partial(orchestrator_tasks.table_exists, pool),
+            ),
+        )
         resources = AsyncExitStack()
         await resources.enter_async_context(opened(caps))
         faults = FaultPlan.parse(settings.faults)
@@ -152,7 +161,8 @@ class Engine:
             store=store,
             runs=runs,
             events=events,
-            on_task_stored=caps.task_source.stored,
+            on_task_stored=caps.stored_tasks.stored,
+            load_task_by_id=caps.task_source.load,
             check_plannable=caps.planner.check,
         )
         recoverer = None

@@ -40,6 +40,22 @@ class JobSettings:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class McpSettings:
+    """The ``mcp`` task source: the orchestrator's MCP server (``WORKFLOW_ENGINE_MCP_*``)."""
+
+    #: Its streamable HTTP endpoint, e.g. ``http://orchestrator:8083/mcp``; required for ``mcp``.
+    url: str = ""
+    #: The tool that returns a task by ``task_id``.
+    task_tool: str = "db.task.get"
+    #: The tool that returns a task's effective preferences by ``task_id``.
+    preferences_tool: str = "db.preference.effective"
+    #: How long one load (connect, both calls) may take before the source is unavailable.
+    timeout_seconds: float = 10.0
+    #: Sent as ``Authorization: Bearer <token>`` when set; never logged.
+    bearer_token: str = field(default="", repr=False)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
     """What the engine needs to know to run. Defaults suit a single developer machine."""
 
@@ -90,10 +106,15 @@ class Settings:
     #: Worker: "sandbox" (local processes) or "simulated" (in-process true / echo / sleep, for
     #: benchmarks and dry runs).
     worker: str = "sandbox"
+    #: Task source (where StartWorkflow loads a task sent without one, by id): "inline" (none;
+    #: the orchestrator's tasks table when the database has it), "orchestrator" (that table),
+    #: "mcp" (the orchestrator's MCP server, see `mcp`).
     task_source: str = "inline"
     planner: str = "static"
     verifier: str = "checks"
     compressor: str = "truncate"
+    #: The ``mcp`` task source's server, tools and timeout.
+    mcp: McpSettings = field(default_factory=McpSettings)
     #: Log level for the JSON logs on stderr (debug, info, warning, error).
     log_level: str = "info"
 
@@ -105,6 +126,10 @@ class Settings:
             )
         if not 0 < self.watch_poll_seconds <= 60:
             raise ValueError(f"{ENV_PREFIX}WATCH_POLL_SECONDS: expected 0 < seconds <= 60")
+        if self.task_source == "mcp" and not self.mcp.url:
+            raise ValueError(f"{ENV_PREFIX}MCP_URL: required when {ENV_PREFIX}TASK_SOURCE is mcp")
+        if not 0 < self.mcp.timeout_seconds <= 300:
+            raise ValueError(f"{ENV_PREFIX}MCP_TIMEOUT_SECONDS: expected 0 < seconds <= 300")
 
     @property
     def prepare_threshold(self) -> int | None:

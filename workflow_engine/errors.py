@@ -52,6 +52,18 @@ class TaskNotStartable(WorkflowEngineError):
         self.why = why
 
 
+class TaskSourceUnavailable(WorkflowEngineError):
+    """The task source could not be asked, or gave no usable answer (server down, timed out,
+    refused the call, answered something that is not a task); retrying later may work."""
+
+    def __init__(self, task_id: str, source: str, why: str) -> None:
+        super().__init__(
+            f"task_id: cannot load task {task_id} from {source}: {why}", task_id=task_id
+        )
+        self.source = source
+        self.why = why
+
+
 class WorkflowExists(WorkflowEngineError):
     """StartWorkflow for a task that already has a workflow under another idempotency key."""
 

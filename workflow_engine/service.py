@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from workflow_engine.config import Settings
@@ -23,7 +23,14 @@ from workflow_engine.domain.records import (
 )
 from workflow_engine.domain.status import TERMINAL_STATUSES, WorkflowStatus
 from workflow_engine.domain.task import Budget, TaskSpec
-from workflow_engine.errors import InvalidState, ShuttingDown
+from workflow_engine.errors import (
+    InvalidState,
+    ShuttingDown,
+    TaskNotFound,
+    TaskNotStartable,
+    TaskSourceUnavailable,
+    WorkflowNotFound,
+)
 from workflow_engine.graph import commands, routing
 from workflow_engine.graph.commands import Change, Decision, Override
 from workflow_engine.graph.nodes import jobs_in_flight
@@ -73,6 +80,7 @@ class WorkflowService:
         runs: RunManager,
         events: EventHub,
         check_plannable: Callable[[TaskSpec], None],
+        load_task_by_id: Callable[[str], Awaitable[TaskSpec]],
         watch_poll_seconds: float = 1.0,
         on_task_stored: Callable[[str, TaskSpec], None] | None = None,
     ) -> None:
@@ -85,6 +93,8 @@ class WorkflowService:
         # The planner's up-front check (`Planner.check`): a task it cannot plan is refused at
         # start instead of being stored and FAILED by plan_steps.
         self._check_plannable = check_plannable
+        # The task source (`TaskSource.load`): a StartWorkflow without a task loads it by id.
+        self._load_task_by_id = load_task_by_id
 
     def _ttl(self, requested: int) -> float:
         """The lease TTL a request asked for (checked by the API), or the configured one."""
@@ -100,13 +110,17 @@ class WorkflowService:
         task_id: str,
         holder_id: str,
         idempotency_key: str | None,
-        task: TaskSpec,
+        task: TaskSpec | None,
         lease_ttl_seconds: int = 0,
     ) -> StartOutcome:
-        """Take the lease, store the first checkpoint, and run in the background.
+        """Take the lease, store the task and the first checkpoint, and run in the background.
 
-        `task` is valid (a `TaskSpec` checks itself); whether it can be planned is asked here.
+        `task` is valid (a `TaskSpec` checks itself), or `None`: then it is loaded by id from
+        the task source, before anything is taken or stored. Whether it can be planned is asked
+        here.
         """
+        if task is None:
+            task = await self._task_by_id(task_id)
         self._check_plannable(task)
         ttl = self._ttl(lease_ttl_seconds)
         self._check_accepting()
@@ -131,6 +145,22 @@ class WorkflowService:
                 initial_input=state,
             )
         return outcome
+
+    async def _task_by_id(self, task_id: str) -> TaskSpec:
+        """The task source's task, for a start that sent none.
+
+        A task that already has a workflow is answered as before (ALREADY_RUNNING, ...) even
+        when the source now refuses it (closed since, deleted, unreachable): the task stored
+        with that workflow stands in, and nothing new is stored for it.
+        """
+        try:
+            return await self._load_task_by_id(task_id)
+        except (TaskNotFound, TaskNotStartable, TaskSourceUnavailable) as refused:
+            try:
+                await self._store.get(task_id)
+            except WorkflowNotFound:
+                raise refused from None
+            return TaskSpec.from_json(await self._store.load_task(task_id))
 
     async def resume(
         self,

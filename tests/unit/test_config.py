@@ -79,3 +79,41 @@ def test_a_capability_section_reads_its_own_prefixed_variables() -> None:
     assert "WORKFLOW_ENGINE_JOB_TIMEOUT_SECONDS" in env_names()
     with pytest.raises(ValueError, match=r"^WORKFLOW_ENGINE_JOB_OUTPUT_BYTES: expected int"):
         settings_from_env({"WORKFLOW_ENGINE_JOB_OUTPUT_BYTES": "lots"})
+
+
+def test_the_mcp_section_reads_its_variables_and_keeps_the_token_out_of_its_repr() -> None:
+    settings = settings_from_env(
+        {
+            "WORKFLOW_ENGINE_TASK_SOURCE": "mcp",
+            "WORKFLOW_ENGINE_MCP_URL": "http://orchestrator:8083/mcp",
+            "WORKFLOW_ENGINE_MCP_TASK_TOOL": "task.get",
+            "WORKFLOW_ENGINE_MCP_PREFERENCES_TOOL": "preference.effective",
+            "WORKFLOW_ENGINE_MCP_TIMEOUT_SECONDS": "2.5",
+            "WORKFLOW_ENGINE_MCP_BEARER_TOKEN": "s3cret",
+        }
+    )
+    mcp = settings.mcp
+    assert (mcp.url, mcp.task_tool, mcp.preferences_tool, mcp.timeout_seconds) == (
+        "http://orchestrator:8083/mcp",
+        "task.get",
+        "preference.effective",
+        2.5,
+    )
+    assert mcp.bearer_token == "s3cret" and "s3cret" not in repr(settings)
+    defaults = settings_from_env({}).mcp
+    assert (defaults.task_tool, defaults.preferences_tool) == (
+        "db.task.get",
+        "db.preference.effective",
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"WORKFLOW_ENGINE_TASK_SOURCE": "mcp"}, "WORKFLOW_ENGINE_MCP_URL: required"),
+        ({"WORKFLOW_ENGINE_MCP_TIMEOUT_SECONDS": "0"}, "WORKFLOW_ENGINE_MCP_TIMEOUT_SECONDS"),
+    ],
+)
+def test_an_unusable_mcp_setting_is_refused_naming_it(env: dict[str, str], named: str) -> None:
+    with pytest.raises(ValueError, match=named):
+        settings_from_env(env)

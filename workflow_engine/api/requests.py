@@ -123,6 +123,11 @@ def task_from_proto(msg: pb.TaskSpec) -> TaskSpec:
     return task
 
 
+def optional_task(request: pb.StartWorkflowRequest) -> TaskSpec | None:
+    """StartWorkflow's `task`; `None` when absent (the engine then loads it by id)."""
+    return task_from_proto(request.task) if request.HasField("task") else None
+
+
 def budget_from_proto(msg: pb.Budget) -> Budget:
     budget: Budget = parse(Budget, _budget(msg), "budget")
     return budget

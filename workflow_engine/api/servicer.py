@@ -17,7 +17,7 @@ import grpc
 from workflow_engine.api import convert, listing, requests
 from workflow_engine.api.decoding import UndecodableRequest
 from workflow_engine.api.errors import status_for
-from workflow_engine.errors import InvalidArgument, RunControl
+from workflow_engine.errors import RunControl
 from workflow_engine.service import WorkflowService
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
@@ -57,13 +57,11 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
         task_id = requests.parse_task_id(request.task_id)
         holder_id = requests.parse_holder_id(request.holder_id)
         key = requests.parse_uuid(request.idempotency_key, "idempotency_key", required=False)
-        if not request.HasField("task"):
-            raise InvalidArgument("task", "required")
         outcome = await self._service.start(
             task_id=task_id,
             holder_id=holder_id,
             idempotency_key=key,
-            task=requests.task_from_proto(request.task),
+            task=requests.optional_task(request),
             lease_ttl_seconds=requests.parse_lease_ttl(request.lease_ttl_seconds),
         )
         lease = outcome.lease

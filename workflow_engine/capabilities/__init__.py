@@ -1,1 +1,2 @@
-"""What the nodes call: task source, planner, worker, verifier (interfaces in `base`)."""
+"""What the nodes call (planner, worker, verifier, the stored task) and where StartWorkflow
+loads a task by id (the task source); interfaces in `base`."""

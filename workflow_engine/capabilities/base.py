@@ -1,7 +1,7 @@
 """The narrow interfaces each graph node calls, and the values that cross them.
 
 Every node does its work through one capability, chosen by configuration: the embedded defaults
-in this package work offline; real integrations (the orchestrator's task table, an LLM planner,
+in this package work offline; real integrations (the orchestrator's tasks by id, an LLM planner,
 the HTTP Worker API, an LLM judge) implement the same `Protocol`. `capabilities.factory` builds
 the ones the settings name; one that owns resources is an async context manager, entered when
 the engine starts and exited when it closes.
@@ -18,14 +18,20 @@ from workflow_engine.domain.task import AcceptanceCriterion, Plan, Step, TaskSpe
 
 
 class TaskSource(Protocol):
-    """Where `load_task_context` reads a task from."""
+    """Loads a task by id from the orchestrator, for a StartWorkflow that sends none inline.
+
+    Called once per start, before the lease is taken; the task as loaded is stored with the
+    workflow, and the nodes read that stored copy (`StoredTasks`), never the source. A source
+    that owns a connection (an MCP client) is an async context manager, opened with the engine.
+    """
 
     async def load(self, task_id: str) -> TaskSpec:
-        """Return the task; raise `WorkflowNotFound` when there is none."""
-        ...
+        """The task, as the workflow will run it.
 
-    def stored(self, task_id: str, spec: TaskSpec) -> None:
-        """StartWorkflow stored `spec` with the workflow (a source may cache it, or ignore it)."""
+        Raise `TaskNotFound` when the orchestrator has no such task, `TaskNotStartable` when it
+        may not be started (closed, deleted, unreadable), `TaskSourceUnavailable` when the
+        source cannot be asked, and `InvalidArgument` on ``task`` when there is no source to ask.
+        """
         ...
 
 

@@ -2,8 +2,9 @@
 
 Each kind (task source, planner, worker, verifier, context compressor) has a setting that names
 its implementation and a registry below mapping that name to a builder. A builder gets the
-settings and what the engine lends capabilities (`Lent`: today, how to read a stored task), and
-returns the implementation. Adding one, say an LLM planner, is one new module and one line here:
+settings and what the engine lends capabilities (`Lent`: how to read a stored task and the
+orchestrator's tasks table), and returns the implementation. Adding one, say an LLM planner, is
+one new module and one line here:
 
     PLANNERS = {"static": ..., "llm": lambda s, lent: LlmPlanner(s.llm)}
 
@@ -27,10 +28,12 @@ from workflow_engine.capabilities.base import (
     Worker,
 )
 from workflow_engine.capabilities.context import TruncatingCompressor
+from workflow_engine.capabilities.inline_tasks import InlineTaskSource
 from workflow_engine.capabilities.planner import StaticPlanner
 from workflow_engine.capabilities.sandbox import LocalSandboxWorker
 from workflow_engine.capabilities.simulated import SimulatedWorker
-from workflow_engine.capabilities.task_source import InlineTaskSource
+from workflow_engine.capabilities.stored_tasks import StoredTasks
+from workflow_engine.capabilities.task_table import TaskTableSource
 from workflow_engine.capabilities.verifier import MachineVerifier
 from workflow_engine.config import ENV_PREFIX, Settings
 from workflow_engine.domain.model import JsonObject
@@ -40,12 +43,15 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True)
 class Capabilities:
-    """The capability each node calls; see `workflow_engine.capabilities`."""
+    """The capability each node calls, and the task source StartWorkflow loads tasks from."""
 
+    #: Where StartWorkflow loads a task by id when none is sent (configurable).
     task_source: TaskSource
     planner: Planner
     worker: Worker
     verifier: Verifier
+    #: The task each workflow was started with, which the nodes read (not configurable).
+    stored_tasks: StoredTasks
     compressor: ContextCompressor = field(default_factory=TruncatingCompressor)
     #: Characters of earlier steps' output handed to each dispatch, at most.
     context_budget_chars: int = 8000
@@ -58,13 +64,32 @@ class Lent:
     """What the engine lends its capabilities: plain callables, never the engine's objects."""
 
     #: The task stored with a workflow (its JSON), by task id; raises `WorkflowNotFound`.
-    load_task: Callable[[str], Awaitable[JsonObject]]
+    stored_task: Callable[[str], Awaitable[JsonObject]]
+    #: A row of the orchestrator's ``tasks`` table (as JSON), by task id; `None` when none.
+    orchestrator_task: Callable[[str], Awaitable[JsonObject | None]]
+    #: Whether the database has the orchestrator's ``tasks`` table.
+    has_orchestrator_tasks: Callable[[], Awaitable[bool]]
 
 
 Builder = Callable[[Settings, Lent], T]
 
+
+def _task_table(lent: Lent) -> TaskTableSource:
+    return TaskTableSource(lent.orchestrator_task, lent.has_orchestrator_tasks)
+
+
+def _mcp_tasks(settings: Settings, lent: Lent) -> TaskSource:
+    # Imported here: the MCP SDK brings an HTTP server stack along (half a second and some
+    # 500 modules), which only an engine that uses this source should load.
+    from workflow_engine.capabilities.mcp_tasks import McpTaskSource
+
+    return McpTaskSource(settings.mcp)
+
+
 TASK_SOURCES: Mapping[str, Builder[TaskSource]] = {
-    "inline": lambda s, lent: InlineTaskSource(lent.load_task),
+    "inline": lambda s, lent: InlineTaskSource(_task_table(lent)),
+    "orchestrator": lambda s, lent: _task_table(lent),
+    "mcp": _mcp_tasks,
 }
 PLANNERS: Mapping[str, Builder[Planner]] = {
     "static": lambda s, lent: StaticPlanner(),
@@ -124,6 +149,7 @@ def build_capabilities(settings: Settings, lent: Lent) -> Capabilities:
         planner=_build(PLANNERS, "planner", settings, lent),
         worker=_build(WORKERS, "worker", settings, lent),
         verifier=_build(VERIFIERS, "verifier", settings, lent),
+        stored_tasks=StoredTasks(lent.stored_task),
         compressor=_build(COMPRESSORS, "compressor", settings, lent),
         context_budget_chars=settings.context_budget_chars,
         max_running_jobs=settings.max_running_jobs,

@@ -56,8 +56,8 @@ class Nodes:
         )
 
     async def load_task_context(self, state: WorkflowState) -> WorkflowState:
-        """Read the task and cache its criteria, preferences and limits in the state."""
-        task = await self._caps.task_source.load(state["task_id"])
+        """Read the task as stored at start; cache its criteria, preferences, limits in state."""
+        task = await self._caps.stored_tasks.load(state["task_id"])
         return {
             "status": WorkflowStatus.RUNNING.in_state,
             "prompt": task.prompt,
@@ -72,7 +72,7 @@ class Nodes:
 
     async def plan_steps(self, state: WorkflowState) -> WorkflowState:
         """Turn the task into executable steps; a plan that cannot run is an error."""
-        task = await self._caps.task_source.load(state["task_id"])
+        task = await self._caps.stored_tasks.load(state["task_id"])
         try:
             plan = await self._caps.planner.plan(task)
         except InvalidArgument as exc:

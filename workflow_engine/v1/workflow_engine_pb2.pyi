@@ -192,7 +192,9 @@ class StartWorkflowRequest(_message.Message):
     """Lease time to live; 0 means the engine's default. The lease is renewed every ttl/3."""
     @_builtins.property
     def task(self) -> Global___TaskSpec:
-        """The task, inline. Required."""
+        """The task, inline. Optional: without it the engine loads the task by id from its task source
+        (see README).
+        """
 
     def __init__(
         self,

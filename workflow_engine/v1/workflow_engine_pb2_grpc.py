@@ -75,8 +75,8 @@ class WorkflowEngineServicer:
     """Missing associated documentation comment in .proto file."""
 
     def StartWorkflow(self, request, context):
-        """Validates the task, takes the task's lease, stores the first checkpoint and starts the graph
-        in the background. Returns at once.
+        """Validates the task (or loads it by id), takes the task's lease, stores the task and the first
+        checkpoint and starts the graph in the background. Returns at once.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -36,8 +36,8 @@ class WorkflowEngineStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> WorkflowEngineAsyncStub: ...
     StartWorkflow: _grpc.UnaryUnaryMultiCallable[_workflow_engine_pb2.StartWorkflowRequest, _workflow_engine_pb2.StartWorkflowResponse]
-    """Validates the task, takes the task's lease, stores the first checkpoint and starts the graph
-    in the background. Returns at once.
+    """Validates the task (or loads it by id), takes the task's lease, stores the task and the first
+    checkpoint and starts the graph in the background. Returns at once.
     """
     ResumeWorkflow: _grpc.UnaryUnaryMultiCallable[_workflow_engine_pb2.ResumeWorkflowRequest, _workflow_engine_pb2.ResumeWorkflowResponse]
     """Takes the task's lease again and continues from the stored checkpoint."""
@@ -66,8 +66,8 @@ class WorkflowEngineStub:
 class WorkflowEngineAsyncStub(WorkflowEngineStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     StartWorkflow: _aio.UnaryUnaryMultiCallable[_workflow_engine_pb2.StartWorkflowRequest, _workflow_engine_pb2.StartWorkflowResponse]  # type: ignore[assignment]
-    """Validates the task, takes the task's lease, stores the first checkpoint and starts the graph
-    in the background. Returns at once.
+    """Validates the task (or loads it by id), takes the task's lease, stores the task and the first
+    checkpoint and starts the graph in the background. Returns at once.
     """
     ResumeWorkflow: _aio.UnaryUnaryMultiCallable[_workflow_engine_pb2.ResumeWorkflowRequest, _workflow_engine_pb2.ResumeWorkflowResponse]  # type: ignore[assignment]
     """Takes the task's lease again and continues from the stored checkpoint."""
@@ -99,8 +99,8 @@ class WorkflowEngineServicer(metaclass=_abc_1.ABCMeta):
         request: _workflow_engine_pb2.StartWorkflowRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_workflow_engine_pb2.StartWorkflowResponse, _abc.Awaitable[_workflow_engine_pb2.StartWorkflowResponse]]:
-        """Validates the task, takes the task's lease, stores the first checkpoint and starts the graph
-        in the background. Returns at once.
+        """Validates the task (or loads it by id), takes the task's lease, stores the task and the first
+        checkpoint and starts the graph in the background. Returns at once.
         """
 
     @_abc_1.abstractmethod

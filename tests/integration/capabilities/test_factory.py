@@ -8,8 +8,8 @@ from dataclasses import replace
 from typing import Any
 
 from tests.conftest import start_engine, stop_engine
-from tests.unit.capabilities.test_factory import ClientWorker, no_task
-from workflow_engine.capabilities.factory import Lent, build_capabilities
+from tests.unit.capabilities.test_factory import LENT_NOTHING, ClientWorker
+from workflow_engine.capabilities.factory import build_capabilities
 from workflow_engine.config import Settings
 
 
@@ -36,7 +36,7 @@ async def test_the_engine_opens_its_capabilities_and_closes_them_when_it_stops(
     settings: Settings,
 ) -> None:
     journal: list[str] = []
-    caps = build_capabilities(settings, Lent(load_task=no_task))
+    caps = build_capabilities(settings, LENT_NOTHING)
     replica = await start_engine(settings, replace(caps, worker=ClientWorker(journal)))
     assert journal == ["opened"]
     await stop_engine(replica)

@@ -10,7 +10,8 @@ from google.protobuf import json_format
 
 from tests.conftest import RunningEngine, start_engine, stop_engine
 from tests.helpers import new_task_id, step, task, wait_for_status
-from workflow_engine.capabilities.factory import Lent, build_capabilities
+from tests.unit.capabilities.test_factory import LENT_NOTHING
+from workflow_engine.capabilities.factory import build_capabilities
 from workflow_engine.config import Settings
 from workflow_engine.domain.jobs import JobRequest, JobResult, Verification
 from workflow_engine.domain.task import AcceptanceCriterion, Step, TaskSpec
@@ -50,7 +51,9 @@ class FaultyTargets(Faulty):
         await self.inner.cancel(target, job)  # type: ignore[attr-defined]
 
 
-class BrokenSource:
+class BrokenStoredTasks:
+    """The stored task cannot be read (load_task_context's one read)."""
+
     async def load(self, task_id: str) -> TaskSpec:
         raise RuntimeError("task table unreachable")
 
@@ -64,7 +67,7 @@ async def engine_with(settings: Settings) -> AsyncIterator[object]:
     started: list[RunningEngine] = []
 
     async def start(change: object) -> RunningEngine:
-        engine_caps = build_capabilities(settings, Lent(load_task=None))  # type: ignore[arg-type]
+        engine_caps = build_capabilities(settings, LENT_NOTHING)
         running = await start_engine(settings, change(engine_caps))  # type: ignore[operator]
         started.append(running)
         return running
@@ -132,7 +135,7 @@ async def test_an_exception_in_a_node_fails_the_workflow_with_its_message(
     engine_with: object,
 ) -> None:
     def change(caps: object) -> object:
-        return replace(caps, task_source=BrokenSource())  # type: ignore[type-var]
+        return replace(caps, stored_tasks=BrokenStoredTasks())  # type: ignore[type-var]
 
     running: RunningEngine = await engine_with(change)  # type: ignore[operator]
     task_id = new_task_id()

@@ -14,10 +14,13 @@ from workflow_engine.capabilities.factory import (
     build_capabilities,
     opened,
 )
+from workflow_engine.capabilities.inline_tasks import InlineTaskSource
+from workflow_engine.capabilities.mcp_tasks import McpTaskSource
 from workflow_engine.capabilities.planner import StaticPlanner
 from workflow_engine.capabilities.sandbox import LocalSandboxWorker
 from workflow_engine.capabilities.simulated import SimulatedWorker
-from workflow_engine.config import Settings
+from workflow_engine.capabilities.task_table import TaskTableSource
+from workflow_engine.config import McpSettings, Settings
 from workflow_engine.domain.jobs import JobRequest, JobResult
 
 
@@ -25,18 +28,34 @@ async def no_task(task_id: str) -> dict[str, Any]:
     raise AssertionError("not read in these tests")
 
 
+async def no_table() -> bool:
+    raise AssertionError("not asked in these tests")
+
+
+#: What the engine lends, for tests that never read a task through it.
+LENT_NOTHING = Lent(stored_task=no_task, orchestrator_task=no_task, has_orchestrator_tasks=no_table)
+
+
 def test_the_settings_choose_each_implementation(tmp_path: Any) -> None:
-    default = build_capabilities(Settings(data_dir=tmp_path), Lent(load_task=no_task))
+    default = build_capabilities(Settings(data_dir=tmp_path), LENT_NOTHING)
     assert isinstance(default.worker, LocalSandboxWorker)
     assert isinstance(default.planner, StaticPlanner)
-    simulated = build_capabilities(Settings(worker="simulated"), Lent(load_task=no_task))
+    simulated = build_capabilities(Settings(worker="simulated"), LENT_NOTHING)
     assert isinstance(simulated.worker, SimulatedWorker)
+
+
+def test_the_task_source_setting_chooses_where_a_task_is_loaded_by_id() -> None:
+    assert isinstance(build_capabilities(Settings(), LENT_NOTHING).task_source, InlineTaskSource)
+    table = build_capabilities(Settings(task_source="orchestrator"), LENT_NOTHING).task_source
+    assert isinstance(table, TaskTableSource)
+    mcp = Settings(task_source="mcp", mcp=McpSettings(url="http://orchestrator/mcp"))
+    assert isinstance(build_capabilities(mcp, LENT_NOTHING).task_source, McpTaskSource)
 
 
 @pytest.mark.parametrize("setting", ["worker", "planner", "verifier", "task_source", "compressor"])
 def test_an_unknown_implementation_names_its_setting(setting: str) -> None:
     with pytest.raises(UnknownCapability, match=f"WORKFLOW_ENGINE_{setting.upper()}: unknown"):
-        build_capabilities(Settings(**{setting: "nonesuch"}), Lent(load_task=no_task))
+        build_capabilities(Settings(**{setting: "nonesuch"}), LENT_NOTHING)
 
 
 class ClientWorker(SimulatedWorker):
@@ -62,9 +81,7 @@ class ClientWorker(SimulatedWorker):
 
 async def test_opened_enters_and_exits_what_owns_resources() -> None:
     journal: list[str] = []
-    caps = replace(
-        build_capabilities(Settings(), Lent(load_task=no_task)), worker=ClientWorker(journal)
-    )
+    caps = replace(build_capabilities(Settings(), LENT_NOTHING), worker=ClientWorker(journal))
     async with opened(caps):
         assert journal == ["opened"]
     assert journal == ["opened", "closed"]

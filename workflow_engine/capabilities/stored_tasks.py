@@ -1,4 +1,9 @@
-"""The embedded task source: the `TaskSpec` sent with StartWorkflow, as stored with the workflow."""
+"""The task a workflow was started with, as StartWorkflow stored it (``workflow_tasks``).
+
+`load_task_context` and `plan_steps` read the task here, never from a task source: the task is
+stored with the workflow when it starts (sent inline or loaded by id), so a resume depends
+neither on the source being reachable nor on the task being unchanged there. Not configurable.
+"""
 
 from __future__ import annotations
 
@@ -9,14 +14,14 @@ from workflow_engine.domain.model import JsonObject
 from workflow_engine.domain.task import TaskSpec
 
 
-class InlineTaskSource:
-    """Loads a task as StartWorkflow stored it; specs never change after start, so they are
-    cached. `load_task` reads the stored JSON (lent by the engine: no storage import here)."""
+class StoredTasks:
+    """Reads a task as StartWorkflow stored it; specs never change after start, so they are
+    cached. `read` gets the stored JSON (lent by the engine: no storage import here)."""
 
     def __init__(
-        self, load_task: Callable[[str], Awaitable[JsonObject]], *, cache_size: int = 1024
+        self, read: Callable[[str], Awaitable[JsonObject]], *, cache_size: int = 1024
     ) -> None:
-        self._load_task = load_task
+        self._read = read
         self._cache: OrderedDict[str, TaskSpec] = OrderedDict()
         self._cache_size = cache_size
 
@@ -27,10 +32,11 @@ class InlineTaskSource:
             self._cache.popitem(last=False)
 
     async def load(self, task_id: str) -> TaskSpec:
+        """The stored task; `WorkflowNotFound` when the task has no workflow."""
         cached = self._cache.get(task_id)
         if cached is not None:
             self._cache.move_to_end(task_id)
             return cached
-        spec = TaskSpec.from_json(await self._load_task(task_id))
+        spec = TaskSpec.from_json(await self._read(task_id))
         self.stored(task_id, spec)
         return spec

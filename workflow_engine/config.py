@@ -17,6 +17,9 @@ from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, get_type_hints
 
+# The Worker API's largest job timeout: a node's own cap may be lower, never higher.
+from workflow_engine.domain.task import MAX_TIMEOUT_SECONDS
+
 ENV_PREFIX = "WORKFLOW_ENGINE_"
 PREPARE_MODES = ("auto", "off")
 #: `listen_database_url` value that turns watch notifications off.
@@ -53,6 +56,54 @@ class McpSettings:
     timeout_seconds: float = 10.0
     #: Sent as ``Authorization: Bearer <token>`` when set; never logged.
     bearer_token: str = field(default="", repr=False)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeSettings:
+    """`workflow-engine worker-node`: our own Worker API node (``WORKFLOW_ENGINE_NODE_*``).
+
+    The engine itself reads none of these; the node reads only these and the log level.
+    """
+
+    #: host:port the node's HTTP server listens on; port 0 picks a free one (logged at start).
+    listen: str = "127.0.0.1:8090"
+    #: Its own data directory: the job directories that make each job_id run once, restarts
+    #: included. Never share it with an engine or another node.
+    data_dir: Path = Path(".data/node")
+    #: The bearer token every job request must carry; required to start; never logged.
+    token: str = field(default="", repr=False)
+    #: Largest request body accepted (413 above it): 10 MiB, as their node.
+    max_body_bytes: int = 10 * 1024 * 1024
+    #: A job's timeout when its request gives none (their node's default).
+    default_timeout_seconds: int = 300
+    #: The cap on any job's timeout: the Worker API's node default, at most its maximum.
+    max_timeout_seconds: int = 3600
+    #: Output of each stream a result keeps.
+    output_bytes: int = 64 * 1024
+    #: How long SIGTERM lets running jobs finish before the node exits.
+    drain_seconds: float = 30.0
+    #: While a file exists at this path, /readyz answers 503 (take a node out of rotation by
+    #: hand, or in tests); empty: none.
+    not_ready_file: str = ""
+
+    def __post_init__(self) -> None:
+        prefix = f"{ENV_PREFIX}NODE_"
+        if not 0 < self.max_timeout_seconds <= MAX_TIMEOUT_SECONDS:
+            raise ValueError(
+                f"{prefix}MAX_TIMEOUT_SECONDS: expected 1 to {MAX_TIMEOUT_SECONDS}, "
+                f"got {self.max_timeout_seconds}"
+            )
+        if not 0 < self.default_timeout_seconds <= self.max_timeout_seconds:
+            raise ValueError(
+                f"{prefix}DEFAULT_TIMEOUT_SECONDS: expected 1 to the maximum "
+                f"({self.max_timeout_seconds}), got {self.default_timeout_seconds}"
+            )
+        if self.max_body_bytes <= 0:
+            raise ValueError(f"{prefix}MAX_BODY_BYTES: expected a positive number of bytes")
+        if self.output_bytes <= 0:
+            raise ValueError(f"{prefix}OUTPUT_BYTES: expected a positive number of bytes")
+        if self.drain_seconds < 0:
+            raise ValueError(f"{prefix}DRAIN_SECONDS: expected 0 or more seconds")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -115,6 +166,8 @@ class Settings:
     compressor: str = "truncate"
     #: The ``mcp`` task source's server, tools and timeout.
     mcp: McpSettings = field(default_factory=McpSettings)
+    #: `workflow-engine worker-node`'s own settings.
+    node: NodeSettings = field(default_factory=NodeSettings)
     #: Log level for the JSON logs on stderr (debug, info, warning, error).
     log_level: str = "info"
 

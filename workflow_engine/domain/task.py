@@ -60,6 +60,22 @@ def _no_nul(text: str) -> str:
 Text = Annotated[str, AfterValidator(_no_nul)]
 
 
+def check_argv(command: tuple[str, ...]) -> tuple[str, ...]:
+    """`command` if it is an argv a worker can execute (a step's, or a Worker API request's)."""
+    if not command:
+        raise invalid("", "argv must not be empty")
+    if not command[0]:
+        raise invalid("[0]", "program must not be empty")
+    if len(command) > MAX_ARGV:
+        raise invalid("", f"more than {MAX_ARGV} arguments")
+    for k, arg in enumerate(command):
+        if "\x00" in arg:
+            raise invalid(f"[{k}]", "contains a NUL byte")
+        if len(arg) > MAX_ARG_CHARS:
+            raise invalid(f"[{k}]", f"longer than {MAX_ARG_CHARS} characters")
+    return command
+
+
 class Check(DomainModel):
     """A machine check on a job result; see the `Check` message in the proto for the kinds."""
 
@@ -117,18 +133,7 @@ class Step(DomainModel):
     @field_validator("command")
     @classmethod
     def _command_is_argv(cls, command: tuple[str, ...]) -> tuple[str, ...]:
-        if not command:
-            raise invalid("", "argv must not be empty")
-        if not command[0]:
-            raise invalid("[0]", "program must not be empty")
-        if len(command) > MAX_ARGV:
-            raise invalid("", f"more than {MAX_ARGV} arguments")
-        for k, arg in enumerate(command):
-            if "\x00" in arg:
-                raise invalid(f"[{k}]", "contains a NUL byte")
-            if len(arg) > MAX_ARG_CHARS:
-                raise invalid(f"[{k}]", f"longer than {MAX_ARG_CHARS} characters")
-        return command
+        return check_argv(command)
 
     @field_validator("env")
     @classmethod

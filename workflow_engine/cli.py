@@ -1,6 +1,8 @@
-"""The `workflow-engine` command: `serve` (the default) and `migrate`.
+"""The `workflow-engine` command: `serve` (the default), `migrate` and `worker-node`.
 
-Settings come from ``WORKFLOW_ENGINE_*`` environment variables; flags override them.
+Settings come from ``WORKFLOW_ENGINE_*`` environment variables; flags override them. For
+`worker-node`, `--listen` and `--data-dir` are the node's own (``WORKFLOW_ENGINE_NODE_*``), and
+its token comes from ``WORKFLOW_ENGINE_NODE_TOKEN`` only, never from a flag (which `ps` shows).
 """
 
 from __future__ import annotations
@@ -8,14 +10,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import structlog
 
 from workflow_engine.app import open_database, open_pool, run_migrations, serve
 from workflow_engine.capabilities.factory import UnknownCapability
-from workflow_engine.config import Settings, settings_from_env
+from workflow_engine.config import ENV_PREFIX, Settings, settings_from_env
 from workflow_engine.logs import configure_logging
+from workflow_engine.node import NodeInUse, serve_node
 
 log = structlog.get_logger(__name__)
 
@@ -26,17 +31,56 @@ def _parser() -> argparse.ArgumentParser:
         description="Durable LangGraph workflow worker, driven over gRPC.",
         epilog="Every flag has a WORKFLOW_ENGINE_<NAME> environment variable; flags win.",
     )
-    parser.add_argument("command", nargs="?", default="serve", choices=["serve", "migrate"])
+    parser.add_argument(
+        "command", nargs="?", default="serve", choices=["serve", "migrate", "worker-node"]
+    )
     parser.add_argument("--database-url", help="PostgreSQL URL (default: embedded server)")
-    parser.add_argument("--listen", help="host:port to serve gRPC on (default 127.0.0.1:50051)")
-    parser.add_argument("--data-dir", type=Path, help="embedded database and job directories")
+    parser.add_argument(
+        "--listen",
+        help="host:port to serve on: gRPC (default 127.0.0.1:50051), or for worker-node the "
+        "Worker API over HTTP (default 127.0.0.1:8090)",
+    )
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        help="embedded database and job directories; for worker-node its own job directories "
+        "(default .data/node)",
+    )
     parser.add_argument("--holder-id", help="this process's lease holder identity")
     parser.add_argument("--lease-ttl-seconds", type=int, help="default lease time to live")
     parser.add_argument("--log-level", help="debug, info, warning or error")
+    node = parser.add_argument_group("worker-node")
+    node.add_argument(
+        "--max-timeout-seconds", type=int, help="cap on a job's timeout (default 3600, max 10800)"
+    )
+    node.add_argument(
+        "--default-timeout-seconds", type=int, help="a job's timeout when it gives none (300)"
+    )
+    node.add_argument("--max-body-bytes", type=int, help="largest request body (10 MiB)")
+    node.add_argument(
+        "--drain-seconds", type=float, help="how long SIGTERM lets running jobs finish (30)"
+    )
+    node.add_argument("--not-ready-file", help="while this file exists, /readyz answers 503")
     return parser
 
 
 def settings_from_args(args: argparse.Namespace, base: Settings) -> Settings:
+    if args.command == "worker-node":
+        node = replace(
+            base.node,
+            **_given(
+                listen=args.listen,
+                data_dir=args.data_dir,
+                max_timeout_seconds=args.max_timeout_seconds,
+                default_timeout_seconds=args.default_timeout_seconds,
+                max_body_bytes=args.max_body_bytes,
+                drain_seconds=args.drain_seconds,
+                not_ready_file=args.not_ready_file,
+            ),
+        )
+        if not node.token:
+            raise ValueError(f"{ENV_PREFIX}NODE_TOKEN: required by worker-node (its bearer token)")
+        return base.with_overrides(node=node, log_level=args.log_level)
     return base.with_overrides(
         database_url=args.database_url,
         listen=args.listen,
@@ -45,6 +89,10 @@ def settings_from_args(args: argparse.Namespace, base: Settings) -> Settings:
         lease_ttl_seconds=args.lease_ttl_seconds,
         log_level=args.log_level,
     )
+
+
+def _given(**values: Any) -> dict[str, Any]:
+    return {name: value for name, value in values.items() if value is not None}
 
 
 async def _migrate(settings: Settings) -> None:
@@ -72,9 +120,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "migrate":
             asyncio.run(_migrate(settings))
+        elif args.command == "worker-node":
+            asyncio.run(serve_node(settings.node))
         else:
             asyncio.run(serve(settings))
-    except UnknownCapability as exc:
+    except (UnknownCapability, NodeInUse) as exc:
         print(f"workflow-engine: {exc}", file=sys.stderr)
         return 2
     return 0

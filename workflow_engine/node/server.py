@@ -1,0 +1,146 @@
+"""`workflow-engine worker-node`: the node's process, served by uvicorn on the node's own socket.
+
+The socket is bound before uvicorn starts, so port 0 works and the `serving` log line names the
+real address. The data directory is locked (``node.lock``, `flock`) for the process's life: a
+second node on the same directory would break the one-run-per-job_id promise, so it is refused.
+
+SIGTERM (or SIGINT) drains: /readyz turns 503 and new job ids are refused (503) at once; the
+jobs this process runs may finish for `drain_seconds`, then the server stops. A job still
+running then is not killed: it outlives the node, as a job outlives the engine, and a node
+restarted on the same data directory answers its job_id with it. A second signal stops at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import os
+import signal
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import structlog
+import uvicorn
+
+from workflow_engine.capabilities.sandbox import LocalSandboxWorker
+from workflow_engine.config import NodeSettings
+from workflow_engine.node.app import create_app
+from workflow_engine.node.jobs import NodeJobs
+
+log = structlog.get_logger(__name__)
+
+LOCK_FILE = "node.lock"
+#: How long uvicorn waits, after the drain, for requests still open (jobs that outlive it).
+_CLOSE_SECONDS = 1
+
+
+class NodeInUse(Exception):
+    """Another process serves a node from the same data directory."""
+
+
+class _NodeServer(uvicorn.Server):
+    """uvicorn with the node's drain on SIGTERM instead of its immediate shutdown."""
+
+    def __init__(self, config: uvicorn.Config, jobs: NodeJobs, settings: NodeSettings) -> None:
+        super().__init__(config)
+        self._jobs = jobs
+        self._settings = settings
+        self._address = ""
+        self._drain: asyncio.Task[None] | None = None
+
+    async def serve_on(self, sock: socket.socket) -> None:
+        host, port = sock.getsockname()[:2]
+        self._address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        await self.serve(sockets=[sock])
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        log.info(
+            "serving",
+            address=self._address,
+            url=f"http://{self._address}",
+            data_dir=str(self._settings.data_dir),
+            max_timeout_seconds=self._settings.max_timeout_seconds,
+            pid=os.getpid(),
+        )
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        # Replaces uvicorn's handlers, which stop at once and re-raise the signal at exit.
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        try:
+            yield
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+
+    def _on_signal(self, sig: int) -> None:
+        if self._drain is None:
+            self._drain = asyncio.create_task(self._drain_then_stop(sig))
+        else:  # a second signal: stop now
+            self.should_exit = True
+            self.force_exit = True
+
+    async def _drain_then_stop(self, sig: int) -> None:
+        self._jobs.draining = True
+        log.info(
+            "node_draining",
+            signal=signal.Signals(sig).name,
+            running_jobs=self._jobs.running,
+            drain_seconds=self._settings.drain_seconds,
+        )
+        idle = await self._jobs.wait_idle(self._settings.drain_seconds)
+        log.info("node_drained", idle=idle, still_running=self._jobs.running)
+        self.should_exit = True
+
+
+def bind(listen: str) -> socket.socket:
+    """A listening TCP socket on `listen` (``host:port``, ``[v6]:port``; port 0 picks one)."""
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"--listen: expected HOST:PORT, got {listen!r}")
+    host = host.strip("[]") or "0.0.0.0"  # noqa: S104 (":8090" means every interface, as asked)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, int(port)), family=family, backlog=1024)
+
+
+@contextlib.contextmanager
+def lock_data_dir(data_dir: Path) -> Iterator[None]:
+    """Hold the data directory for this process; `NodeInUse` if another node holds it."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    with (data_dir / LOCK_FILE).open("a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise NodeInUse(f"--data-dir: {data_dir} is in use by another worker node") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        yield
+
+
+async def serve_node(settings: NodeSettings) -> None:
+    """Serve the Worker API until SIGTERM has drained the node (see the module docstring)."""
+    with lock_data_dir(settings.data_dir), bind(settings.listen) as sock:
+        runner = LocalSandboxWorker(
+            jobs_dir=settings.data_dir / "jobs",
+            default_timeout_seconds=settings.default_timeout_seconds,
+            max_output_bytes=settings.output_bytes,
+        )
+        jobs = NodeJobs(runner)
+        config = uvicorn.Config(
+            create_app(settings, jobs),
+            lifespan="off",
+            log_config=None,
+            access_log=False,
+            timeout_graceful_shutdown=_CLOSE_SECONDS,
+            # A synchronous job can take hours: the client's keep-alive is its own business.
+            timeout_keep_alive=75,
+        )
+        await _NodeServer(config, jobs, settings).serve_on(sock)
+    log.info("node_stopped")

@@ -74,7 +74,7 @@ class NodeSettings:
     token: str = field(default="", repr=False)
     #: Largest request body accepted (413 above it): 10 MiB, as their node.
     max_body_bytes: int = 10 * 1024 * 1024
-    #: A job's timeout when its request gives none (their node's default).
+    #: A job's timeout when its request gives none (their node's default); capped by the next.
     default_timeout_seconds: int = 300
     #: The cap on any job's timeout: the Worker API's node default, at most its maximum.
     max_timeout_seconds: int = 3600
@@ -93,10 +93,10 @@ class NodeSettings:
                 f"{prefix}MAX_TIMEOUT_SECONDS: expected 1 to {MAX_TIMEOUT_SECONDS}, "
                 f"got {self.max_timeout_seconds}"
             )
-        if not 0 < self.default_timeout_seconds <= self.max_timeout_seconds:
+        if not 0 < self.default_timeout_seconds <= MAX_TIMEOUT_SECONDS:
             raise ValueError(
-                f"{prefix}DEFAULT_TIMEOUT_SECONDS: expected 1 to the maximum "
-                f"({self.max_timeout_seconds}), got {self.default_timeout_seconds}"
+                f"{prefix}DEFAULT_TIMEOUT_SECONDS: expected 1 to {MAX_TIMEOUT_SECONDS}, "
+                f"got {self.default_timeout_seconds}"
             )
         if self.max_body_bytes <= 0:
             raise ValueError(f"{prefix}MAX_BODY_BYTES: expected a positive number of bytes")

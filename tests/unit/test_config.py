@@ -117,3 +117,30 @@ def test_the_mcp_section_reads_its_variables_and_keeps_the_token_out_of_its_repr
 def test_an_unusable_mcp_setting_is_refused_naming_it(env: dict[str, str], named: str) -> None:
     with pytest.raises(ValueError, match=named):
         settings_from_env(env)
+
+
+def test_worker_node_settings_from_env_and_flags() -> None:
+    base = settings_from_env(
+        {
+            "WORKFLOW_ENGINE_NODE_TOKEN": "s3cret",
+            "WORKFLOW_ENGINE_NODE_MAX_TIMEOUT_SECONDS": "600",
+            "WORKFLOW_ENGINE_NODE_LISTEN": "0.0.0.0:9000",
+        }
+    )
+    assert "s3cret" not in repr(base)
+    args = _parser().parse_args(
+        ["worker-node", "--listen", "127.0.0.1:0", "--data-dir", "/n", "--max-body-bytes", "9"]
+    )
+    node = settings_from_args(args, base).node
+    assert (node.listen, node.data_dir, node.max_body_bytes) == ("127.0.0.1:0", Path("/n"), 9)
+    assert (node.token, node.max_timeout_seconds) == ("s3cret", 600)
+    assert settings_from_args(args, base).listen == base.listen  # the engine's own: untouched
+
+
+def test_worker_node_refuses_a_bad_cap_or_no_token() -> None:
+    with pytest.raises(ValueError, match="WORKFLOW_ENGINE_NODE_MAX_TIMEOUT_SECONDS"):
+        settings_from_env({"WORKFLOW_ENGINE_NODE_MAX_TIMEOUT_SECONDS": "10801"})
+    args = _parser().parse_args(["worker-node"])
+    with pytest.raises(ValueError, match="WORKFLOW_ENGINE_NODE_TOKEN: required"):
+        settings_from_args(args, settings_from_env({}))
+    assert settings_from_args(_parser().parse_args(["serve"]), settings_from_env({}))

@@ -12,11 +12,13 @@ import workflow_engine
 PACKAGE = Path(workflow_engine.__file__).parent
 #: Package -> the parts of the engine it must not import (they sit above it, or beside it).
 FORBIDDEN = {
-    "domain": {"storage", "runtime", "api", "graph", "capabilities", "service", "app"},
-    "storage": {"runtime", "api", "graph", "capabilities", "service", "app"},
-    "capabilities": {"storage", "runtime", "api", "graph", "service", "app"},
-    "graph": {"storage", "runtime", "api", "service", "app"},
-    "api": {"storage.records", "storage.leases", "runtime", "app"},
+    "domain": {"storage", "runtime", "api", "graph", "capabilities", "service", "app", "node"},
+    "storage": {"runtime", "api", "graph", "capabilities", "service", "app", "node"},
+    "capabilities": {"storage", "runtime", "api", "graph", "service", "app", "node"},
+    "graph": {"storage", "runtime", "api", "service", "app", "node"},
+    "api": {"storage.records", "storage.leases", "runtime", "app", "node"},
+    # The worker node is a process of its own: the sandbox and the domain, no engine, no database.
+    "node": {"storage", "runtime", "api", "graph", "service", "app"},
 }
 
 

@@ -30,3 +30,20 @@ def test_compose_and_kubernetes_parse_and_point_at_the_grpc_port() -> None:
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert container["readinessProbe"]["grpc"]["port"] == 50051
     assert "EXPOSE 50051" in (DEPLOY / "Dockerfile").read_text()
+
+
+def test_the_worker_node_is_deployed_with_its_probes_and_own_volume() -> None:
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    node = compose["services"]["worker-node-1"]
+    assert node["command"][0] == "worker-node" and "--data-dir" in node["command"]
+    assert "WORKFLOW_ENGINE_NODE_TOKEN" in node["environment"]
+    assert any("/readyz" in part for part in node["healthcheck"]["test"])
+    docs = list(yaml.safe_load_all((DEPLOY / "kubernetes" / "worker-node.yaml").read_text()))
+    statefulset = next(d for d in docs if d["kind"] == "StatefulSet")
+    container = statefulset["spec"]["template"]["spec"]["containers"][0]
+    assert container["args"][0] == "worker-node"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert mounts["data"] in container["args"]  # the data dir is the persistent volume
+    assert "8090" in (DEPLOY / "Dockerfile").read_text()

@@ -59,7 +59,8 @@ class NodeJobs:
         else:
             log.info("node_job_awaited", job_id=job.job_id, task_id=job.task_id)
             task = entry[1]
-        # Shielded: a request that ends (its client hung up) must not stop the job.
+        # Shielded: one request cancelled (the server's shutdown cancels those still open) must
+        # not cancel the task that other requests for the same job_id await.
         return await asyncio.shield(task)
 
     async def cancel(self, job_id: str, task_id: str | None) -> None:

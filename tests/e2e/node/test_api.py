@@ -208,13 +208,13 @@ async def test_an_unknown_path_is_a_problem_document(client: httpx.AsyncClient) 
 
 def test_a_second_node_on_the_same_data_dir_is_refused(node: NodeProcess) -> None:
     with pytest.raises(RuntimeError, match=r"exit 2.*in use by another worker node"):
-        NodeProcess(data_dir=node.data_dir)
+        NodeProcess(data_dir=node.data_dir).kill()  # killed, should it start after all
     assert node.alive()
 
 
 def test_worker_node_without_a_token_does_not_start(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match=r"exit 2.*WORKFLOW_ENGINE_NODE_TOKEN: required"):
-        NodeProcess(data_dir=tmp_path / "data", token="")
+        NodeProcess(data_dir=tmp_path / "data", token="").kill()
 
 
 def test_ids_are_answered_in_canonical_form(node: NodeProcess) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import structlog
 
 from workflow_engine.app import open_database, open_pool, run_migrations, serve
-from workflow_engine.capabilities.factory import UnknownCapability
+from workflow_engine.capabilities.base import CapabilityConfigError
 from workflow_engine.config import Settings, settings_from_env
 from workflow_engine.logs import configure_logging
 
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             asyncio.run(_migrate(settings))
         else:
             asyncio.run(serve(settings))
-    except UnknownCapability as exc:
+    except CapabilityConfigError as exc:  # an unknown capability, a bad nodes file
         print(f"workflow-engine: {exc}", file=sys.stderr)
         return 2
     return 0

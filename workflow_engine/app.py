@@ -136,14 +136,18 @@ class Engine:
         applied = await run_migrations(pool)
         log.info("schema_ready", migrations=applied)
         store = WorkflowStore(pool)
-        caps = capabilities or build_capabilities(
-            settings,
-            Lent(
-                stored_task=store.load_task,
-                orchestrator_task=partial(orchestrator_tasks.read_task, pool),
-                has_orchestrator_tasks=partial(orchestrator_tasks.table_exists, pool),
-            ),
-        )
+        try:
+            caps = capabilities or build_capabilities(
+                settings,
+                Lent(
+                    stored_task=store.load_task,
+                    orchestrator_task=partial(orchestrator_tasks.read_task, pool),
+                    has_orchestrator_tasks=partial(orchestrator_tasks.table_exists, pool),
+                ),
+            )
+        except BaseException:  # a bad configuration (a nodes file) stops the start cleanly
+            await pool.close()
+            raise
         resources = AsyncExitStack()
         await resources.enter_async_context(opened(caps))
         faults = FaultPlan.parse(settings.faults)

@@ -17,7 +17,7 @@ from typing import Any
 import structlog
 
 from workflow_engine.app import open_database, open_pool, run_migrations, serve
-from workflow_engine.capabilities.factory import UnknownCapability
+from workflow_engine.capabilities.base import CapabilityConfigError
 from workflow_engine.config import ENV_PREFIX, Settings, settings_from_env
 from workflow_engine.logs import configure_logging
 from workflow_engine.node import NodeInUse, serve_node
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             asyncio.run(serve_node(settings.node))
         else:
             asyncio.run(serve(settings))
-    except (UnknownCapability, NodeInUse) as exc:
+    except (CapabilityConfigError, NodeInUse) as exc:  # an unknown capability, a bad nodes file
         print(f"workflow-engine: {exc}", file=sys.stderr)
         return 2
     return 0

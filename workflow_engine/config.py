@@ -107,6 +107,26 @@ class NodeSettings:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class NodesSettings:
+    """The ``nodes`` worker: jobs sent to worker nodes over the Worker API
+    (``WORKFLOW_ENGINE_NODES_*``)."""
+
+    #: A YAML or JSON list of nodes (name, url, token_env or token_file, labels, max_jobs);
+    #: required for the ``nodes`` worker.
+    file: str = ""
+    #: How often each node's ``GET /readyz`` is asked; a node that fails it gets no new jobs.
+    health_interval_seconds: float = 5.0
+    #: How long a dispatch waits for an eligible node (labels, health, room) before its attempt
+    #: fails with the reason.
+    wait_seconds: float = 30.0
+    #: How long one job's request is retried (same job id, with backoff) while its node cannot
+    #: be reached or answers 5xx, before the attempt is reported lost.
+    retry_seconds: float = 30.0
+    #: How long connecting to a node may take.
+    connect_timeout_seconds: float = 5.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
     """What the engine needs to know to run. Defaults suit a single developer machine."""
 
@@ -154,8 +174,8 @@ class Settings:
     #: Fault injection for the fault suite only; see `workflow_engine.faults`.
     faults: str = ""
     #: Which implementation each capability uses (see `capabilities.factory` for the choices).
-    #: Worker: "sandbox" (local processes) or "simulated" (in-process true / echo / sleep, for
-    #: benchmarks and dry runs).
+    #: Worker: "sandbox" (local processes), "nodes" (worker nodes over the Worker API, see
+    #: `nodes`) or "simulated" (in-process true / echo / sleep, for benchmarks and dry runs).
     worker: str = "sandbox"
     #: Task source (where StartWorkflow loads a task sent without one, by id): "inline" (none;
     #: the orchestrator's tasks table when the database has it), "orchestrator" (that table),
@@ -168,6 +188,8 @@ class Settings:
     mcp: McpSettings = field(default_factory=McpSettings)
     #: `workflow-engine worker-node`'s own settings.
     node: NodeSettings = field(default_factory=NodeSettings)
+    #: The ``nodes`` worker's nodes file, health polling, waits and retries.
+    nodes: NodesSettings = field(default_factory=NodesSettings)
     #: Log level for the JSON logs on stderr (debug, info, warning, error).
     log_level: str = "info"
 
@@ -183,6 +205,16 @@ class Settings:
             raise ValueError(f"{ENV_PREFIX}MCP_URL: required when {ENV_PREFIX}TASK_SOURCE is mcp")
         if not 0 < self.mcp.timeout_seconds <= 300:
             raise ValueError(f"{ENV_PREFIX}MCP_TIMEOUT_SECONDS: expected 0 < seconds <= 300")
+        if self.worker == "nodes" and not self.nodes.file:
+            raise ValueError(f"{ENV_PREFIX}NODES_FILE: required when {ENV_PREFIX}WORKER is nodes")
+        for name in ("health_interval_seconds", "connect_timeout_seconds"):
+            if not 0 < getattr(self.nodes, name) <= 3600:
+                raise ValueError(f"{ENV_PREFIX}NODES_{name.upper()}: expected 0 < seconds <= 3600")
+        for name in ("wait_seconds", "retry_seconds"):
+            if not 0 <= getattr(self.nodes, name) <= 86400:
+                raise ValueError(
+                    f"{ENV_PREFIX}NODES_{name.upper()}: expected 0 <= seconds <= 86400"
+                )
 
     @property
     def prepare_threshold(self) -> int | None:

@@ -64,6 +64,11 @@ class TaskSourceUnavailable(WorkflowEngineError):
         self.why = why
 
 
+class NoEligibleNode(WorkflowEngineError):
+    """No worker node could take a job within the dispatch's wait: the message says, node by
+    node, why (labels it lacks, unhealthy, full). Fails the attempt, never the engine."""
+
+
 class WorkflowExists(WorkflowEngineError):
     """StartWorkflow for a task that already has a workflow under another idempotency key."""
 

@@ -144,3 +144,22 @@ def test_worker_node_refuses_a_bad_cap_or_no_token() -> None:
     with pytest.raises(ValueError, match="WORKFLOW_ENGINE_NODE_TOKEN: required"):
         settings_from_args(args, settings_from_env({}))
     assert settings_from_args(_parser().parse_args(["serve"]), settings_from_env({}))
+
+
+def test_the_nodes_worker_settings() -> None:
+    s = settings_from_env(
+        {
+            "WORKFLOW_ENGINE_WORKER": "nodes",
+            "WORKFLOW_ENGINE_NODES_FILE": "/etc/workflow-engine/nodes.yaml",
+            "WORKFLOW_ENGINE_NODES_HEALTH_INTERVAL_SECONDS": "2",
+            "WORKFLOW_ENGINE_NODES_WAIT_SECONDS": "10",
+            "WORKFLOW_ENGINE_NODES_RETRY_SECONDS": "60",
+        }
+    )
+    assert (s.worker, s.nodes.file) == ("nodes", "/etc/workflow-engine/nodes.yaml")
+    assert (s.nodes.health_interval_seconds, s.nodes.wait_seconds) == (2.0, 10.0)
+    assert s.nodes.retry_seconds == 60.0
+    with pytest.raises(ValueError, match="WORKFLOW_ENGINE_NODES_FILE: required"):
+        settings_from_env({"WORKFLOW_ENGINE_WORKER": "nodes"})
+    with pytest.raises(ValueError, match="WORKFLOW_ENGINE_NODES_HEALTH_INTERVAL_SECONDS"):
+        settings_from_env({"WORKFLOW_ENGINE_NODES_HEALTH_INTERVAL_SECONDS": "0"})

@@ -152,6 +152,7 @@ def _step(msg: pb.Step, index: int) -> JsonObject:
         "requires_approval": msg.requires_approval,
         "expect": [_check(c, f"task.steps[{index}].expect[{j}]") for j, c in enumerate(msg.expect)],
         "image": msg.image,
+        "required_labels": list(msg.required_labels),
     }
 
 

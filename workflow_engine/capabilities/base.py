@@ -17,6 +17,11 @@ from workflow_engine.domain.model import JsonObject
 from workflow_engine.domain.task import AcceptanceCriterion, Plan, Step, TaskSpec
 
 
+class CapabilityConfigError(ValueError):
+    """A capability's configuration cannot work (an unknown name, a bad nodes file); it stops
+    the engine's start with the setting, and the entry, named."""
+
+
 class TaskSource(Protocol):
     """Loads a task by id from the orchestrator, for a StartWorkflow that sends none inline.
 

@@ -15,12 +15,15 @@ closes. The embedded defaults own nothing and work offline.
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any, TypeVar
 
 from workflow_engine.capabilities.base import (
+    CapabilityConfigError,
     ContextCompressor,
     Planner,
     TaskSource,
@@ -28,7 +31,9 @@ from workflow_engine.capabilities.base import (
     Worker,
 )
 from workflow_engine.capabilities.context import TruncatingCompressor
+from workflow_engine.capabilities.http_worker import HttpWorker
 from workflow_engine.capabilities.inline_tasks import InlineTaskSource
+from workflow_engine.capabilities.nodes_file import load_nodes_file
 from workflow_engine.capabilities.planner import StaticPlanner
 from workflow_engine.capabilities.sandbox import LocalSandboxWorker
 from workflow_engine.capabilities.simulated import SimulatedWorker
@@ -86,6 +91,13 @@ def _mcp_tasks(settings: Settings, lent: Lent) -> TaskSource:
     return McpTaskSource(settings.mcp)
 
 
+def _worker_nodes(settings: Settings, lent: Lent) -> Worker:
+    # Tokens named by `token_env` are read here, once at start-up, like the settings: the
+    # nodes file says which variables, so they cannot be fields of `Settings`.
+    nodes = load_nodes_file(Path(settings.nodes.file), os.environ)
+    return HttpWorker(nodes, settings.nodes, default_timeout_seconds=settings.job.timeout_seconds)
+
+
 TASK_SOURCES: Mapping[str, Builder[TaskSource]] = {
     "inline": lambda s, lent: InlineTaskSource(_task_table(lent)),
     "orchestrator": lambda s, lent: _task_table(lent),
@@ -100,6 +112,7 @@ WORKERS: Mapping[str, Builder[Worker]] = {
         default_timeout_seconds=s.job.timeout_seconds,
         max_output_bytes=s.job.output_bytes,
     ),
+    "nodes": _worker_nodes,
     "simulated": lambda s, lent: SimulatedWorker(),
 }
 VERIFIERS: Mapping[str, Builder[Verifier]] = {
@@ -110,7 +123,7 @@ COMPRESSORS: Mapping[str, Builder[ContextCompressor]] = {
 }
 
 
-class UnknownCapability(ValueError):
+class UnknownCapability(CapabilityConfigError):
     """A setting names an implementation no registry has."""
 
 

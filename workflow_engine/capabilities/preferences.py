@@ -31,3 +31,22 @@ def _merge_into(target: dict[str, Any], layer: Mapping[str, Any]) -> None:
             target[key] = fresh
         else:
             target[key] = copy.deepcopy(value)
+
+
+def node_preferences(effective: Mapping[str, Any]) -> tuple[str, ...]:
+    """The node labels a task's effective preferences ask for (seed: data locality, models).
+
+    ``locality: "eu-west"`` asks for ``locality=eu-west``, ``model: "llama3"`` for
+    ``models=llama3`` (the keys of a nodes file's label map), and ``node_labels`` (a list)
+    for its labels as they are. Only a tie-breaker between equally loaded nodes: a node without
+    them still runs the job. Anything else, or another type, is ignored.
+    """
+    wanted: list[str] = []
+    for key, label_key in (("locality", "locality"), ("model", "models")):
+        value = effective.get(key)
+        if isinstance(value, str) and value:
+            wanted.append(f"{label_key}={value}")
+    extra = effective.get("node_labels")
+    if isinstance(extra, list):
+        wanted += [str(label) for label in extra if isinstance(label, str) and label]
+    return tuple(dict.fromkeys(wanted))

@@ -25,6 +25,7 @@ _IMPLICIT_EXIT_CODE = Check(kind="exit_code", equals=0)
 # What to do about a failed check of each kind; the next attempt sees these lines.
 _ADVICE = {
     "timeout": "make the command finish sooner or raise the step's timeout_seconds",
+    "not_run": "see why the job did not run to its end (the worker's message) and try again",
     "exit_code": "make the command exit with the expected code",
     "stdout_contains": "make the command print the expected text on stdout",
     "stderr_contains": "make the command print the expected text on stderr",
@@ -50,6 +51,12 @@ class MachineVerifier:
             detail = f"expected the job to finish, but it timed out; stderr {_shown(result.stderr)}"
             findings.append(Finding(check="status", passed=False, detail=detail))
             actions.append(f"status: {detail}; {_ADVICE['timeout']}")
+        elif result.status == "failed" and result.exit_code is None:
+            # No exit code: the command never ended by itself (lost, refused by a worker node,
+            # a worker error). Its stderr is the worker's reason, which the record must show.
+            detail = f"the job did not run to its end: {_shown(result.stderr)}"
+            findings.append(Finding(check="status", passed=False, detail=detail))
+            actions.append(f"status: {detail}; {_ADVICE['not_run']}")
         checks = step.expect
         if not any(check.kind == "exit_code" for check in checks):
             checks = (_IMPLICIT_EXIT_CODE, *checks)

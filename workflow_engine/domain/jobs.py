@@ -1,9 +1,10 @@
 """Jobs and their judgement: a request and result in the Worker API's shapes, and a verdict.
 
 `JobRequest` and `JobResult` are the Worker API's JSON (`POST /v1/worker/jobs:run`, version 1)
-field for field, plus what the engine adds (attempt, step, remediation, context; the node that
-ran it). `Verification` is the state model's `verification`; its JSON Schema is what a model
-judging results must answer with.
+field for field, plus what the engine adds (attempt, step, remediation, context, the labels a
+node must and should have; the node that ran it, the artifacts it listed). `Verification` is
+the state model's `verification`; its JSON Schema is what a model judging results must answer
+with.
 """
 
 from __future__ import annotations
@@ -50,6 +51,11 @@ class JobRequest(DomainModel):
     step_id: str = ""
     remediation: tuple[str, ...] = ()
     context: tuple[JsonObject, ...] = ()
+    #: Labels the node that runs it must have (the step's `required_labels`).
+    required_labels: tuple[str, ...] = ()
+    #: Labels that make a node preferred among equally loaded ones (the task's locality and
+    #: model preferences).
+    preferred_labels: tuple[str, ...] = ()
 
 
 class Truncated(DomainModel):
@@ -64,6 +70,8 @@ class JobResult(DomainModel):
 
     `exit_code` is set when the job completed or failed; `work_dir` is where the job ran, when
     the worker is local (checks such as `file_exists` look there); `target` names the node.
+    `artifacts` are the descriptors a worker node listed (name, content type, size, ref), kept
+    as links: inline content is left at the node.
     """
 
     version: int = WORKER_API_VERSION
@@ -78,6 +86,7 @@ class JobResult(DomainModel):
     truncated: Truncated = Field(default_factory=Truncated)
     work_dir: str | None = None
     target: str = ""
+    artifacts: tuple[JsonObject, ...] = ()
 
 
 class Finding(DomainModel):

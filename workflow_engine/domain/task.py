@@ -40,6 +40,8 @@ MAX_ARGV = 256
 MAX_ARG_CHARS = 32 * 1024
 MAX_ENV = 256
 MAX_CHECKS = 64
+MAX_LABELS = 64
+MAX_LABEL_CHARS = 256
 MAX_TIMEOUT_SECONDS = 10_800  # the Worker API's node maximum
 MAX_ATTEMPTS = 100
 DEFAULT_MAX_PARALLEL = 4
@@ -122,6 +124,9 @@ class Step(DomainModel):
     requires_approval: bool = False
     expect: tuple[Check, ...] = Field((), json_schema_extra={"maxItems": MAX_CHECKS})
     image: Text = ""
+    #: Labels a worker node must have to run this step (capabilities, locality, models, as the
+    #: node registry spells them); the local sandbox ignores them.
+    required_labels: tuple[str, ...] = Field((), json_schema_extra={"maxItems": MAX_LABELS})
 
     @field_validator("id")
     @classmethod
@@ -153,6 +158,16 @@ class Step(DomainModel):
         if not 0 <= value <= MAX_TIMEOUT_SECONDS:
             raise invalid("", f"must be at most {MAX_TIMEOUT_SECONDS}")
         return value
+
+    @field_validator("required_labels")
+    @classmethod
+    def _labels_are_names(cls, labels: tuple[str, ...]) -> tuple[str, ...]:
+        if len(labels) > MAX_LABELS:
+            raise invalid("", f"more than {MAX_LABELS} labels")
+        for k, label in enumerate(labels):
+            if not label.strip() or "\x00" in label or len(label) > MAX_LABEL_CHARS:
+                raise invalid(f"[{k}]", f"must be 1-{MAX_LABEL_CHARS} characters, not blank")
+        return labels
 
     @field_validator("expect")
     @classmethod

@@ -19,12 +19,12 @@ from pydantic import ValidationError
 
 from workflow_engine.capabilities.factory import Capabilities
 from workflow_engine.capabilities.jobs import JobTracker
-from workflow_engine.capabilities.preferences import merge_preferences
+from workflow_engine.capabilities.preferences import merge_preferences, node_preferences
 from workflow_engine.domain.jobs import Finding, JobRequest, JobResult, Sandbox, Verification
 from workflow_engine.domain.model import JsonObject, as_invalid_argument
 from workflow_engine.domain.status import WorkflowStatus
 from workflow_engine.domain.task import AcceptanceCriterion, Step
-from workflow_engine.errors import InvalidArgument, RunControl
+from workflow_engine.errors import InvalidArgument, RunControl, WorkflowEngineError
 from workflow_engine.graph import routing
 from workflow_engine.graph.state import StepState, StepStatus, WorkflowState
 
@@ -146,6 +146,8 @@ class Nodes:
             step_id=step.id,
             remediation=remediation,
             context=tuple(await self._context_for(state, step)),
+            required_labels=step.required_labels,
+            preferred_labels=node_preferences(state.get("preferences_effective") or {}),
         )
         try:
             target = await self._caps.worker.select_target(job)
@@ -400,6 +402,8 @@ def jobs_in_flight(state: WorkflowState) -> list[tuple[str, JobRequest]]:
 
 
 def _worker_error_result(job: JobRequest, exc: BaseException) -> JobResult:
+    # The engine's own errors say what happened in their message; anything else by its repr.
+    error = exc.message if isinstance(exc, WorkflowEngineError) else repr(exc)
     now = datetime.now(UTC).isoformat()
     return JobResult(
         task_id=job.task_id,
@@ -407,7 +411,7 @@ def _worker_error_result(job: JobRequest, exc: BaseException) -> JobResult:
         status="failed",
         exit_code=None,
         stdout="",
-        stderr=f"worker error: {exc!r}",
+        stderr=f"worker error: {error}",
         started_at=now,
         ended_at=now,
     )

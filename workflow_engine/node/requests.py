@@ -133,6 +133,8 @@ def response_body(result: JobResult, request: JobRequest) -> JsonObject:
     body = result.to_json()
     for name in _LOCAL_FIELDS:
         body.pop(name, None)
+    if not body.get("artifacts"):
+        body.pop("artifacts", None)  # optional in the contract; this node makes none
     body["task_id"] = request.task_id
     body["job_id"] = request.job_id
     return body

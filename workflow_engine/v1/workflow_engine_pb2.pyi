@@ -962,6 +962,7 @@ class Step(_message.Message):
     REQUIRES_APPROVAL_FIELD_NUMBER: _builtins.int
     EXPECT_FIELD_NUMBER: _builtins.int
     IMAGE_FIELD_NUMBER: _builtins.int
+    REQUIRED_LABELS_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """Unique within the task; letters, digits, '-', '_' and '.'. Defaults to step-<n>."""
     description: _builtins.str
@@ -987,6 +988,13 @@ class Step(_message.Message):
     def expect(self) -> _containers.RepeatedCompositeFieldContainer[Global___Check]:
         """Checks the step's result must pass. With none, the step must exit 0."""
 
+    @_builtins.property
+    def required_labels(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Labels a worker node must have to run this step (WORKFLOW_ENGINE_WORKER=nodes: each node's
+        labels from the nodes file, e.g. "gpu" or "locality=eu-west"); the local sandbox ignores
+        them. At most 64, each 1-256 characters.
+        """
+
     def __init__(
         self,
         *,
@@ -999,10 +1007,11 @@ class Step(_message.Message):
         requires_approval: _builtins.bool = ...,
         expect: _abc.Iterable[Global___Check] | None = ...,
         image: _builtins.str = ...,
+        required_labels: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "depends_on", b"depends_on", "description", b"description", "env", b"env", "expect", b"expect", "id", b"id", "image", b"image", "requires_approval", b"requires_approval", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "depends_on", b"depends_on", "description", b"description", "env", b"env", "expect", b"expect", "id", b"id", "image", b"image", "required_labels", b"required_labels", "requires_approval", b"requires_approval", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -225,3 +225,14 @@ async def test_criteria_with_checks_are_evaluated_too() -> None:
     assert v.status == "fail"
     assert len(v.recommended_actions) == 1
     assert v.recommended_actions[0].startswith("criterion[2]:stdout_contains")
+
+
+async def test_a_job_that_did_not_run_to_its_end_is_a_finding_with_the_workers_reason() -> None:
+    reason = "node gpu-1 refused the job: HTTP 401 Unauthorized: Invalid or missing bearer token"
+    v = await verify(status="failed", exit_code=None, stderr=reason)
+    assert v.status == "fail"
+    status = [f for f in v.findings if f.check == "status"]
+    assert len(status) == 1 and reason in status[0].detail and not status[0].passed
+    assert any(reason in action for action in v.recommended_actions)
+    ran = await verify(status="failed", exit_code=3, stderr="boom")  # it ran: its exit code says
+    assert [f.check for f in ran.findings] == ["exit_code"]

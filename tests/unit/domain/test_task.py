@@ -65,6 +65,7 @@ def test_the_stored_json_keeps_its_shape() -> None:
         "requires_approval": False,
         "expect": [],
         "image": "",
+        "required_labels": [],
     }
     job = JobRequest(task_id="t", job_id="j", sandbox=Sandbox(command=("true",)))
     assert job.to_json() == {
@@ -82,11 +83,13 @@ def test_the_stored_json_keeps_its_shape() -> None:
         "step_id": "",
         "remediation": [],
         "context": [],
+        "required_labels": [],
+        "preferred_labels": [],
     }
     result = JobResult(task_id="t", job_id="j", status="completed", exit_code=0)
     assert set(result.to_json()) == {
         "version", "task_id", "job_id", "status", "exit_code", "stdout", "stderr",
-        "started_at", "ended_at", "truncated", "work_dir", "target",
+        "started_at", "ended_at", "truncated", "work_dir", "target", "artifacts",
     }  # fmt: skip
     assert result.to_json()["truncated"] == {"stdout": False, "stderr": False}
 

@@ -1,0 +1,327 @@
+"""The ``nodes`` worker: runs each job on a worker node over the Worker API (HTTP).
+
+`select_target` picks a node (`NodeRegistry`: labels, health, load, preferences), waiting up to
+``WORKFLOW_ENGINE_NODES_WAIT_SECONDS`` for one to become eligible, and then fails the attempt
+with the reason node by node. `dispatch_step` records the choice in state before anything is
+sent, so `run` (in `collect_result`, also after a restart) always goes to the recorded node.
+
+`run` is one synchronous ``POST {url}/v1/worker/jobs:run`` with the node's bearer token, read
+with a timeout longer than the job's own. The node deduplicates by ``job_id``, so sending the
+same job again (a retry, or a restarted engine) returns the running or finished job, never a
+second run. Hence:
+
+- a transport error or a 5xx answer is retried, same job id, with backoff, for up to
+  ``WORKFLOW_ENGINE_NODES_RETRY_SECONDS`` from the first failure; after that the attempt fails
+  as *lost* (unreachable node) or with the node's error. The step's retry budget then makes a
+  new attempt, with a new job id, which may go to another node: the same attempt never does.
+- a 4xx answer (400 problem document, 401, 413) is not retried: the attempt fails with the
+  node's message.
+
+Readiness comes from ``GET {url}/readyz``, polled in the background every
+``WORKFLOW_ENGINE_NODES_HEALTH_INTERVAL_SECONDS``; a node a request could not reach counts as
+not ready until its next good poll. `cancel` aborts the request in flight and asks the node to
+stop the job (``POST {url}/v1/worker/jobs/{job_id}:cancel``, our node's extension; a 404 from a
+node without it is fine).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import OrderedDict
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import Any, Self
+
+import httpx2
+import structlog
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    wait_exponential_jitter,
+)
+
+from workflow_engine.capabilities import worker_api
+from workflow_engine.capabilities.node_registry import NodeRegistry
+from workflow_engine.capabilities.nodes_file import WorkerNode
+from workflow_engine.config import NodesSettings
+from workflow_engine.domain.jobs import JobRequest, JobResult, JobStatus
+from workflow_engine.errors import NoEligibleNode
+
+log = structlog.get_logger(__name__)
+
+#: How much longer than the job's own timeout the engine waits for a node's answer.
+READ_MARGIN_SECONDS = 60.0
+#: How long a cancel request to a node may take.
+CANCEL_TIMEOUT_SECONDS = 5.0
+#: Cancelled job ids remembered, so a later `run` of one returns its cancelled result.
+_MAX_REMEMBERED = 10_000
+
+
+class _Retry(Exception):
+    """One try failed in a way the same job id may be sent again for (transport, 5xx)."""
+
+    def __init__(self, message: str, *, unreachable: bool) -> None:
+        super().__init__(message)
+        self.message = message
+        self.unreachable = unreachable
+
+
+class _FailingFor:
+    """Tenacity stop: give up once tries have failed for `seconds` since the first failure.
+
+    Measured from the first failure, not from the first try: a long job's request may run for
+    an hour before its node dies, and the retry budget is for the node's absence.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self._seconds = seconds
+        self._since: float | None = None
+
+    def __call__(self, state: RetryCallState) -> bool:
+        now = state.outcome_timestamp or 0.0
+        if self._since is None:
+            self._since = now
+        return now - self._since >= self._seconds
+
+
+class HttpWorker:
+    """`Worker` sending jobs to the configured worker nodes; see the module docstring."""
+
+    def __init__(
+        self,
+        nodes: tuple[WorkerNode, ...],
+        settings: NodesSettings,
+        *,
+        default_timeout_seconds: int = 3600,
+    ) -> None:
+        self._registry = NodeRegistry(nodes)
+        self._settings = settings
+        self._default_timeout_seconds = default_timeout_seconds
+        self._http: httpx2.AsyncClient | None = None
+        self._poller: asyncio.Task[None] | None = None
+        self._requests: dict[str, asyncio.Task[JobResult]] = {}
+        self._cancelled: OrderedDict[str, None] = OrderedDict()
+
+    @property
+    def registry(self) -> NodeRegistry:
+        return self._registry
+
+    async def __aenter__(self) -> Self:
+        self._http = httpx2.AsyncClient(
+            # One connection per job in flight: a request lasts as long as its job.
+            limits=httpx2.Limits(max_connections=None, max_keepalive_connections=64),
+            timeout=httpx2.Timeout(self._settings.connect_timeout_seconds),
+        )
+        await self._poll_all()  # the first dispatch knows which nodes are ready
+        self._poller = asyncio.create_task(self._poll_forever(), name="worker-node-health")
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
+        if self._http is not None:
+            await self._http.aclose()
+
+    async def select_target(self, job: JobRequest) -> str:
+        """The eligible node for `job`, counted against its load from now; waits a bounded
+        time for one, then raises `NoEligibleNode` saying why for each node."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._settings.wait_seconds
+        while True:
+            node, why = self._registry.choose(job)
+            if node is not None:
+                self._registry.reserve(node.name, job.job_id)
+                return node.name
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                labels = ", ".join(job.required_labels) or "none"
+                raise NoEligibleNode(
+                    f"no worker node could take step {job.step_id or '?'} within "
+                    f"{self._settings.wait_seconds:g} s (required labels: {labels}): {why}",
+                    task_id=job.task_id,
+                )
+            await self._registry.wait_for_change(min(remaining, 1.0))
+
+    async def run(self, target: str, job: JobRequest) -> JobResult:
+        """Send `job` to `target` (the node recorded at dispatch) and return its result."""
+        if job.job_id in self._cancelled:
+            return _ended(job, target, "cancelled", "cancelled before it was sent")
+        node = self._registry.node(target)
+        if node is None:
+            return _ended(
+                job,
+                target,
+                "failed",
+                f"job {job.job_id} was lost: it was sent to node {target!r}, which the nodes "
+                "file no longer lists; it is not sent elsewhere for the same job id",
+            )
+        self._registry.started(node.name, job.job_id)
+        request = asyncio.create_task(self._send(node, job), name=f"job-{job.job_id}")
+        self._requests[job.job_id] = request
+        try:
+            return await request
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if job.job_id in self._cancelled and not (current and current.cancelling()):
+                return _ended(job, target, "cancelled", "cancelled: its request was aborted")
+            raise
+        finally:
+            request.cancel()  # our caller stopped waiting: the request goes too
+            self._requests.pop(job.job_id, None)
+            self._registry.finished(node.name, job.job_id)
+
+    async def cancel(self, target: str, job: JobRequest) -> None:
+        """Abort the request in flight and ask the node to stop the job (see the module doc)."""
+        self._cancelled[job.job_id] = None
+        while len(self._cancelled) > _MAX_REMEMBERED:
+            self._cancelled.popitem(last=False)
+        request = self._requests.get(job.job_id)
+        if request is not None:
+            request.cancel()
+        node = self._registry.node(target)
+        if node is None or self._http is None:
+            return
+        try:
+            response = await self._http.post(
+                node.url + worker_api.cancel_path(job.job_id),
+                headers=_auth(node),
+                timeout=CANCEL_TIMEOUT_SECONDS,
+            )
+        except httpx2.HTTPError as exc:
+            log.warning("node_cancel_failed", node=node.name, job_id=job.job_id, error=repr(exc))
+            return
+        if response.status_code in (404, 405):
+            log.info("node_cancel_unsupported", node=node.name, job_id=job.job_id)
+        elif response.is_error:
+            message = worker_api.problem_message(
+                response.status_code, response.reason_phrase, response.content
+            )
+            log.warning("node_cancel_refused", node=node.name, job_id=job.job_id, error=message)
+
+    async def _send(self, node: WorkerNode, job: JobRequest) -> JobResult:
+        assert self._http is not None, "HttpWorker used outside `async with`"
+        timeout = job.sandbox.timeout_seconds or self._default_timeout_seconds
+        body = worker_api.request_body(job, timeout)
+        http_timeout = httpx2.Timeout(
+            self._settings.connect_timeout_seconds,
+            read=timeout + READ_MARGIN_SECONDS,
+            pool=None,
+        )
+        retrying = AsyncRetrying(
+            retry=retry_if_exception_type(_Retry),
+            stop=_FailingFor(self._settings.retry_seconds),
+            wait=wait_exponential_jitter(multiplier=0.2, max=5.0, jitter=0.2),
+            reraise=True,
+        )
+        tries = 0
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    tries += 1
+                    return await self._try(node, job, body, http_timeout, tries)
+        except _Retry as failure:
+            return self._gave_up(node, job, failure, tries)
+        raise AssertionError("unreachable: tenacity returns or raises")  # pragma: no cover
+
+    async def _try(
+        self,
+        node: WorkerNode,
+        job: JobRequest,
+        body: dict[str, Any],
+        http_timeout: httpx2.Timeout,
+        tries: int,
+    ) -> JobResult:
+        assert self._http is not None
+        log.info(
+            "node_job_sent", node=node.name, job_id=job.job_id, step_id=job.step_id, try_=tries
+        )
+        try:
+            response = await self._http.post(
+                node.url + worker_api.RUN_PATH,
+                json=body,
+                headers=_auth(node),
+                timeout=http_timeout,
+            )
+        except httpx2.TransportError as exc:
+            reason = f"{type(exc).__name__}: {exc}".rstrip(": ")
+            if self._registry.set_health(node.name, False, f"a job request failed: {reason}"):
+                log.warning("node_not_ready", node=node.name, reason=reason)
+            log.warning("node_job_unanswered", node=node.name, job_id=job.job_id, error=reason)
+            raise _Retry(reason, unreachable=True) from exc
+        if response.status_code == 200:
+            try:
+                result = worker_api.read_result(job, node.name, response.json())
+            except ValueError as exc:  # JSON that does not parse, or `UnreadableAnswer`
+                log.warning("node_answer_unreadable", node=node.name, job_id=job.job_id)
+                return _ended(
+                    job, node.name, "failed", f"node {node.name} answered with no result: {exc}"
+                )
+            log.info("node_job_ended", node=node.name, job_id=job.job_id, status=result.status)
+            return result
+        message = worker_api.problem_message(
+            response.status_code, response.reason_phrase, response.content
+        )
+        if response.status_code >= 500:
+            log.warning("node_job_error", node=node.name, job_id=job.job_id, error=message)
+            raise _Retry(message, unreachable=False)
+        log.warning("node_job_refused", node=node.name, job_id=job.job_id, error=message)
+        return _ended(job, node.name, "failed", f"node {node.name} refused the job: {message}")
+
+    def _gave_up(self, node: WorkerNode, job: JobRequest, failure: _Retry, tries: int) -> JobResult:
+        budget = f"{self._settings.retry_seconds:g} s, {tries} tries"
+        if failure.unreachable:
+            log.warning("node_job_lost", node=node.name, job_id=job.job_id, error=failure.message)
+            stderr = (
+                f"job {job.job_id} was lost: node {node.name} did not answer ({budget}; last: "
+                f"{failure.message}); it is not run again for the same job id"
+            )
+        else:
+            stderr = f"node {node.name} failed the job ({budget}): {failure.message}"
+        return _ended(job, node.name, "failed", stderr)
+
+    async def _poll_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self._settings.health_interval_seconds)
+            await self._poll_all()
+
+    async def _poll_all(self) -> None:
+        await asyncio.gather(*(self._poll(node) for node in self._registry.nodes))
+
+    async def _poll(self, node: WorkerNode) -> None:
+        assert self._http is not None
+        timeout = min(self._settings.health_interval_seconds, 10.0)
+        try:
+            response = await self._http.get(node.url + worker_api.READY_PATH, timeout=timeout)
+        except httpx2.HTTPError as exc:
+            ready, reason = False, f"readyz unreachable: {type(exc).__name__}"
+        else:
+            ready = response.status_code == 200
+            reason = "" if ready else f"readyz {response.status_code}: {response.text[:100]}"
+        if self._registry.set_health(node.name, ready, reason.strip()):
+            log.info("node_readiness_changed", node=node.name, ready=ready, reason=reason)
+
+
+def _auth(node: WorkerNode) -> dict[str, str]:
+    return {"Authorization": f"Bearer {node.token}"}
+
+
+def _ended(job: JobRequest, target: str, status: JobStatus, stderr: str) -> JobResult:
+    """The result of a job that did not run to an exit here: no exit code, the reason."""
+    now = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return JobResult(
+        task_id=job.task_id,
+        job_id=job.job_id,
+        status=status,
+        exit_code=None,
+        stdout="",
+        stderr=stderr,
+        started_at=now,
+        ended_at=now,
+        target=target,
+    )

@@ -6,7 +6,10 @@ p50/p99 workflow latency, CPU seconds per workflow (benchmark process, plus the 
 process for the gRPC contender), commits per node (pg_stat_database.xact_commit, read after
 the contender's connections closed so their statistics are flushed) and WAL bytes per node
 (pg_current_wal_lsn before and after). Prints a table and a JSON line, writes
-bench-results/compare.json and a PNG of throughput against concurrency.
+bench-results/compare.json and a PNG of throughput against concurrency. Two contenders run
+the real command `true` in each step (this engine through its default worker, the local
+sandbox, and LangGraph + AsyncPostgresSaver with an asyncio subprocess); their ratio is
+printed beside the ratios to contender 1 (`PAIRS`).
 
     .venv/bin/python benchmarks/compare.py [--smoke] [--concurrency 1 20 100] [--only WORD ...]
 """

@@ -368,6 +368,25 @@ async def test_a_fresh_engine_cancels_a_job_a_killed_engine_started(tmp_path: Pa
     assert lines(marker) == ["ran"]
 
 
+async def test_cancel_gives_the_command_its_grace_period(tmp_path: Path) -> None:
+    """SIGTERM first: a command that cleans up on it (here in 0.5 s) gets to finish that."""
+    marker, cleaned = tmp_path / "marker", tmp_path / "cleaned"
+    script = (
+        f"trap 'sleep 0.5; echo done > {cleaned}; exit 1' TERM; echo ran >> {marker}; "
+        "while :; do sleep 0.1; done"
+    )
+    request = job("grace-1", "sh", "-c", script)
+    sandbox = worker(tmp_path)
+    running = asyncio.ensure_future(sandbox.run("local", request))
+    await wait_until(lambda: lines(marker))
+
+    await sandbox.cancel("local", request)
+    result = await asyncio.wait_for(running, 10)
+
+    assert result.status == "cancelled"
+    assert cleaned.read_text() == "done\n"
+
+
 def programs_in_group(pgid: int) -> set[str]:
     """The executables of the processes in process group `pgid`."""
     names = set()

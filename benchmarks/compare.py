@@ -6,7 +6,10 @@ p50/p99 workflow latency, CPU seconds per workflow (benchmark process, plus the 
 process for the gRPC contender), commits per node (pg_stat_database.xact_commit, read after
 the contender's connections closed so their statistics are flushed) and WAL bytes per node
 (pg_current_wal_lsn before and after). Prints a table and a JSON line, writes
-bench-results/compare.json and a PNG of throughput against concurrency.
+bench-results/compare.json and a PNG of throughput against concurrency. Two contenders run
+the real command `true` in each step (this engine through its default worker, the local
+sandbox, and LangGraph + AsyncPostgresSaver with an asyncio subprocess); their ratio is
+printed beside the ratios to contender 1 (`PAIRS`).
 
     .venv/bin/python benchmarks/compare.py [--smoke] [--concurrency 1 20 100] [--only WORD ...]
 """
@@ -34,10 +37,12 @@ from contenders import (
     NODES,
     DBOSWorkflow,
     EngineGrpc,
+    EngineGrpcCommand,
     EngineInProcess,
     LangGraphInMemorySaver,
     LangGraphNoPersistence,
     LangGraphPostgres,
+    LangGraphPostgresCommand,
     RawUpserts,
 )
 
@@ -45,6 +50,8 @@ from workflow_engine.logs import configure_logging
 from workflow_engine.storage.embedded import start_embedded_postgres
 
 BASELINE = LangGraphPostgres.name  # contender 1: what the targets are ratios of
+# Pairs running the same real commands, each a ratio of its own baseline (the target: 2.5x).
+PAIRS = [(EngineGrpcCommand.name, LangGraphPostgresCommand.name)]
 ROOT = Path(__file__).resolve().parent.parent
 PGDATA = ROOT / ".data" / "bench-pgdata"
 OUT = ROOT / "bench-results"
@@ -114,6 +121,8 @@ def contenders(data_dir: Path) -> list[Any]:
         DBOSWorkflow(),
         EngineInProcess(data_dir),
         EngineGrpc(data_dir),
+        LangGraphPostgresCommand(),
+        EngineGrpcCommand(data_dir),
         LangGraphNoPersistence(),
         LangGraphInMemorySaver(),
         RawUpserts(),
@@ -152,14 +161,20 @@ def table(results: list[dict[str, Any]]) -> str:
 
 
 def ratios(results: list[dict[str, Any]]) -> dict[str, float]:
-    """Throughput of each contender over contender 1's, per concurrency."""
+    """Throughput of each contender over contender 1's, and of each of `PAIRS`, per concurrency."""
     out = {}
-    base = {r["concurrency"]: r["workflows_per_s"] for r in results if r["contender"] == BASELINE}
+    rate = {(r["contender"], r["concurrency"]): r["workflows_per_s"] for r in results}
     for r in results:
-        if r["contender"] != BASELINE and base.get(r["concurrency"]):
+        base = rate.get((BASELINE, r["concurrency"]))
+        if r["contender"] != BASELINE and base:
             out[f"{r['contender']} / langgraph+saver @ c={r['concurrency']}"] = round(
-                r["workflows_per_s"] / base[r["concurrency"]], 2
+                r["workflows_per_s"] / base, 2
             )
+    for name, baseline in PAIRS:
+        for concurrency in dict.fromkeys(r["concurrency"] for r in results):
+            ours, theirs = rate.get((name, concurrency)), rate.get((baseline, concurrency))
+            if ours and theirs:
+                out[f"{name} / {baseline} @ c={concurrency}"] = round(ours / theirs, 2)
     return out
 
 

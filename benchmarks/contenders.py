@@ -8,6 +8,7 @@ node is trivial, so what is measured is the cost of durability itself. Every con
 from __future__ import annotations
 
 import asyncio
+import inspect
 import sys
 import uuid
 from pathlib import Path
@@ -50,12 +51,20 @@ class BareState(TypedDict, total=False):
     status: str
 
 
-def bare_graph(upsert_pool: AsyncConnectionPool[Any] | None) -> StateGraph[Any, Any, Any, Any]:
-    """The same node names and routing as the engine's graph, with trivial node bodies."""
+def bare_graph(
+    upsert_pool: AsyncConnectionPool[Any] | None, command: tuple[str, ...] = ()
+) -> StateGraph[Any, Any, Any, Any]:
+    """The same node names and routing as the engine's graph, with trivial node bodies.
+
+    With a `command`, `collect_result` runs it as an asyncio subprocess (what a LangGraph
+    application that runs real commands would write) and records its exit code.
+    """
 
     def node(name: str, update: Any) -> Any:
         async def run(state: BareState) -> BareState:
-            changes: BareState = update(state)
+            changes = update(state)
+            if inspect.isawaitable(changes):
+                changes = await changes
             if upsert_pool is not None:
                 async with upsert_pool.connection() as conn:
                     await conn.execute(
@@ -77,13 +86,18 @@ def bare_graph(upsert_pool: AsyncConnectionPool[Any] | None) -> StateGraph[Any, 
         step = f"s{state.get('current_step_index', 0)}"
         return {"attempts_by_step": {**state.get("attempts_by_step", {}), step: 1}}
 
+    async def run_command(state: BareState) -> BareState:
+        process = await asyncio.create_subprocess_exec(*command)
+        return {"last_result": {"exit_code": await process.wait()}}
+
+    def collect(state: BareState) -> Any:
+        return run_command(state) if command else {"last_result": {"exit_code": 0}}
+
     graph: StateGraph[Any, Any, Any, Any] = StateGraph(BareState)
     graph.add_node("load_task_context", node("load_task_context", lambda s: {"status": "running"}))
     graph.add_node("plan_steps", node("plan_steps", lambda s: {"current_step_index": 0}))
     graph.add_node("dispatch_step", node("dispatch_step", dispatch))
-    graph.add_node(
-        "collect_result", node("collect_result", lambda s: {"last_result": {"exit_code": 0}})
-    )
+    graph.add_node("collect_result", node("collect_result", collect))
     graph.add_node("verify_step_result", node("verify_step_result", verify))
     graph.add_node("finalize_summary", node("finalize_summary", lambda s: {"status": "succeeded"}))
     graph.add_edge(START, "load_task_context")
@@ -104,6 +118,7 @@ class LangGraphPostgres:
     """Contender 1: LangGraph + AsyncPostgresSaver (durability sync) + the contract upsert."""
 
     name = "langgraph+AsyncPostgresSaver"
+    command: tuple[str, ...] = ()
 
     async def open(self, url: str, concurrency: int) -> None:
         from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
@@ -121,7 +136,7 @@ class LangGraphPostgres:
             await conn.execute(CONTRACT_TABLE)
         self.saver = AsyncPostgresSaver(self.pool)  # type: ignore[arg-type]
         await self.saver.setup()
-        self.graph = bare_graph(self.pool).compile(checkpointer=self.saver)
+        self.graph = bare_graph(self.pool, self.command).compile(checkpointer=self.saver)
 
     async def run(self, i: int) -> None:
         task_id = str(uuid.uuid4())
@@ -131,6 +146,13 @@ class LangGraphPostgres:
 
     async def close(self) -> None:
         await self.pool.close()
+
+
+class LangGraphPostgresCommand(LangGraphPostgres):
+    """Contender 1 running the real command `true` per step, each an asyncio subprocess."""
+
+    name = "langgraph+AsyncPostgresSaver, real `true`"
+    command = ("true",)
 
 
 NODE_NAMES = [
@@ -309,6 +331,7 @@ class EngineGrpc:
     """Contender 4: this engine as `workflow-engine serve`, driven by a gRPC client here."""
 
     name = "engine via gRPC"
+    worker = "simulated"
 
     def __init__(self, data_dir: Path) -> None:
         self.data_dir = data_dir
@@ -326,7 +349,7 @@ class EngineGrpc:
                     "database_url": url,
                     "listen": settings.listen,
                     "data_dir": settings.data_dir,
-                    "worker": "simulated",
+                    "worker": self.worker,
                     "recovery_enabled": "false",
                     "log_level": "info",
                     "pool_max_size": settings.pool_max_size,
@@ -374,3 +397,15 @@ class EngineGrpc:
         self.proc.terminate()
         await self.proc.wait()
         self._drain.cancel()
+
+
+class EngineGrpcCommand(EngineGrpc):
+    """Contender 4 running the real command `true` per step through the default worker.
+
+    The default worker is the local sandbox: each step is a real process with its own job
+    directory, re-attachable by job id after a crash. Beside `LangGraphPostgresCommand` it
+    shows what that durability costs on top of starting the process.
+    """
+
+    name = "engine via gRPC, real `true`"
+    worker = "sandbox"

@@ -23,5 +23,15 @@ def test_compare_smoke() -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     payload = json.loads(done.stdout.strip().splitlines()[-1])
     names = {r["contender"] for r in payload["results"]}
-    assert {"engine in-process", "engine via gRPC", "langgraph+AsyncPostgresSaver"} <= names
+    assert {
+        "engine in-process",
+        "engine via gRPC",
+        "langgraph+AsyncPostgresSaver",
+        "engine via gRPC, real `true`",
+        "langgraph+AsyncPostgresSaver, real `true`",
+    } <= names
+    assert (
+        "engine via gRPC, real `true` / langgraph+AsyncPostgresSaver, real `true` @ c=2"
+        in (payload["ratios"])
+    )
     assert all(r["workflows_per_s"] > 0 for r in payload["results"])

@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from workflow_engine.capabilities import _sandbox_supervisor as supervisor
+from workflow_engine.capabilities import job_files
+from workflow_engine.capabilities.job_runner import JobRunner
 from workflow_engine.capabilities.sandbox import LocalSandboxWorker
 from workflow_engine.domain.jobs import JobRequest, Sandbox
 
@@ -105,7 +106,8 @@ async def test_timeout_kills_the_process_group(tmp_path: Path) -> None:
     assert result.exit_code is None
     assert "timed out after 1 s" in result.stderr
     assert 0.9 <= elapsed < 3
-    assert process_gone(int(bg_pid_file.read_text()))
+    # SIGKILLed with the group before the result: gone as soon as the kernel has run its exit.
+    await wait_until(lambda: process_gone(int(bg_pid_file.read_text())), timeout=2)
 
 
 async def test_default_timeout_applies_when_the_job_has_none(tmp_path: Path) -> None:
@@ -158,7 +160,7 @@ def test_job_env_is_built_only_from_the_request(
     # supervisor adds nothing of its own either, whatever it inherited.
     monkeypatch.setenv("ENGINE_SECRET_FOR_TEST", "s3cret")
     request = job("env-2", "env", env={"STEP_VAR": "x", "PATH": "/opt/bin"}).to_json()
-    env = supervisor.job_env(request, tmp_path)
+    env = job_files.job_env(request, tmp_path)
     assert set(env) == {
         "PATH",
         "HOME",
@@ -209,11 +211,13 @@ async def test_unsafe_job_ids_stay_inside_the_jobs_dir(tmp_path: Path) -> None:
     assert job_dir.name.startswith("job-")
 
 
-async def test_reattach_after_the_engine_is_killed(tmp_path: Path) -> None:
-    marker = tmp_path / "marker"
-    jobs_dir = tmp_path / "jobs"
-    command = ("sh", "-c", f"echo ran >> {marker}; sleep 1.5; echo finished")
-    # A separate engine process that starts the job and is SIGKILLed while the job sleeps.
+async def engine_killed_mid_job(
+    jobs_dir: Path, job_id: str, command: tuple[str, ...], marker: Path, **sandbox: Any
+) -> None:
+    """Start `command` from a separate engine process, SIGKILLed once the job has started.
+
+    That engine is the job's parent and its only waiter, so nothing recorded a result.
+    """
     engine = textwrap.dedent(
         f"""
         import asyncio
@@ -222,7 +226,9 @@ async def test_reattach_after_the_engine_is_killed(tmp_path: Path) -> None:
         from workflow_engine.capabilities.sandbox import LocalSandboxWorker
 
         job = JobRequest(
-            task_id="task-1", job_id="reattach-1", sandbox=Sandbox(command={command!r})
+            task_id="task-1",
+            job_id={job_id!r},
+            sandbox=Sandbox(command={command!r}, **{sandbox!r}),
         )
         asyncio.run(LocalSandboxWorker(jobs_dir=Path({str(jobs_dir)!r})).run("local", job))
         """
@@ -244,7 +250,24 @@ async def test_reattach_after_the_engine_is_killed(tmp_path: Path) -> None:
     finally:
         doomed.send_signal(signal.SIGKILL)
         await doomed.wait()
-    assert not (jobs_dir / "reattach-1" / "result.json").exists()
+    assert not (jobs_dir / job_id / "result.json").exists()
+
+
+def wrapper_pid(tmp_path: Path, job_id: str) -> int:
+    return int((tmp_path / "jobs" / job_id / "supervisor.pid").read_text())
+
+
+async def wait_until(condition: Any, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        await asyncio.sleep(0.02)
+
+
+async def test_reattach_after_the_engine_is_killed(tmp_path: Path) -> None:
+    marker = tmp_path / "marker"
+    command = ("sh", "-c", f"echo ran >> {marker}; sleep 1.5; echo finished")
+    await engine_killed_mid_job(tmp_path / "jobs", "reattach-1", command, marker)
 
     fresh = worker(tmp_path)
     result = await fresh.run("local", job("reattach-1", *command))
@@ -252,6 +275,144 @@ async def test_reattach_after_the_engine_is_killed(tmp_path: Path) -> None:
     assert result.status == "completed"
     assert result.stdout == "finished\n"
     assert lines(marker) == ["ran"]
+
+
+async def test_a_job_that_ended_while_no_engine_ran_is_read_from_its_files(
+    tmp_path: Path,
+) -> None:
+    marker = tmp_path / "marker"
+    command = ("sh", "-c", f"echo ran >> {marker}; sleep 0.3; echo finished; exit 4")
+    await engine_killed_mid_job(tmp_path / "jobs", "ended-1", command, marker)
+    job_dir = tmp_path / "jobs" / "ended-1"
+    pid = wrapper_pid(tmp_path, "ended-1")
+    await wait_until(lambda: process_gone(pid))  # ended with nobody waiting on it
+    assert (job_dir / "exit_status").read_text() == "4\n"
+
+    result = await worker(tmp_path).run("local", job("ended-1", *command))
+
+    assert result.status == "failed"
+    assert result.exit_code == 4
+    assert result.stdout == "finished\n"
+    assert result.started_at < result.ended_at
+    assert lines(marker) == ["ran"]
+    assert json.loads((job_dir / "result.json").read_text())["exit_code"] == 4
+
+
+async def test_the_deadline_holds_without_an_engine(tmp_path: Path) -> None:
+    marker = tmp_path / "marker"
+    bg_pid_file = tmp_path / "bg.pid"
+    script = f"sleep 30 & echo $! > {bg_pid_file}; echo ran >> {marker}; sleep 30"
+    await engine_killed_mid_job(
+        tmp_path / "jobs", "deadline-1", ("sh", "-c", script), marker, timeout_seconds=1
+    )
+    pid = wrapper_pid(tmp_path, "deadline-1")
+    await wait_until(lambda: process_gone(pid), timeout=5)
+    await wait_until(lambda: process_gone(int(bg_pid_file.read_text())), timeout=2)
+
+    result = await worker(tmp_path).run(
+        "local", job("deadline-1", "sh", "-c", script, timeout_seconds=1)
+    )
+
+    assert result.status == "timeout"
+    assert "timed out after 1 s" in result.stderr
+
+
+async def test_a_killed_wrapper_makes_the_job_lost_not_rerun(tmp_path: Path) -> None:
+    marker = tmp_path / "marker"
+    child_pid_file = tmp_path / "child.pid"
+    request = job(
+        "killed-1", "sh", "-c", f"echo $$ > {child_pid_file}; echo ran >> {marker}; sleep 30"
+    )
+    sandbox = worker(tmp_path)
+    running = asyncio.ensure_future(sandbox.run("local", request))
+    await wait_until(lambda: lines(marker))
+    os.kill(wrapper_pid(tmp_path, "killed-1"), signal.SIGKILL)  # the wrapper only
+
+    result = await asyncio.wait_for(running, 10)
+
+    assert result.status == "failed"
+    assert "lost" in result.stderr
+    assert "ended without recording" in result.stderr
+    await wait_until(lambda: process_gone(int(child_pid_file.read_text())), timeout=2)
+    assert await worker(tmp_path).run("local", request) == result
+    assert lines(marker) == ["ran"]
+
+
+async def test_a_wrapper_killed_while_no_engine_ran_is_lost_at_reattach(tmp_path: Path) -> None:
+    marker = tmp_path / "marker"
+    command = ("sh", "-c", f"echo ran >> {marker}; sleep 30")
+    await engine_killed_mid_job(tmp_path / "jobs", "killed-2", command, marker)
+    pid = wrapper_pid(tmp_path, "killed-2")
+    os.killpg(pid, signal.SIGKILL)  # the job and its wrapper, before either recorded anything
+
+    result = await worker(tmp_path).run("local", job("killed-2", *command))
+
+    assert result.status == "failed"
+    assert "lost" in result.stderr
+    assert lines(marker) == ["ran"]
+
+
+async def test_a_fresh_engine_cancels_a_job_a_killed_engine_started(tmp_path: Path) -> None:
+    marker = tmp_path / "marker"
+    command = ("sh", "-c", f"echo ran >> {marker}; sleep 30")
+    await engine_killed_mid_job(tmp_path / "jobs", "cancel-1", command, marker)
+    pid = wrapper_pid(tmp_path, "cancel-1")
+
+    fresh = worker(tmp_path)
+    await fresh.cancel("local", job("cancel-1", *command))
+    await wait_until(lambda: process_gone(pid), timeout=5)
+    result = await fresh.run("local", job("cancel-1", *command))
+
+    assert result.status == "cancelled"
+    assert "process group was stopped" in result.stderr
+    assert lines(marker) == ["ran"]
+
+
+async def test_cancel_gives_the_command_its_grace_period(tmp_path: Path) -> None:
+    """SIGTERM first: a command that cleans up on it (here in 0.5 s) gets to finish that."""
+    marker, cleaned = tmp_path / "marker", tmp_path / "cleaned"
+    script = (
+        f"trap 'sleep 0.5; echo done > {cleaned}; exit 1' TERM; echo ran >> {marker}; "
+        "while :; do sleep 0.1; done"
+    )
+    request = job("grace-1", "sh", "-c", script)
+    sandbox = worker(tmp_path)
+    running = asyncio.ensure_future(sandbox.run("local", request))
+    await wait_until(lambda: lines(marker))
+
+    await sandbox.cancel("local", request)
+    result = await asyncio.wait_for(running, 10)
+
+    assert result.status == "cancelled"
+    assert cleaned.read_text() == "done\n"
+
+
+def programs_in_group(pgid: int) -> set[str]:
+    """The executables of the processes in process group `pgid`."""
+    names = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and os.getpgid(int(entry.name)) == pgid:
+                names.add(Path(os.readlink(entry / "exe")).name)
+        except (ProcessLookupError, FileNotFoundError, PermissionError):
+            pass  # ended meanwhile, or not ours to look at
+    return names
+
+
+async def test_the_engine_starts_no_python_per_job(tmp_path: Path) -> None:
+    """The common path is the wrapper shell, `timeout` and the command: no interpreter."""
+    marker = tmp_path / "marker"
+    request = job("cheap-1", "sh", "-c", f"echo ran >> {marker}; sleep 30")
+    sandbox = worker(tmp_path)
+    running = asyncio.ensure_future(sandbox.run("local", request))
+    await wait_until(lambda: lines(marker))
+
+    programs = programs_in_group(wrapper_pid(tmp_path, "cheap-1"))
+
+    await sandbox.cancel("local", request)
+    assert (await asyncio.wait_for(running, 10)).status == "cancelled"
+    assert "timeout" in programs, programs
+    assert not any(name.startswith("python") for name in programs), programs
 
 
 async def test_job_whose_supervisor_died_is_lost_not_rerun(tmp_path: Path) -> None:
@@ -279,7 +440,7 @@ async def test_a_reused_pid_does_not_keep_a_lost_job_waiting(tmp_path: Path) -> 
     request = job("lost-2", "true")
     job_dir = tmp_path / "jobs" / "lost-2"
     job_dir.mkdir(parents=True)
-    # Alive, but not this job's supervisor: as if the pid had been reused.
+    # Alive, but not this job's wrapper: as if the pid had been reused.
     (job_dir / "supervisor.pid").write_text(str(os.getpid()))
     result = await worker(tmp_path).run("local", request)
     assert result.status == "failed"
@@ -287,31 +448,30 @@ async def test_a_reused_pid_does_not_keep_a_lost_job_waiting(tmp_path: Path) -> 
 
 
 async def test_a_lost_jobs_stderr_names_paths_relative_to_its_work_dir(tmp_path: Path) -> None:
-    # A supervisor that crashed: no request.json, so its traceback (in supervisor.log, which the
-    # lost job's stderr quotes) names the missing file by its absolute path.
+    # A wrapper that failed on a file of its job (as its shell reports it, by absolute path),
+    # then died: the lost job's stderr quotes its log, with paths relative to the work dir.
     request = job("lost-4", "true")
-    job_dir = tmp_path / "jobs" / "lost-4"
+    job_dir = (tmp_path / "jobs" / "lost-4").resolve()
     job_dir.mkdir(parents=True)
-    with (job_dir / "supervisor.log").open("ab") as log_file:
-        launcher = await asyncio.create_subprocess_exec(
-            sys.executable, "-I", supervisor.__file__, str(job_dir), "10", "1024",
-            stdout=log_file, stderr=log_file,
-        )  # fmt: skip
-        assert await launcher.wait() == 0  # it claimed the job, then crashed
+    (job_dir / "supervisor.log").write_text(
+        f"/bin/sh: 1: cannot create {job_dir}/exit_status: Permission denied\n"
+        f"/bin/sh: 2: cannot open {job_dir}/work/input: No such file\n"
+    )
+    (job_dir / "supervisor.pid").write_text(str(await exited_pid()))
 
     result = await worker(tmp_path).run("local", request)
 
     assert result.status == "failed"
     assert "lost" in result.stderr
-    assert "FileNotFoundError" in result.stderr
     assert str(tmp_path) not in result.stderr
-    assert "'../request.json'" in result.stderr
+    assert "cannot create ../exit_status" in result.stderr
+    assert "cannot open input" in result.stderr
 
 
 async def test_launcher_that_died_before_spawning_is_lost(tmp_path: Path) -> None:
     marker = tmp_path / "marker"
     request = job("lost-3", "sh", "-c", f"echo ran >> {marker}")
-    job_dir = tmp_path / "jobs" / "lost-3"
+    job_dir = (tmp_path / "jobs" / "lost-3").resolve()
     job_dir.mkdir(parents=True)
     long_ago = time.time() - 3600
     os.utime(job_dir, (long_ago, long_ago))
@@ -319,11 +479,10 @@ async def test_launcher_that_died_before_spawning_is_lost(tmp_path: Path) -> Non
     result = await worker(tmp_path).run("local", request)
 
     assert result.status == "failed"
-    assert "no supervisor claimed it" in result.stderr
-    # The claim is taken, so a supervisor that starts late will refuse the job.
-    assert (job_dir / "supervisor.pid").read_text() == supervisor.LOST_MARKER
-    late = await asyncio.create_subprocess_exec(
-        sys.executable, "-I", supervisor.__file__, str(job_dir), "10", "1024"
-    )
-    assert await late.wait() == 1
+    assert "no wrapper claimed it" in result.stderr
+    # The claim is taken, so a launch that comes late never runs the job.
+    assert (job_dir / "supervisor.pid").read_text() == job_files.LOST_MARKER
+    late = JobRunner(jobs_dir=tmp_path / "jobs")._spawn(request, job_dir, 10)
+    assert late is None
+    await asyncio.sleep(0.2)
     assert not marker.exists()

@@ -38,6 +38,7 @@ from contenders import (
     DBOSWorkflow,
     EngineGrpc,
     EngineGrpcCommand,
+    EngineGrpcNode,
     EngineInProcess,
     LangGraphInMemorySaver,
     LangGraphNoPersistence,
@@ -51,7 +52,10 @@ from workflow_engine.storage.embedded import start_embedded_postgres
 
 BASELINE = LangGraphPostgres.name  # contender 1: what the targets are ratios of
 # Pairs running the same real commands, each a ratio of its own baseline (the target: 2.5x).
-PAIRS = [(EngineGrpcCommand.name, LangGraphPostgresCommand.name)]
+PAIRS = [
+    (EngineGrpcCommand.name, LangGraphPostgresCommand.name),
+    (EngineGrpcNode.name, EngineGrpcCommand.name),
+]
 ROOT = Path(__file__).resolve().parent.parent
 PGDATA = ROOT / ".data" / "bench-pgdata"
 OUT = ROOT / "bench-results"
@@ -123,6 +127,7 @@ def contenders(data_dir: Path) -> list[Any]:
         EngineGrpc(data_dir),
         LangGraphPostgresCommand(),
         EngineGrpcCommand(data_dir),
+        EngineGrpcNode(data_dir),
         LangGraphNoPersistence(),
         LangGraphInMemorySaver(),
         RawUpserts(),

@@ -355,6 +355,7 @@ class EngineGrpc:
                     "pool_max_size": settings.pool_max_size,
                 }.items()
             },
+            **await self.worker_env(concurrency),
         }
         self.proc = await asyncio.create_subprocess_exec(
             str(Path(sys.executable).parent / "workflow-engine"),
@@ -374,6 +375,10 @@ class EngineGrpc:
         self._drain = asyncio.create_task(self._read_rest())
         self.channel = grpc.aio.insecure_channel(self.address)
         self.stub = pb_grpc.WorkflowEngineStub(self.channel)
+
+    async def worker_env(self, concurrency: int) -> dict[str, str]:
+        """Variables the engine's worker needs besides `WORKFLOW_ENGINE_WORKER`."""
+        return {}
 
     async def _read_rest(self) -> None:
         assert self.proc.stderr is not None
@@ -409,3 +414,61 @@ class EngineGrpcCommand(EngineGrpc):
 
     name = "engine via gRPC, real `true`"
     worker = "sandbox"
+
+
+class EngineGrpcNode(EngineGrpcCommand):
+    """Contender 4 with its real `true` steps sent to one local `workflow-engine worker-node`
+    over the Worker API: beside `EngineGrpcCommand`, what the HTTP hop to a node adds."""
+
+    name = "engine via gRPC, real `true`, one worker node"
+    worker = "nodes"
+
+    async def worker_env(self, concurrency: int) -> dict[str, str]:
+        import json
+        import os
+
+        token = uuid.uuid4().hex
+        self.node = await asyncio.create_subprocess_exec(
+            str(Path(sys.executable).parent / "workflow-engine"),
+            "worker-node",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            str(self.data_dir / "node"),
+            env={**os.environ, "WORKFLOW_ENGINE_NODE_TOKEN": token},
+            stderr=asyncio.subprocess.PIPE,
+        )
+        assert self.node.stderr is not None
+        while True:
+            line = await self.node.stderr.readline()
+            if not line:
+                raise RuntimeError("worker node exited before serving")
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if entry.get("event") == "serving":
+                address = entry["address"]
+                break
+        self._node_drain = asyncio.create_task(_drain_lines(self.node.stderr))
+        (self.data_dir / "node.token").write_text(token)
+        nodes_file = self.data_dir / "nodes.json"
+        entry = {
+            "name": "node-1",
+            "url": f"http://{address}",
+            "token_file": str(self.data_dir / "node.token"),
+            "max_jobs": max(8, 2 * concurrency),
+        }
+        nodes_file.write_text(json.dumps([entry]))
+        return {"WORKFLOW_ENGINE_NODES_FILE": str(nodes_file)}
+
+    async def close(self) -> None:
+        await super().close()
+        self.node.terminate()
+        await self.node.wait()
+        self._node_drain.cancel()
+
+
+async def _drain_lines(stream: asyncio.StreamReader) -> None:
+    while await stream.readline():
+        pass

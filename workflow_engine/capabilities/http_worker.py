@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import OrderedDict
-from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Self
 
@@ -313,15 +312,4 @@ def _auth(node: WorkerNode) -> dict[str, str]:
 
 def _ended(job: JobRequest, target: str, status: JobStatus, stderr: str) -> JobResult:
     """The result of a job that did not run to an exit here: no exit code, the reason."""
-    now = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-    return JobResult(
-        task_id=job.task_id,
-        job_id=job.job_id,
-        status=status,
-        exit_code=None,
-        stdout="",
-        stderr=stderr,
-        started_at=now,
-        ended_at=now,
-        target=target,
-    )
+    return JobResult.unrun(job, status, stderr, target=target)

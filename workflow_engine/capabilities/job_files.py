@@ -29,7 +29,6 @@ import itertools
 import json
 import os
 import signal
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -53,12 +52,6 @@ TIMEOUT_EXIT_STATUSES = (124, 128 + signal.SIGKILL)
 _NOTE = "[workflow-engine] "
 _LOG_TAIL_BYTES = 2048
 _temp_names = itertools.count()
-
-
-def now_rfc3339(at: float | None = None) -> str:
-    """UTC time (now, or the epoch seconds `at`) as RFC 3339 with milliseconds."""
-    moment = datetime.now(UTC) if at is None else datetime.fromtimestamp(at, UTC)
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def write_atomic(path: Path, data: bytes, *, exclusive: bool = False) -> bool:
@@ -210,18 +203,12 @@ def record(job_dir: Path, result: JobResult) -> JobResult:
 def record_unrun(job: JobRequest, job_dir: Path, status: JobStatus, stderr: str) -> JobResult:
     """Record a result for a job that did not run to its end; an existing result wins."""
     work_dir = job_dir / WORK_DIR
-    now = now_rfc3339()
-    result = JobResult(
-        task_id=job.task_id,
-        job_id=job.job_id,
-        status=status,
-        exit_code=None,
-        stdout="",
-        stderr=stderr,
-        started_at=now,
-        ended_at=now,
-        work_dir=str(work_dir) if work_dir.is_dir() else None,
+    result = JobResult.unrun(
+        job,
+        status,
+        stderr,
         target=TARGET,
+        work_dir=str(work_dir) if work_dir.is_dir() else None,
     )
     return record(job_dir, result)
 

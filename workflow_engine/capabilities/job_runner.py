@@ -49,7 +49,7 @@ from pathlib import Path
 import structlog
 
 from workflow_engine.capabilities import job_files as files
-from workflow_engine.domain.jobs import JobRequest, JobResult
+from workflow_engine.domain.jobs import JobRequest, JobResult, rfc3339
 
 log = structlog.get_logger(__name__)
 
@@ -291,8 +291,8 @@ class JobRunner:
             job,
             job_dir,
             ended_as,
-            started_at=files.now_rfc3339(started),
-            ended_at=files.now_rfc3339(ended),
+            started_at=rfc3339(started),
+            ended_at=rfc3339(ended),
             max_output_bytes=self._max_output_bytes,
         )
         return files.record(job_dir, result)

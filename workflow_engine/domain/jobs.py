@@ -9,6 +9,7 @@ with.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Literal
 
 from pydantic import Field
@@ -87,6 +88,38 @@ class JobResult(DomainModel):
     work_dir: str | None = None
     target: str = ""
     artifacts: tuple[JsonObject, ...] = ()
+
+    @classmethod
+    def unrun(
+        cls,
+        job: JobRequest,
+        status: JobStatus,
+        reason: str,
+        *,
+        target: str,
+        work_dir: str | None = None,
+    ) -> JobResult:
+        """The result of `job` when it did not run to an exit (lost, cancelled, refused): no
+        exit code, `reason` as its stderr, started and ended now."""
+        now = rfc3339()
+        return cls(
+            task_id=job.task_id,
+            job_id=job.job_id,
+            status=status,
+            exit_code=None,
+            stderr=reason,
+            started_at=now,
+            ended_at=now,
+            work_dir=work_dir,
+            target=target,
+        )
+
+
+def rfc3339(at: float | None = None) -> str:
+    """UTC time (now, or the epoch seconds `at`) as the Worker API writes it: RFC 3339 with
+    milliseconds and a Z."""
+    moment = datetime.now(UTC) if at is None else datetime.fromtimestamp(at, UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 class Finding(DomainModel):

@@ -318,11 +318,16 @@ async def claim_for_resume(
             pool, lambda conn: _claim_once(conn, task_id, holder_id, ttl_seconds, max_recoveries)
         )
     except _Refused:
-        async with pool.connection() as conn:
-            lease = await leases.current(conn, task_id)
-        raise LeaseHeld(
-            task_id, lease.holder_id if lease else None, lease.expires_at if lease else None
-        ) from None
+        raise await _lease_held(pool, task_id) from None
+
+
+async def _lease_held(pool: Pool, task_id: str) -> LeaseHeld:
+    """`LeaseHeld` naming whoever holds the task's lease now (a claim found it live)."""
+    async with pool.connection() as conn:
+        lease = await leases.current(conn, task_id)
+    return LeaseHeld(
+        task_id, lease.holder_id if lease else None, lease.expires_at if lease else None
+    )
 
 
 async def _claim_once(
@@ -411,11 +416,7 @@ async def restart_from(
     try:
         return await in_transaction(pool, once)
     except _Refused:
-        async with pool.connection() as conn:
-            lease = await leases.current(conn, task_id)
-        raise LeaseHeld(
-            task_id, lease.holder_id if lease else None, lease.expires_at if lease else None
-        ) from None
+        raise await _lease_held(pool, task_id) from None
 
 
 async def end_blocked(

@@ -7,6 +7,7 @@ their tables created before the engine's migrations, and `their_code` standing f
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -110,13 +111,7 @@ async def test_their_release_mid_run_stops_the_engine_for_good(
 ) -> None:
     task_id = await their_task(direct_url)
     marker = tmp_path / "second-ran"
-    started = await engine.stub.StartWorkflow(
-        pb.StartWorkflowRequest(
-            task_id=task_id,
-            task=task(shell_step("slow", "sleep 1"), step("after", "touch", str(marker))),
-        )
-    )
-    await _wait_for_node(direct_url, task_id, "dispatch_step")
+    started = await _start_slow_two_steps(engine, direct_url, task_id, marker)
     async with await psycopg.AsyncConnection.connect(direct_url, autocommit=True) as conn:
         await their_code.release(conn, task_id, started.lease_id)
     await asyncio.sleep(1.0 + SWEEPS)  # the step ends; its write and recovery meet the release
@@ -194,13 +189,7 @@ async def test_their_write_into_a_running_workflow_stops_it_unwritten(
 ) -> None:
     task_id = await their_task(direct_url)
     marker = tmp_path / "second-ran"
-    await engine.stub.StartWorkflow(
-        pb.StartWorkflowRequest(
-            task_id=task_id,
-            task=task(shell_step("slow", "sleep 1"), step("after", "touch", str(marker))),
-        )
-    )
-    await _wait_for_node(direct_url, task_id, "dispatch_step")
+    await _start_slow_two_steps(engine, direct_url, task_id, marker)
     theirs = {"task_id": task_id, "written": "by them"}
     async with await psycopg.AsyncConnection.connect(direct_url, autocommit=True) as conn:
         await their_code.checkpoint(conn, task_id, theirs, "collect_result")
@@ -228,13 +217,7 @@ async def test_their_acquire_after_the_engine_lease_expired(
 ) -> None:
     task_id = await their_task(direct_url)
     marker = tmp_path / "second-ran"
-    await engine.stub.StartWorkflow(
-        pb.StartWorkflowRequest(
-            task_id=task_id,
-            task=task(shell_step("slow", "sleep 1"), step("after", "touch", str(marker))),
-        )
-    )
-    await _wait_for_node(direct_url, task_id, "dispatch_step")
+    await _start_slow_two_steps(engine, direct_url, task_id, marker)
     async with await psycopg.AsyncConnection.connect(direct_url, autocommit=True) as conn:
         # The engine's lease runs out (its runner stalled), and their acquire takes the task.
         await conn.execute(
@@ -270,6 +253,21 @@ async def test_their_acquire_after_the_engine_lease_expired(
     assert expired["task_workflow_leases"]["holder_id"] == "their-runner"
     assert expired["workflow_checkpoints"]["last_node_id"] == "dispatch_step"
     assert not marker.exists()
+
+
+async def _start_slow_two_steps(
+    engine: RunningEngine, url: str, task_id: str, marker: Path
+) -> pb.StartWorkflowResponse:
+    """Start a 1 s step followed by one that touches `marker`; return once the first is
+    dispatched (its checkpoint written)."""
+    started = await engine.stub.StartWorkflow(
+        pb.StartWorkflowRequest(
+            task_id=task_id,
+            task=task(shell_step("slow", "sleep 1"), step("after", "touch", str(marker))),
+        )
+    )
+    await _wait_for_node(url, task_id, "dispatch_step")
+    return started
 
 
 async def _wait_for_node(url: str, task_id: str, node: str, timeout: float = 20) -> None:

@@ -66,8 +66,7 @@ FRESH_KEY = "workflow_engine_fresh"
 # The last column says whether the row is still as the engine wrote it (see `OutsideWrite`).
 READ_CHECKPOINT = """
 SELECT state, checkpoint_id, checkpoint, checkpoint_metadata,
-       engine_owned AND blocked_reason = ''
-       AND engine_digest IS NOT DISTINCT FROM workflow_engine_digest(state, last_node_id)
+       engine_owned AND NOT changed_outside AND blocked_reason = ''
   FROM workflow_checkpoints
  WHERE task_id = %(task_id)s
 """

@@ -55,14 +55,14 @@ WITH input AS (
        FOR SHARE OF l
 ), cp AS (
     -- Every column the orchestrator's table has is given (its ORM creates it without
-    -- defaults); the row is the engine's, with the digest of what it now holds.
+    -- defaults); the row is the engine's.
     INSERT INTO workflow_checkpoints AS c
         (id, task_id, state, last_node_id, updated_at, created_at, run_id, status, lease_epoch,
          checkpoint_id, checkpoint, checkpoint_metadata, event_seq, summary, error,
-         engine_owned, engine_digest)
+         engine_owned)
     SELECT gen_random_uuid(), i.task_id, i.state, i.node, now(), now(), i.run_id, i.status,
            i.epoch, i.checkpoint_id, i.checkpoint, i.metadata, n.n_events, i.summary, i.error,
-           true, workflow_engine_digest(i.state, i.node)
+           true
       FROM input i JOIN lease USING (task_id) JOIN events_of n USING (task_id)
     ON CONFLICT (task_id) DO UPDATE SET
         state = EXCLUDED.state,
@@ -77,14 +77,12 @@ WITH input AS (
         event_seq = c.event_seq + EXCLUDED.event_seq,
         summary = EXCLUDED.summary,
         error = EXCLUDED.error,
-        recovery_attempts = 0,
-        engine_digest = EXCLUDED.engine_digest
+        recovery_attempts = 0
     -- A retry after a commit whose answer was lost must not append the events twice; and a
     -- row that is not the engine's, or that another writer changed since the engine's last
     -- write, is not overwritten (the answer says "outside").
     WHERE c.checkpoint_id IS DISTINCT FROM EXCLUDED.checkpoint_id
-      AND c.engine_owned AND c.blocked_reason = ''
-      AND c.engine_digest IS NOT DISTINCT FROM workflow_engine_digest(c.state, c.last_node_id)
+      AND c.engine_owned AND NOT c.changed_outside AND c.blocked_reason = ''
     RETURNING c.task_id, c.event_seq, c.updated_at
 ), released AS (
     UPDATE task_workflow_leases l

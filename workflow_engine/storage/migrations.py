@@ -119,27 +119,38 @@ MIGRATIONS: list[LiteralString] = [
     # or changed; the orchestrator's keep their meaning, and rows of other writers are marked
     # as not the engine's.
     """
-    -- The digest of a row's state and last_node_id as the engine wrote them: a row whose digest
-    -- no longer matches was changed by another writer. md5 of jsonb's text form, which is
-    -- canonical (keys sorted, spacing fixed), so equal documents digest equally.
-    CREATE OR REPLACE FUNCTION workflow_engine_digest(state jsonb, node text) RETURNS text
-    LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-        SELECT md5(coalesce(state::text, 'null') || chr(31) || coalesce(node, ''))
-    $$;
-
     ALTER TABLE workflow_checkpoints
         -- Rows the engine created. It never recovers, resumes, fails or rewrites any other.
         ADD COLUMN IF NOT EXISTS engine_owned boolean NOT NULL DEFAULT false,
-        ADD COLUMN IF NOT EXISTS engine_digest text,
+        -- Another writer changed state or last_node_id since the engine last wrote them.
+        ADD COLUMN IF NOT EXISTS changed_outside boolean NOT NULL DEFAULT false,
         -- Why the engine will not run the workflow until an operator decides; '' when it will.
         ADD COLUMN IF NOT EXISTS blocked_reason text NOT NULL DEFAULT '';
     -- Before this version every row with a run id was the engine's.
-    UPDATE workflow_checkpoints
-       SET engine_owned = true, engine_digest = workflow_engine_digest(state, last_node_id)
-     WHERE run_id IS NOT NULL;
+    UPDATE workflow_checkpoints SET engine_owned = true WHERE run_id IS NOT NULL;
     -- Another writer's row has no status of the engine's (the old default said RUNNING).
     ALTER TABLE workflow_checkpoints ALTER COLUMN status SET DEFAULT '';
     UPDATE workflow_checkpoints SET status = '' WHERE NOT engine_owned;
+
+    -- Every statement of the engine that writes a row's state or last_node_id also appends to
+    -- its events (event_seq grows). A change of either that does not is another writer's: the
+    -- row is marked, and the engine holds the workflow for an operator. The WHEN clause is
+    -- evaluated without calling the function, so the engine's own writes pay next to nothing.
+    CREATE OR REPLACE FUNCTION workflow_checkpoints_changed_outside() RETURNS trigger
+    LANGUAGE plpgsql AS $$
+    BEGIN
+        NEW.changed_outside := true;
+        RETURN NEW;
+    END;
+    $$;
+    DROP TRIGGER IF EXISTS workflow_checkpoints_changed_outside ON workflow_checkpoints;
+    CREATE TRIGGER workflow_checkpoints_changed_outside
+        BEFORE UPDATE OF state, last_node_id ON workflow_checkpoints
+        FOR EACH ROW
+        WHEN (OLD.engine_owned AND NEW.event_seq = OLD.event_seq
+              AND (NEW.state IS DISTINCT FROM OLD.state
+                   OR NEW.last_node_id IS DISTINCT FROM OLD.last_node_id))
+        EXECUTE FUNCTION workflow_checkpoints_changed_outside();
 
     ALTER TABLE task_workflow_leases
         -- The lease id of the engine's last acquire: while `lease_id` equals it, nobody else has

@@ -25,7 +25,7 @@ from workflow_engine.storage.pool import Connection, Pool, in_transaction, on_co
 #: GetWorkflow's history holds at most this many events: the newest ones, oldest first.
 MAX_HISTORY_EVENTS = 1000
 
-# `blocked_reason`: the one recorded, else the outside change the digest shows right now (so a
+# `blocked_reason`: the one recorded, else the outside change the row is marked with (so a
 # write by another writer is visible at once, before any resume meets it).
 _SELECT_WORKFLOW = """
 SELECT c.task_id::text AS task_id, c.run_id::text AS run_id, c.status, c.last_node_id,
@@ -33,8 +33,7 @@ SELECT c.task_id::text AS task_id, c.run_id::text AS run_id, c.status, c.last_no
        c.event_seq, c.checkpoint_id IS NOT NULL AS has_checkpoint,
        l.holder_id AS lease_holder_id, l.expires_at AS lease_expires_at,
        CASE WHEN c.blocked_reason <> '' THEN c.blocked_reason
-            WHEN c.engine_digest IS DISTINCT FROM workflow_engine_digest(c.state, c.last_node_id)
-            THEN %(outside_change)s ELSE '' END AS blocked_reason
+            WHEN c.changed_outside THEN %(outside_change)s ELSE '' END AS blocked_reason
   FROM workflow_checkpoints c
   LEFT JOIN task_workflow_leases l ON l.task_id = c.task_id
  WHERE c.task_id = %(task_id)s AND c.engine_owned

@@ -36,14 +36,13 @@ from workflow_engine.storage.pool import Connection, Pool, in_transaction, on_co
 from workflow_engine.storage.queries import select_workflow
 
 # Every column the orchestrator's table has is given (its ORM creates it without defaults);
-# the row is marked as the engine's, with the digest of what it holds.
+# the row is marked as the engine's.
 _INSERT_WORKFLOW = """
 INSERT INTO workflow_checkpoints
     (id, task_id, state, last_node_id, updated_at, created_at, run_id, status, lease_epoch,
-     idempotency_key, event_seq, user_id, project_id, engine_owned, engine_digest)
+     idempotency_key, event_seq, user_id, project_id, engine_owned)
 VALUES (gen_random_uuid(), %(task_id)s, %(state)s, NULL, now(), now(), %(run_id)s, 'RUNNING',
-        %(epoch)s, %(idempotency_key)s, 1, %(user_id)s, %(project_id)s, true,
-        workflow_engine_digest(%(state)s, NULL))
+        %(epoch)s, %(idempotency_key)s, 1, %(user_id)s, %(project_id)s, true)
 ON CONFLICT (task_id) DO NOTHING
 RETURNING run_id
 """
@@ -89,12 +88,11 @@ VALUES (%(task_id)s, %(seq)s, %(run_id)s, 'status', NULL, %(status)s)
 # The status column, and the state's status field with it, unless another writer changed the
 # state (then it is left as they wrote it: the engine does not rewrite what is not its own).
 # A status that ends the workflow also settles a block: an operator decided (cancel, fail),
-# and the row as it now is becomes what the engine last saw.
+# and the row as it now is counts as seen.
 _SET_STATUS = """
 WITH cur AS (
     SELECT task_id,
-           engine_digest IS NOT DISTINCT FROM workflow_engine_digest(state, last_node_id)
-               AND jsonb_typeof(state) = 'object' AS ours,
+           NOT changed_outside AND jsonb_typeof(state) = 'object' AS ours,
            CASE WHEN jsonb_typeof(state) = 'object'  -- a hand-edited row may hold anything
                 THEN jsonb_set(state, '{status}', to_jsonb(lower(%(status)s)))
                 ELSE state END AS state
@@ -104,9 +102,7 @@ WITH cur AS (
 UPDATE workflow_checkpoints c
    SET status = %(status)s,
        state = CASE WHEN cur.ours THEN cur.state ELSE c.state END,
-       engine_digest = CASE WHEN cur.ours THEN workflow_engine_digest(cur.state, c.last_node_id)
-                            WHEN %(ends)s THEN workflow_engine_digest(c.state, c.last_node_id)
-                            ELSE c.engine_digest END,
+       changed_outside = c.changed_outside AND NOT %(ends)s,
        blocked_reason = CASE WHEN %(ends)s THEN '' ELSE c.blocked_reason END,
        error = CASE WHEN %(error)s = '' THEN c.error ELSE %(error)s END,
        event_seq = c.event_seq + 1,
@@ -138,7 +134,7 @@ UPDATE workflow_checkpoints
        summary = '',
        error = '',
        blocked_reason = '',
-       engine_digest = workflow_engine_digest(%(state)s, NULL),
+       changed_outside = false,
        recovery_attempts = 0,
        event_seq = event_seq + 1,
        updated_at = now()

@@ -101,9 +101,7 @@ async def test_a_workflow_drained_before_the_upgrade_is_adopted_after_it(
     await stop_engine(draining)  # stops at a node boundary and releases the lease
     async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
         # Make the rows what the version before migration 3 wrote, and that migration pending.
-        await conn.execute(
-            "UPDATE workflow_checkpoints SET engine_owned = false, engine_digest = NULL"
-        )
+        await conn.execute("UPDATE workflow_checkpoints SET engine_owned = false")
         await conn.execute(
             "UPDATE task_workflow_leases SET engine_lease_id = NULL, handed_over = false"
         )

@@ -292,3 +292,27 @@ async def _until(condition: object, timeout: float = 30) -> None:
     while not condition():  # type: ignore[operator]
         assert time.monotonic() < deadline, "condition never held"
         await asyncio.sleep(0.02)
+
+
+async def test_cancel_stops_the_job_on_our_node(
+    engine: RunningEngine, fleet: Fleet, tmp_path: Path
+) -> None:
+    pid_file = tmp_path / "pid"
+    task_id = new_task_id()
+    spec = task(shell_step("s", f"echo $$ > {pid_file}; exec sleep 30", required_labels=["gpu"]))
+    await engine.stub.StartWorkflow(pb.StartWorkflowRequest(task_id=task_id, task=spec))
+    await _until(lambda: pid_file.exists() and pid_file.read_text().strip() != "")
+    pid = int(pid_file.read_text())
+    await engine.stub.CancelWorkflow(pb.CancelWorkflowRequest(task_id=task_id, reason="stop"))
+    await _until(lambda: not _alive(pid), timeout=10)  # the node stopped its process group
+    (job_id,) = fleet.jobs_on(fleet.gpu)
+    result = json.loads(next(fleet.gpu.data_dir.rglob(f"{job_id}/result.json")).read_text())
+    assert result["status"] == "cancelled"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False

@@ -7,7 +7,12 @@ add what their spec or their newer branch has on top:
 
 - ``fks``: the foreign keys their spec asks for (``task_id -> tasks.id``);
 - ``soft_delete``: their `mvp/phase-2` branch: ``deleted_at`` on every table (indexed),
-  ``created_at`` on `workflow_checkpoints`, ``tasks.planning_state``.
+  ``created_at`` on `workflow_checkpoints`, ``created_at`` and ``updated_at`` on
+  `node_capabilities`, ``tasks.planning_state``.
+
+The worker-node tables (``nodes``, ``node_capabilities``) are as their `models.Node` and
+`models.NodeCapability` declare them (every column of the model, not only those the engine
+reads); `insert_node` and `insert_snapshot` write rows as their handlers do.
 
 `create_orchestrator_db` makes a fresh database with one variant and, unless told otherwise,
 the engine's migrations applied after it (their tables first, as in their deployment).
@@ -66,6 +71,34 @@ CREATE TABLE task_workflow_leases (
 );
 CREATE UNIQUE INDEX idx_task_workflow_leases_task_id ON task_workflow_leases (task_id);
 CREATE INDEX idx_task_workflow_leases_expires_at ON task_workflow_leases (expires_at);
+
+CREATE TABLE nodes (
+    id                       uuid PRIMARY KEY,
+    node_slug                text,
+    status                   text,
+    capability_hash          text,
+    config_version           text,
+    worker_api_target_url    text,
+    worker_api_bearer_token  text,
+    config_ack_at            timestamptz,
+    config_ack_status        text,
+    config_ack_error         text,
+    last_seen_at             timestamptz,
+    last_capability_at       timestamptz,
+    metadata                 jsonb,
+    created_at               timestamptz,
+    updated_at               timestamptz
+);
+CREATE UNIQUE INDEX idx_nodes_node_slug ON nodes (node_slug);
+CREATE INDEX idx_nodes_status ON nodes (status);
+
+CREATE TABLE node_capabilities (
+    id                   uuid PRIMARY KEY,
+    node_id              uuid,
+    reported_at          timestamptz,
+    capability_snapshot  jsonb
+);
+CREATE INDEX idx_node_capabilities_node_id ON node_capabilities (node_id);
 """
 
 _FOREIGN_KEYS = """
@@ -84,6 +117,12 @@ ALTER TABLE workflow_checkpoints ADD COLUMN created_at timestamptz;
 CREATE INDEX idx_workflow_checkpoints_deleted_at ON workflow_checkpoints (deleted_at);
 ALTER TABLE task_workflow_leases ADD COLUMN deleted_at timestamptz;
 CREATE INDEX idx_task_workflow_leases_deleted_at ON task_workflow_leases (deleted_at);
+ALTER TABLE nodes ADD COLUMN deleted_at timestamptz;
+CREATE INDEX idx_nodes_deleted_at ON nodes (deleted_at);
+ALTER TABLE node_capabilities ADD COLUMN created_at timestamptz;
+ALTER TABLE node_capabilities ADD COLUMN updated_at timestamptz;
+ALTER TABLE node_capabilities ADD COLUMN deleted_at timestamptz;
+CREATE INDEX idx_node_capabilities_deleted_at ON node_capabilities (deleted_at);
 """
 
 
@@ -153,3 +192,57 @@ async def insert_task_at(url: str, **row: object) -> str:
     """`insert_task` on a connection of its own to `url`."""
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
         return await insert_task(conn, **row)  # type: ignore[arg-type]
+
+
+async def insert_node(
+    conn: psycopg.AsyncConnection[object],
+    slug: str,
+    *,
+    url: str | None,
+    token: str | None,
+    status: str = "active",
+    config_ack_status: str | None = "applied",
+    metadata: object = None,
+) -> str:
+    """A node row as their registration, activation and configuration acknowledgement leave
+    it (`CreateNode`, `UpdateNodeStatus`, `UpdateNodeWorkerAPIConfig`, `UpdateNodeConfigAck`)."""
+    from psycopg.types.json import Jsonb
+
+    node_id = str(uuid.uuid4())
+    await conn.execute(
+        """
+        INSERT INTO nodes (id, node_slug, status, worker_api_target_url, worker_api_bearer_token,
+                           config_ack_at, config_ack_status, last_seen_at, metadata, created_at,
+                           updated_at)
+        VALUES (%s, %s, %s, %s, %s, now(), %s, now(), %s, now(), now())
+        """,
+        (
+            node_id,
+            slug,
+            status,
+            url,
+            token,
+            config_ack_status,
+            None if metadata is None else Jsonb(metadata),
+        ),
+    )
+    return node_id
+
+
+async def insert_snapshot(
+    conn: psycopg.AsyncConnection[object],
+    node_id: str,
+    snapshot: object,
+    *,
+    seconds_ago: float = 0,
+) -> None:
+    """A capability report as their `SaveNodeCapabilitySnapshot` stores it, `seconds_ago`."""
+    from psycopg.types.json import Jsonb
+
+    await conn.execute(
+        """
+        INSERT INTO node_capabilities (id, node_id, reported_at, capability_snapshot)
+        VALUES (%s, %s, now() - make_interval(secs => %s), %s)
+        """,
+        (str(uuid.uuid4()), node_id, seconds_ago, Jsonb(snapshot)),
+    )

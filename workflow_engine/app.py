@@ -42,7 +42,7 @@ from workflow_engine.runtime.events import EventHub
 from workflow_engine.runtime.manager import RunManager
 from workflow_engine.runtime.recovery import Recoverer
 from workflow_engine.service import WorkflowService
-from workflow_engine.storage import orchestrator_tasks
+from workflow_engine.storage import orchestrator_nodes, orchestrator_tasks
 from workflow_engine.storage.checkpointer import RowCheckpointSaver
 from workflow_engine.storage.embedded import EmbeddedPostgres, start_embedded_postgres
 from workflow_engine.storage.migrations import migrate
@@ -143,13 +143,15 @@ class Engine:
                     stored_task=store.load_task,
                     orchestrator_task=partial(orchestrator_tasks.read_task, pool),
                     has_orchestrator_tasks=partial(orchestrator_tasks.table_exists, pool),
+                    orchestrator_nodes=partial(orchestrator_nodes.read_nodes, pool),
                 ),
             )
-        except BaseException:  # a bad configuration (a nodes file) stops the start cleanly
+            resources = AsyncExitStack()
+            await resources.enter_async_context(opened(caps))
+        except BaseException:
+            # A bad configuration (a nodes file, no nodes table) stops the start cleanly.
             await pool.close()
             raise
-        resources = AsyncExitStack()
-        await resources.enter_async_context(opened(caps))
         faults = FaultPlan.parse(settings.faults)
         if faults:
             log.warning("fault_injection_enabled", faults=settings.faults)

@@ -24,6 +24,8 @@ ENV_PREFIX = "WORKFLOW_ENGINE_"
 PREPARE_MODES = ("auto", "off")
 #: `listen_database_url` value that turns watch notifications off.
 LISTEN_NONE = "none"
+#: Where the ``nodes`` worker finds its nodes (`NodesSettings.source`).
+NODE_SOURCES = ("file", "orchestrator")
 
 
 def _default_holder_id() -> str:
@@ -111,9 +113,16 @@ class NodesSettings:
     """The ``nodes`` worker: jobs sent to worker nodes over the Worker API
     (``WORKFLOW_ENGINE_NODES_*``)."""
 
+    #: Where the nodes come from: "file" (`file`) or "orchestrator" (the orchestrator's
+    #: ``nodes`` table and capability snapshots, in the engine's database, re-read every
+    #: `refresh_seconds`). Empty: "file" when `file` is set, else "orchestrator".
+    source: str = ""
     #: A YAML or JSON list of nodes (name, url, token_env or token_file, labels, max_jobs);
-    #: required for the ``nodes`` worker.
+    #: required when `source` is "file".
     file: str = ""
+    #: How often the "orchestrator" source is read again: nodes that joined get jobs, nodes
+    #: that left or were disabled get no new ones.
+    refresh_seconds: float = 30.0
     #: How often each node's ``GET /readyz`` is asked; a node that fails it gets no new jobs.
     health_interval_seconds: float = 5.0
     #: How long a dispatch waits for an eligible node (labels, health, room) before its attempt
@@ -124,6 +133,11 @@ class NodesSettings:
     retry_seconds: float = 30.0
     #: How long connecting to a node may take.
     connect_timeout_seconds: float = 5.0
+
+    @property
+    def effective_source(self) -> str:
+        """`source`, or the default it stands for when empty."""
+        return self.source or ("file" if self.file else "orchestrator")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -205,9 +219,25 @@ class Settings:
             raise ValueError(f"{ENV_PREFIX}MCP_URL: required when {ENV_PREFIX}TASK_SOURCE is mcp")
         if not 0 < self.mcp.timeout_seconds <= 300:
             raise ValueError(f"{ENV_PREFIX}MCP_TIMEOUT_SECONDS: expected 0 < seconds <= 300")
-        if self.worker == "nodes" and not self.nodes.file:
-            raise ValueError(f"{ENV_PREFIX}NODES_FILE: required when {ENV_PREFIX}WORKER is nodes")
-        for name in ("health_interval_seconds", "connect_timeout_seconds"):
+        self._check_nodes()
+
+    def _check_nodes(self) -> None:
+        nodes = self.nodes
+        if nodes.source not in ("", *NODE_SOURCES):
+            raise ValueError(
+                f"{ENV_PREFIX}NODES_SOURCE: expected {' or '.join(NODE_SOURCES)} (or empty), "
+                f"got {nodes.source!r}"
+            )
+        if nodes.source == "file" and not nodes.file:
+            raise ValueError(
+                f"{ENV_PREFIX}NODES_FILE: required when {ENV_PREFIX}NODES_SOURCE is file"
+            )
+        if nodes.source == "orchestrator" and nodes.file:
+            raise ValueError(
+                f"{ENV_PREFIX}NODES_FILE: set, but {ENV_PREFIX}NODES_SOURCE is orchestrator "
+                "(the orchestrator's nodes table); set only one of them"
+            )
+        for name in ("health_interval_seconds", "connect_timeout_seconds", "refresh_seconds"):
             if not 0 < getattr(self.nodes, name) <= 3600:
                 raise ValueError(f"{ENV_PREFIX}NODES_{name.upper()}: expected 0 < seconds <= 3600")
         for name in ("wait_seconds", "retry_seconds"):

@@ -159,7 +159,23 @@ def test_the_nodes_worker_settings() -> None:
     assert (s.worker, s.nodes.file) == ("nodes", "/etc/workflow-engine/nodes.yaml")
     assert (s.nodes.health_interval_seconds, s.nodes.wait_seconds) == (2.0, 10.0)
     assert s.nodes.retry_seconds == 60.0
-    with pytest.raises(ValueError, match="WORKFLOW_ENGINE_NODES_FILE: required"):
-        settings_from_env({"WORKFLOW_ENGINE_WORKER": "nodes"})
+    assert (s.nodes.effective_source, s.nodes.refresh_seconds) == ("file", 30.0)
     with pytest.raises(ValueError, match="WORKFLOW_ENGINE_NODES_HEALTH_INTERVAL_SECONDS"):
         settings_from_env({"WORKFLOW_ENGINE_NODES_HEALTH_INTERVAL_SECONDS": "0"})
+
+
+def test_without_a_nodes_file_the_nodes_come_from_the_orchestrators_table() -> None:
+    s = settings_from_env(
+        {"WORKFLOW_ENGINE_WORKER": "nodes", "WORKFLOW_ENGINE_NODES_REFRESH_SECONDS": "5"}
+    )
+    assert (s.nodes.effective_source, s.nodes.refresh_seconds) == ("orchestrator", 5.0)
+    explicit = {"WORKFLOW_ENGINE_WORKER": "nodes", "WORKFLOW_ENGINE_NODES_SOURCE": "orchestrator"}
+    assert settings_from_env(explicit).nodes.effective_source == "orchestrator"
+    with pytest.raises(ValueError, match="WORKFLOW_ENGINE_NODES_FILE: required when"):
+        settings_from_env({"WORKFLOW_ENGINE_NODES_SOURCE": "file"})
+    with pytest.raises(ValueError, match="set only one of them"):
+        settings_from_env({**explicit, "WORKFLOW_ENGINE_NODES_FILE": "nodes.yaml"})
+    with pytest.raises(ValueError, match="WORKFLOW_ENGINE_NODES_SOURCE: expected file or"):
+        settings_from_env({"WORKFLOW_ENGINE_NODES_SOURCE": "table"})
+    with pytest.raises(ValueError, match="WORKFLOW_ENGINE_NODES_REFRESH_SECONDS"):
+        settings_from_env({"WORKFLOW_ENGINE_NODES_REFRESH_SECONDS": "0"})

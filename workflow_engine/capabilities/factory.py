@@ -2,9 +2,9 @@
 
 Each kind (task source, planner, worker, verifier, context compressor) has a setting that names
 its implementation and a registry below mapping that name to a builder. A builder gets the
-settings and what the engine lends capabilities (`Lent`: how to read a stored task and the
-orchestrator's tasks table), and returns the implementation. Adding one, say an LLM planner, is
-one new module and one line here:
+settings and what the engine lends capabilities (`Lent`: how to read a stored task, the
+orchestrator's tasks table and its nodes table), and returns the implementation. Adding one,
+say an LLM planner, is one new module and one line here:
 
     PLANNERS = {"static": ..., "llm": lambda s, lent: LlmPlanner(s.llm)}
 
@@ -33,6 +33,7 @@ from workflow_engine.capabilities.base import (
 from workflow_engine.capabilities.context import TruncatingCompressor
 from workflow_engine.capabilities.http_worker import HttpWorker
 from workflow_engine.capabilities.inline_tasks import InlineTaskSource
+from workflow_engine.capabilities.node_table import NodeTable
 from workflow_engine.capabilities.nodes_file import load_nodes_file
 from workflow_engine.capabilities.planner import StaticPlanner
 from workflow_engine.capabilities.sandbox import LocalSandboxWorker
@@ -74,6 +75,9 @@ class Lent:
     orchestrator_task: Callable[[str], Awaitable[JsonObject | None]]
     #: Whether the database has the orchestrator's ``tasks`` table.
     has_orchestrator_tasks: Callable[[], Awaitable[bool]]
+    #: The orchestrator's ``nodes`` rows (as JSON, each with its latest capability snapshot);
+    #: `None` when the database has no such table.
+    orchestrator_nodes: Callable[[], Awaitable[list[JsonObject] | None]]
 
 
 Builder = Callable[[Settings, Lent], T]
@@ -92,10 +96,21 @@ def _mcp_tasks(settings: Settings, lent: Lent) -> TaskSource:
 
 
 def _worker_nodes(settings: Settings, lent: Lent) -> Worker:
+    timeout = settings.job.timeout_seconds
+    if settings.nodes.effective_source == "orchestrator":
+        # Read when the worker opens (the table missing stops the start), then refreshed.
+        table = NodeTable(lent.orchestrator_nodes)
+        return HttpWorker(
+            (),
+            settings.nodes,
+            default_timeout_seconds=timeout,
+            refresh=table.load,
+            source=table.where,
+        )
     # Tokens named by `token_env` are read here, once at start-up, like the settings: the
     # nodes file says which variables, so they cannot be fields of `Settings`.
     nodes = load_nodes_file(Path(settings.nodes.file), os.environ)
-    return HttpWorker(nodes, settings.nodes, default_timeout_seconds=settings.job.timeout_seconds)
+    return HttpWorker(nodes, settings.nodes, default_timeout_seconds=timeout)
 
 
 TASK_SOURCES: Mapping[str, Builder[TaskSource]] = {

@@ -17,6 +17,13 @@ second run. Hence:
 - a 4xx answer (400 problem document, 401, 413) is not retried: the attempt fails with the
   node's message.
 
+The nodes come from a nodes file (read once, at start-up) or from a source that is refreshed
+(`refresh`, every ``WORKFLOW_ENGINE_NODES_REFRESH_SECONDS``: the orchestrator's nodes table,
+`node_table`): a node that joins is asked for its health at once and then gets jobs; one that
+leaves gets no new jobs, but a job already recorded for it is still sent to it, with the URL and
+token last read. A refresh that fails keeps the nodes as they were. A job recorded for a node
+this engine has never known (it left before this engine started) is lost, with that reason.
+
 Readiness comes from ``GET {url}/readyz``, polled in the background every
 ``WORKFLOW_ENGINE_NODES_HEALTH_INTERVAL_SECONDS``; a node a request could not reach counts as
 not ready until its next good poll. `cancel` aborts the request in flight and asks the node to
@@ -29,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, Self
 
@@ -43,6 +51,7 @@ from tenacity import (
 
 from workflow_engine.capabilities import worker_api
 from workflow_engine.capabilities.node_registry import NodeRegistry
+from workflow_engine.capabilities.node_table import NodeList
 from workflow_engine.capabilities.nodes_file import WorkerNode
 from workflow_engine.config import NodesSettings
 from workflow_engine.domain.jobs import JobRequest, JobResult, JobStatus
@@ -94,12 +103,21 @@ class HttpWorker:
         settings: NodesSettings,
         *,
         default_timeout_seconds: int = 3600,
+        refresh: Callable[[], Awaitable[NodeList]] | None = None,
+        source: str = "the nodes file",
     ) -> None:
+        """`nodes` as they are, or, with `refresh`, the nodes it returns: at start-up (whose
+        error stops the start) and every ``settings.refresh_seconds``. `source` names where
+        they come from, in messages."""
         self._registry = NodeRegistry(nodes)
         self._settings = settings
         self._default_timeout_seconds = default_timeout_seconds
+        self._refresh = refresh
+        self._source = source
         self._http: httpx2.AsyncClient | None = None
         self._poller: asyncio.Task[None] | None = None
+        self._refresher: asyncio.Task[None] | None = None
+        self._reloaded = False
         self._requests: dict[str, asyncio.Task[JobResult]] = {}
         self._cancelled: OrderedDict[str, None] = OrderedDict()
 
@@ -113,17 +131,28 @@ class HttpWorker:
             limits=httpx2.Limits(max_connections=None, max_keepalive_connections=64),
             timeout=httpx2.Timeout(self._settings.connect_timeout_seconds),
         )
-        await self._poll_all()  # the first dispatch knows which nodes are ready
+        try:
+            if self._refresh is not None:
+                await self._reload(self._refresh)
+            await self._poll_all()  # the first dispatch knows which nodes are ready
+        except BaseException:
+            await self._http.aclose()
+            raise
         self._poller = asyncio.create_task(self._poll_forever(), name="worker-node-health")
+        if self._refresh is not None:
+            self._refresher = asyncio.create_task(
+                self._refresh_forever(self._refresh), name="worker-node-refresh"
+            )
         return self
 
     async def __aexit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if self._poller is not None:
-            self._poller.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._poller
+        for task in (self._refresher, self._poller):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self._http is not None:
             await self._http.aclose()
 
@@ -157,8 +186,9 @@ class HttpWorker:
                 job,
                 target,
                 "failed",
-                f"job {job.job_id} was lost: it was sent to node {target!r}, which the nodes "
-                "file no longer lists; it is not sent elsewhere for the same job id",
+                f"job {job.job_id} was lost: it was sent to node {target!r}, which this engine "
+                f"does not know ({self._source} no longer lists it); it is not sent elsewhere "
+                "for the same job id",
             )
         self._registry.started(node.name, job.job_id)
         request = asyncio.create_task(self._send(node, job), name=f"job-{job.job_id}")
@@ -283,6 +313,40 @@ class HttpWorker:
         else:
             stderr = f"node {node.name} failed the job ({budget}): {failure.message}"
         return _ended(job, node.name, "failed", stderr)
+
+    async def _refresh_forever(self, refresh: Callable[[], Awaitable[NodeList]]) -> None:
+        while True:
+            await asyncio.sleep(self._settings.refresh_seconds)
+            try:
+                await self._reload(refresh)
+            except Exception as exc:  # the database is away: keep the nodes as they are
+                log.warning(
+                    "worker_nodes_refresh_failed",
+                    source=self._source,
+                    error=f"{type(exc).__name__}: {exc}",
+                )
+
+    async def _reload(self, refresh: Callable[[], Awaitable[NodeList]]) -> None:
+        """Read the nodes again; those that joined are asked for their health at once."""
+        listed = await refresh()
+        joined, left = self._registry.update(listed.nodes, listed.unusable)
+        if joined or left:
+            log.info(
+                "worker_nodes_changed",
+                source=self._source,
+                joined=joined,
+                left=left,
+                nodes=len(listed.nodes),
+                unusable=dict(listed.unusable),
+            )
+        if not listed.nodes and (left or not self._reloaded):
+            log.warning(
+                "worker_nodes_none_usable", source=self._source, unusable=dict(listed.unusable)
+            )
+        self._reloaded = True
+        if joined and self._http is not None:
+            fresh = [node for node in listed.nodes if node.name in joined]
+            await asyncio.gather(*(self._poll(node) for node in fresh))
 
     async def _poll_forever(self) -> None:
         while True:

@@ -8,6 +8,10 @@ then by name. Load is this engine's own count: a job counts from its selection (
 which lapses if the job is never sent, say because the run stopped before collecting it) until
 its request ends.
 
+The set of nodes may change while the engine runs (`update`, from a source that is refreshed):
+a node that joins is not ready until its health is asked; one that leaves gets no new jobs, but
+stays known, so a job already recorded for it still goes to it.
+
 Nothing here does I/O: the worker feeds in health from its poller and load from its requests,
 and waits here for a change when no node is eligible.
 """
@@ -17,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from workflow_engine.capabilities.nodes_file import WorkerNode
@@ -40,25 +44,56 @@ class NodeRegistry:
 
     def __init__(
         self,
-        nodes: Iterable[WorkerNode],
+        nodes: Iterable[WorkerNode] = (),
         *,
         clock: Callable[[], float] = time.monotonic,
         reservation_seconds: float = RESERVATION_SECONDS,
     ) -> None:
-        self._nodes = {node.name: node for node in nodes}
-        self._health = {name: Health() for name in self._nodes}
+        # Every node this engine has known, by name: a job recorded for a node that has since
+        # left keeps going to it. `_current` are those that may get new jobs.
+        self._nodes: dict[str, WorkerNode] = {}
+        self._current: set[str] = set()
+        #: Nodes the source lists but cannot use, and why (repeated when no node is eligible).
+        self._unusable: dict[str, str] = {}
+        self._health: dict[str, Health] = {}
         # node -> job id -> when its reservation lapses (None: its request is under way).
-        self._jobs: dict[str, dict[str, float | None]] = {name: {} for name in self._nodes}
+        self._jobs: dict[str, dict[str, float | None]] = {}
         self._clock = clock
         self._reservation_seconds = reservation_seconds
         self._changed = asyncio.Event()
+        self.update(nodes)
 
     @property
     def nodes(self) -> tuple[WorkerNode, ...]:
-        return tuple(self._nodes.values())
+        """The nodes that may get new jobs, by name."""
+        return tuple(self._nodes[name] for name in sorted(self._current))
 
     def node(self, name: str) -> WorkerNode | None:
+        """`name`, also when it has left (its recorded jobs still go to it); None if unknown."""
         return self._nodes.get(name)
+
+    def update(
+        self, nodes: Iterable[WorkerNode], unusable: Mapping[str, str] | None = None
+    ) -> tuple[list[str], list[str]]:
+        """Make `nodes` the ones that get new jobs; returns the names that joined and left.
+
+        A node that left keeps its load and stays known for the jobs recorded for it. One that
+        joins, or whose URL changed, is not ready until its health is next asked.
+        """
+        given = {node.name: node for node in nodes}
+        joined = sorted(name for name in given if name not in self._current)
+        left = sorted(self._current - given.keys())
+        for name, node in given.items():
+            known = self._nodes.get(name)
+            if name in joined or known is None or known.url != node.url:
+                self._health[name] = Health()
+            self._nodes[name] = node
+            self._jobs.setdefault(name, {})
+        self._current = set(given)
+        self._unusable = {k: v for k, v in (unusable or {}).items() if k not in given}
+        if joined or left:
+            self._notify()
+        return joined, left
 
     def health(self, name: str) -> Health:
         return self._health[name]
@@ -86,7 +121,8 @@ class NodeRegistry:
         preferred = set(job.preferred_labels)
         ranked: list[tuple[float, int, str]] = []
         why: list[str] = []
-        for name, node in sorted(self._nodes.items()):
+        for node in self.nodes:
+            name = node.name
             missing = required - node.labels
             if missing:
                 why.append(f"{name} lacks {', '.join(sorted(missing))}")
@@ -100,8 +136,9 @@ class NodeRegistry:
                 why.append(f"{name} is full ({load}/{node.max_jobs} jobs)")
                 continue
             ranked.append((load / node.max_jobs, -len(preferred & node.labels), name))
+        why += [f"{name} is not usable ({reason})" for name, reason in self._unusable.items()]
         if not ranked:
-            return None, "; ".join(why)
+            return None, "; ".join(sorted(why)) or "there are no worker nodes"
         return self._nodes[min(ranked)[2]], ""
 
     def reserve(self, name: str, job_id: str) -> None:

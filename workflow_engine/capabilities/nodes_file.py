@@ -102,14 +102,16 @@ def _node(entry: Any, environ: Mapping[str, str], base_dir: Path, at: str) -> Wo
         )
     return WorkerNode(
         name=name,
-        url=_url(entry.get("url"), f"{at}.url"),
+        url=base_url(entry.get("url"), f"{at}.url"),
         token=_token(entry, environ, base_dir, at),
         labels=_labels(entry.get("labels"), f"{at}.labels"),
         max_jobs=_max_jobs(entry.get("max_jobs", DEFAULT_MAX_JOBS), f"{at}.max_jobs"),
     )
 
 
-def _url(value: Any, at: str) -> str:
+def base_url(value: Any, at: str) -> str:
+    """`value` checked as a node's Worker API base URL, without a trailing slash; raises
+    `NodesFileError` prefixed with `at` when it is not one."""
     if not isinstance(value, str) or not value:
         raise NodesFileError(f"{at}: required, e.g. http://10.0.0.5:9190")
     parts = urlsplit(value)

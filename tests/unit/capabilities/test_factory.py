@@ -32,8 +32,17 @@ async def no_table() -> bool:
     raise AssertionError("not asked in these tests")
 
 
-#: What the engine lends, for tests that never read a task through it.
-LENT_NOTHING = Lent(stored_task=no_task, orchestrator_task=no_task, has_orchestrator_tasks=no_table)
+async def no_nodes() -> list[dict[str, Any]] | None:
+    raise AssertionError("not read in these tests")
+
+
+#: What the engine lends, for tests that never read a task or a node through it.
+LENT_NOTHING = Lent(
+    stored_task=no_task,
+    orchestrator_task=no_task,
+    has_orchestrator_tasks=no_table,
+    orchestrator_nodes=no_nodes,
+)
 
 
 def test_the_settings_choose_each_implementation(tmp_path: Any) -> None:

@@ -84,3 +84,24 @@ def test_a_reservation_lapses_unless_its_request_starts() -> None:
     assert registry.load("a") == 1  # j1 was never sent; j2's request is under way
     registry.reserve("a", "j2")  # selected again (a dispatch that ran again): counted once
     assert registry.load("a") == 1
+
+
+def test_nodes_that_join_wait_for_health_and_those_that_leave_get_no_new_jobs() -> None:
+    registry = ready(NodeRegistry([node("a"), node("b")]))
+    registry.reserve("a", "j1")
+    joined, left = registry.update([node("b"), node("c")], {"a": "status 'drained'"})
+    assert (joined, left) == (["c"], ["a"])
+    assert [n.name for n in registry.nodes] == ["b", "c"]
+    registry.set_health("b", False, "readyz 503: draining")
+    none, why = registry.choose(job("j2"))
+    assert none is None
+    assert why == (
+        "a is not usable (status 'drained'); b is not ready (readyz 503: draining); "
+        "c is not ready (not asked yet)"
+    )
+    # The node that left is still known, with its load, for the job recorded for it.
+    left_node = registry.node("a")
+    assert left_node is not None and left_node.url == "http://a"
+    assert registry.load("a") == 1
+    registry.update([])
+    assert registry.choose(job("j3")) == (None, "there are no worker nodes")

@@ -306,6 +306,8 @@ async def test_cancel_stops_the_job_on_our_node(
     await engine.stub.CancelWorkflow(pb.CancelWorkflowRequest(task_id=task_id, reason="stop"))
     await _until(lambda: not _alive(pid), timeout=10)  # the node stopped its process group
     (job_id,) = fleet.jobs_on(fleet.gpu)
+    # The node records the result once the job's process group has ended.
+    await _until(lambda: any(fleet.gpu.data_dir.rglob(f"{job_id}/result.json")), timeout=10)
     result = json.loads(next(fleet.gpu.data_dir.rglob(f"{job_id}/result.json")).read_text())
     assert result["status"] == "cancelled"
 

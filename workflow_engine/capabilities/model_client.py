@@ -27,6 +27,7 @@ from typing import Any, Self, cast
 import openai
 import structlog
 
+from workflow_engine.capabilities.base import CapabilityConfigError
 from workflow_engine.config import ENV_PREFIX, LlmSettings
 from workflow_engine.domain.model import JsonObject
 from workflow_engine.errors import WorkflowEngineError
@@ -108,7 +109,7 @@ def read_api_key(settings: LlmSettings) -> str:
     try:
         return Path(settings.api_key_file).read_text().strip()
     except OSError as exc:
-        raise ValueError(
+        raise CapabilityConfigError(
             f"{ENV_PREFIX}LLM_API_KEY_FILE: cannot read {settings.api_key_file}: {exc.strerror}"
         ) from None
 

@@ -265,6 +265,10 @@ class Settings:
     #: Which model-planned commands run, wait for approval or are refused (see
     #: `capabilities.command_policy`); empty: every one waits for approval.
     command_policy_file: str = ""
+    #: The ``job`` verifier's command (split as a shell would, run as argv on the worker): the
+    #: Project Analyst, given what to judge in ``WORKFLOW_ENGINE_VERIFY_INPUT``, prints its
+    #: verdict as a JSON line (see `capabilities.job_verifier`).
+    verifier_command: str = ""
     #: Log level for the JSON logs on stderr (debug, info, warning, error).
     log_level: str = "info"
 
@@ -282,6 +286,10 @@ class Settings:
             raise ValueError(f"{ENV_PREFIX}MCP_TIMEOUT_SECONDS: expected 0 < seconds <= 300")
         self._check_nodes()
         self.llm.check(self.planner, self.verifier)
+        if self.verifier == "job" and not self.verifier_command.strip():
+            raise ValueError(
+                f"{ENV_PREFIX}VERIFIER_COMMAND: required when {ENV_PREFIX}VERIFIER is job"
+            )
 
     def _check_nodes(self) -> None:
         nodes = self.nodes

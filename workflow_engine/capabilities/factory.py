@@ -16,6 +16,7 @@ closes. The embedded defaults own nothing and work offline.
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field, fields, replace
@@ -34,6 +35,7 @@ from workflow_engine.capabilities.command_policy import load_policy
 from workflow_engine.capabilities.context import TruncatingCompressor
 from workflow_engine.capabilities.http_worker import HttpWorker
 from workflow_engine.capabilities.inline_tasks import InlineTaskSource
+from workflow_engine.capabilities.job_verifier import JobVerifier
 from workflow_engine.capabilities.llm_planner import LlmPlanner, describe_workers
 from workflow_engine.capabilities.llm_verifier import LlmVerifier
 from workflow_engine.capabilities.model_client import ModelClient
@@ -91,6 +93,8 @@ class Lent:
     orchestrator_nodes: Callable[[], Awaitable[list[JsonObject] | None]]
     #: The engine's model client, when a capability asks a model (built by the factory).
     model: ModelClient | None = None
+    #: The worker the steps run on (set by the factory), for the ``job`` verifier's jobs.
+    worker: Worker | None = None
 
 
 Builder = Callable[[Settings, Lent], T]
@@ -153,6 +157,17 @@ def _llm_planner(settings: Settings, lent: Lent) -> Planner:
     )
 
 
+def _job_verifier(settings: Settings, lent: Lent) -> Verifier:
+    if lent.worker is None:
+        raise CapabilityConfigError("the worker was not built")  # pragma: no cover
+    return JobVerifier(
+        lent.worker,
+        shlex.split(settings.verifier_command),
+        timeout_seconds=min(settings.job.timeout_seconds, 600),
+        excerpt_chars=settings.llm.excerpt_chars,
+    )
+
+
 PLANNERS: Mapping[str, Builder[Planner]] = {
     "static": lambda s, lent: StaticPlanner(),
     "llm": _llm_planner,
@@ -169,6 +184,7 @@ WORKERS: Mapping[str, Builder[Worker]] = {
 VERIFIERS: Mapping[str, Builder[Verifier]] = {
     "checks": lambda s, lent: MachineVerifier(),
     "llm": lambda s, lent: LlmVerifier(_model(s, lent), s.llm),
+    "job": _job_verifier,
 }
 COMPRESSORS: Mapping[str, Builder[ContextCompressor]] = {
     "truncate": lambda s, lent: TruncatingCompressor(),
@@ -212,10 +228,12 @@ def build_capabilities(settings: Settings, lent: Lent) -> Capabilities:
     uses_model = "llm" in (settings.planner, settings.verifier)
     if uses_model and lent.model is None:
         lent = replace(lent, model=ModelClient(settings.llm))
+    worker = _build(WORKERS, "worker", settings, lent)
+    lent = replace(lent, worker=worker)
     return Capabilities(
         task_source=_build(TASK_SOURCES, "task_source", settings, lent),
         planner=_build(PLANNERS, "planner", settings, lent),
-        worker=_build(WORKERS, "worker", settings, lent),
+        worker=worker,
         verifier=_build(VERIFIERS, "verifier", settings, lent),
         stored_tasks=StoredTasks(lent.stored_task),
         compressor=_build(COMPRESSORS, "compressor", settings, lent),

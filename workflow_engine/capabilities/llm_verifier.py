@@ -79,18 +79,19 @@ class LlmVerifier:
         return combine(checked, judged)
 
 
-def combine(checked: Verification, judged: Verification) -> Verification:
-    """The machine checks' verdict and the judge's, as one: `fail` if either failed."""
+def combine(checked: Verification, judged: Verification, judge: str = "model") -> Verification:
+    """The machine checks' verdict and the judge's, as one: `fail` if either failed; the
+    judge's findings named ``<judge>:<check>``."""
     findings = [
         *checked.findings,
         *(
-            Finding(check=f"model:{f.check}", passed=f.passed, detail=f.detail)
+            Finding(check=f"{judge}:{f.check}", passed=f.passed, detail=f.detail)
             for f in judged.findings
         ),
     ]
     if judged.status == "fail" and all(f.passed for f in judged.findings):
         # A `fail` with no failed finding still needs one, so the record says who failed it.
-        findings.append(Finding(check="model", passed=False, detail="the judge answered fail"))
+        findings.append(Finding(check=judge, passed=False, detail="the judge answered fail"))
     failed = checked.status == "fail" or judged.status == "fail"
     actions = [*checked.recommended_actions, *judged.recommended_actions] if failed else []
     return Verification(

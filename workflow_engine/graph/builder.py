@@ -143,6 +143,9 @@ def _outcome(node: str, update: WorkflowState, before: WorkflowState) -> tuple[s
         return "node", "; ".join(verdicts)
     if update.get("error"):
         return "node", str(update["error"])[:500]
+    if node == "plan_steps" and update.get("plan"):
+        ids = [str(s.get("id")) for s in update["plan"].get("steps", [])]
+        return "node", f"planned {len(ids)} step(s): {', '.join(ids)}"[:500]
     return "node", str(update.get("status") or "")
 
 

@@ -141,6 +141,59 @@ class NodesSettings:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class LlmSettings:
+    """The model the ``llm`` planner and verifier ask (``WORKFLOW_ENGINE_LLM_*``): any
+    OpenAI-compatible Chat Completions endpoint."""
+
+    #: The endpoint, e.g. ``http://127.0.0.1:8000/v1`` (vLLM) or ``https://api.openai.com/v1``.
+    base_url: str = ""
+    #: The model's name as the endpoint knows it.
+    model: str = ""
+    #: Sent as the bearer token; never logged. Or `api_key_file`, read once at start-up.
+    api_key: str = field(default="", repr=False)
+    api_key_file: str = ""
+    #: How long one request may take (a slower answer is retried, as a timeout).
+    timeout_seconds: float = 60.0
+    #: The answer's token limit; an answer cut there is a finding, not a plan.
+    max_tokens: int = 4096
+    temperature: float = 0.0
+    #: Tries after the first for a timeout, a connection error, 429 or 5xx; backoff between
+    #: them doubles from 0.5 s up to `retry_max_seconds` (a 429's Retry-After wins).
+    retries: int = 3
+    retry_max_seconds: float = 10.0
+    #: Times an invalid plan is asked for again (with what was wrong) before the workflow fails.
+    plan_attempts: int = 3
+    #: Characters of each of stdout and stderr the verifier shows the model, at most.
+    excerpt_chars: int = 4000
+    #: Whether a failed verification has the planner revise the step for its next attempt.
+    revise: bool = True
+    #: Whether `finalize_summary` asks the model for the summary (today's summary otherwise).
+    summary: bool = False
+
+    def check(self, planner: str, verifier: str) -> None:
+        """Refuse settings a model capability cannot run with, naming the variable."""
+        prefix = f"{ENV_PREFIX}LLM_"
+        if "llm" not in (planner, verifier):
+            return
+        if not self.base_url.startswith(("http://", "https://")):
+            raise ValueError(
+                f"{prefix}BASE_URL: required when {ENV_PREFIX}PLANNER or {ENV_PREFIX}VERIFIER "
+                f"is llm (an http(s) URL such as http://127.0.0.1:8000/v1), got {self.base_url!r}"
+            )
+        if not self.model:
+            raise ValueError(f"{prefix}MODEL: required when the planner or verifier is llm")
+        if self.api_key and self.api_key_file:
+            raise ValueError(f"{prefix}API_KEY_FILE: set, and so is {prefix}API_KEY; set one")
+        if not 0 < self.timeout_seconds <= 3600:
+            raise ValueError(f"{prefix}TIMEOUT_SECONDS: expected 0 < seconds <= 3600")
+        for name in ("max_tokens", "plan_attempts", "excerpt_chars"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{prefix}{name.upper()}: expected 1 or more")
+        if not 0 <= self.retries <= 20:
+            raise ValueError(f"{prefix}RETRIES: expected 0 to 20")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
     """What the engine needs to know to run. Defaults suit a single developer machine."""
 
@@ -195,6 +248,9 @@ class Settings:
     #: the orchestrator's tasks table when the database has it), "orchestrator" (that table),
     #: "mcp" (the orchestrator's MCP server, see `mcp`).
     task_source: str = "inline"
+    #: Planner: "static" (the task's steps or its prompt's `$ command` lines) or "llm" (a
+    #: model, see `llm`). Verifier: "checks" (machine checks), "llm" (machine checks, then a
+    #: model's judgement) or "job" (machine checks, then a verification job on the worker).
     planner: str = "static"
     verifier: str = "checks"
     compressor: str = "truncate"
@@ -204,6 +260,15 @@ class Settings:
     node: NodeSettings = field(default_factory=NodeSettings)
     #: The ``nodes`` worker's nodes file, health polling, waits and retries.
     nodes: NodesSettings = field(default_factory=NodesSettings)
+    #: The model of the ``llm`` planner and verifier.
+    llm: LlmSettings = field(default_factory=LlmSettings)
+    #: Which model-planned commands run, wait for approval or are refused (see
+    #: `capabilities.command_policy`); empty: every one waits for approval.
+    command_policy_file: str = ""
+    #: The ``job`` verifier's command (split as a shell would, run as argv on the worker): the
+    #: Project Analyst, given what to judge in ``WORKFLOW_ENGINE_VERIFY_INPUT``, prints its
+    #: verdict as a JSON line (see `capabilities.job_verifier`).
+    verifier_command: str = ""
     #: Log level for the JSON logs on stderr (debug, info, warning, error).
     log_level: str = "info"
 
@@ -220,6 +285,11 @@ class Settings:
         if not 0 < self.mcp.timeout_seconds <= 300:
             raise ValueError(f"{ENV_PREFIX}MCP_TIMEOUT_SECONDS: expected 0 < seconds <= 300")
         self._check_nodes()
+        self.llm.check(self.planner, self.verifier)
+        if self.verifier == "job" and not self.verifier_command.strip():
+            raise ValueError(
+                f"{ENV_PREFIX}VERIFIER_COMMAND: required when {ENV_PREFIX}VERIFIER is job"
+            )
 
     def _check_nodes(self) -> None:
         nodes = self.nodes

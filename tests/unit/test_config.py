@@ -179,3 +179,55 @@ def test_without_a_nodes_file_the_nodes_come_from_the_orchestrators_table() -> N
         settings_from_env({"WORKFLOW_ENGINE_NODES_SOURCE": "table"})
     with pytest.raises(ValueError, match="WORKFLOW_ENGINE_NODES_REFRESH_SECONDS"):
         settings_from_env({"WORKFLOW_ENGINE_NODES_REFRESH_SECONDS": "0"})
+
+
+def test_llm_settings_come_from_their_variables_and_the_key_is_never_shown() -> None:
+    s = settings_from_env(
+        {
+            "WORKFLOW_ENGINE_PLANNER": "llm",
+            "WORKFLOW_ENGINE_VERIFIER": "llm",
+            "WORKFLOW_ENGINE_LLM_BASE_URL": "http://127.0.0.1:8000/v1",
+            "WORKFLOW_ENGINE_LLM_MODEL": "qwen",
+            "WORKFLOW_ENGINE_LLM_API_KEY": "sk-secret",
+            "WORKFLOW_ENGINE_LLM_TIMEOUT_SECONDS": "12.5",
+            "WORKFLOW_ENGINE_LLM_REVISE": "false",
+            "WORKFLOW_ENGINE_COMMAND_POLICY_FILE": "/etc/we/policy.yaml",
+        }
+    )
+    assert (s.llm.base_url, s.llm.model, s.llm.timeout_seconds, s.llm.revise) == (
+        "http://127.0.0.1:8000/v1",
+        "qwen",
+        12.5,
+        False,
+    )
+    assert s.command_policy_file == "/etc/we/policy.yaml"
+    assert "sk-secret" not in repr(s)
+    assert {"WORKFLOW_ENGINE_LLM_API_KEY", "WORKFLOW_ENGINE_LLM_API_KEY_FILE"} <= env_names()
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({}, "WORKFLOW_ENGINE_LLM_BASE_URL: required"),
+        ({"WORKFLOW_ENGINE_LLM_BASE_URL": "127.0.0.1:8000"}, "WORKFLOW_ENGINE_LLM_BASE_URL"),
+        ({"WORKFLOW_ENGINE_LLM_BASE_URL": "http://h/v1"}, "WORKFLOW_ENGINE_LLM_MODEL: required"),
+        (
+            {
+                "WORKFLOW_ENGINE_LLM_BASE_URL": "http://h/v1",
+                "WORKFLOW_ENGINE_LLM_MODEL": "m",
+                "WORKFLOW_ENGINE_LLM_RETRIES": "-1",
+            },
+            "WORKFLOW_ENGINE_LLM_RETRIES",
+        ),
+    ],
+)
+def test_an_llm_planner_without_a_usable_model_names_the_variable(
+    env: dict[str, str], named: str
+) -> None:
+    with pytest.raises(ValueError, match=named):
+        settings_from_env({"WORKFLOW_ENGINE_PLANNER": "llm", **env})
+
+
+def test_no_model_configured_keeps_the_embedded_defaults() -> None:
+    s = settings_from_env({})
+    assert (s.planner, s.verifier, s.llm.base_url) == ("static", "checks", "")

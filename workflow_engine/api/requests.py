@@ -138,6 +138,7 @@ def _budget(msg: pb.Budget) -> JsonObject:
         "max_dispatches": msg.max_dispatches,
         "max_consecutive_attempts": msg.max_consecutive_attempts,
         "deadline_seconds": msg.deadline_seconds,
+        "max_model_tokens": msg.max_model_tokens,
     }
 
 

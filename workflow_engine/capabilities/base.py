@@ -9,8 +9,8 @@ the engine starts and exited when it closes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 from workflow_engine.domain.jobs import JobRequest, JobResult, Verification
 from workflow_engine.domain.model import JsonObject
@@ -55,6 +55,20 @@ class Planner(Protocol):
         ...
 
 
+@runtime_checkable
+class RevisingPlanner(Protocol):
+    """A planner that can rewrite a step from its failed verification (the ``llm`` one)."""
+
+    async def revise(
+        self, task: TaskSpec, step: Step, result: JobResult, verification: Verification
+    ) -> tuple[Step, str]:
+        """The step for its next attempt, and a note on what the command policy decided.
+
+        Raise a `WorkflowEngineError` when the revised command may not run at all.
+        """
+        ...
+
+
 class Worker(Protocol):
     """Runs jobs (`dispatch_step` chooses the target, `collect_result` runs or re-attaches)."""
 
@@ -88,8 +102,10 @@ class Verifier(Protocol):
         step: Step,
         result: JobResult,
         criteria: Sequence[AcceptanceCriterion],
+        preferences: Mapping[str, Any] | None = None,
     ) -> Verification:
-        """Check `result` against the step's checks and, when given, the task's criteria."""
+        """Check `result` against the step's checks and, when given, the task's criteria (and
+        its effective preferences, for a verifier that can weigh them)."""
         ...
 
 

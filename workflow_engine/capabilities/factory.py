@@ -16,9 +16,10 @@ closes. The embedded defaults own nothing and work offline.
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -30,9 +31,14 @@ from workflow_engine.capabilities.base import (
     Verifier,
     Worker,
 )
+from workflow_engine.capabilities.command_policy import load_policy
 from workflow_engine.capabilities.context import TruncatingCompressor
 from workflow_engine.capabilities.http_worker import HttpWorker
 from workflow_engine.capabilities.inline_tasks import InlineTaskSource
+from workflow_engine.capabilities.job_verifier import JobVerifier
+from workflow_engine.capabilities.llm_planner import LlmPlanner, describe_workers
+from workflow_engine.capabilities.llm_verifier import LlmVerifier
+from workflow_engine.capabilities.model_client import ModelClient
 from workflow_engine.capabilities.node_table import NodeTable
 from workflow_engine.capabilities.nodes_file import load_nodes_file
 from workflow_engine.capabilities.planner import StaticPlanner
@@ -63,6 +69,13 @@ class Capabilities:
     context_budget_chars: int = 8000
     #: Jobs running at once in this process, across all workflows.
     max_running_jobs: int = 64
+    #: The model the ``llm`` planner and verifier share (opened with the engine); None when
+    #: neither is configured.
+    model: ModelClient | None = None
+    #: Whether a failed verification has the planner revise the step (``llm`` planner only).
+    revise_steps: bool = False
+    #: Whether `finalize_summary` asks the model for the summary.
+    model_summary: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +91,10 @@ class Lent:
     #: The orchestrator's ``nodes`` rows (as JSON, each with its latest capability snapshot);
     #: `None` when the database has no such table.
     orchestrator_nodes: Callable[[], Awaitable[list[JsonObject] | None]]
+    #: The engine's model client, when a capability asks a model (built by the factory).
+    model: ModelClient | None = None
+    #: The worker the steps run on (set by the factory), for the ``job`` verifier's jobs.
+    worker: Worker | None = None
 
 
 Builder = Callable[[Settings, Lent], T]
@@ -118,8 +135,42 @@ TASK_SOURCES: Mapping[str, Builder[TaskSource]] = {
     "orchestrator": lambda s, lent: _task_table(lent),
     "mcp": _mcp_tasks,
 }
+
+
+def _model(settings: Settings, lent: Lent) -> ModelClient:
+    # One client per engine, shared by the planner and the verifier; `opened` opens it.
+    if lent.model is None:
+        raise CapabilityConfigError("the model client was not built")  # pragma: no cover
+    return lent.model
+
+
+def _llm_planner(settings: Settings, lent: Lent) -> Planner:
+    labels: list[str] = []
+    if settings.worker == "nodes" and settings.nodes.effective_source == "file":
+        nodes = load_nodes_file(Path(settings.nodes.file), os.environ)
+        labels = sorted({label for node in nodes for label in node.labels})
+    return LlmPlanner(
+        _model(settings, lent),
+        settings.llm,
+        load_policy(settings.command_policy_file),
+        describe_workers(settings.worker, labels),
+    )
+
+
+def _job_verifier(settings: Settings, lent: Lent) -> Verifier:
+    if lent.worker is None:
+        raise CapabilityConfigError("the worker was not built")  # pragma: no cover
+    return JobVerifier(
+        lent.worker,
+        shlex.split(settings.verifier_command),
+        timeout_seconds=min(settings.job.timeout_seconds, 600),
+        excerpt_chars=settings.llm.excerpt_chars,
+    )
+
+
 PLANNERS: Mapping[str, Builder[Planner]] = {
     "static": lambda s, lent: StaticPlanner(),
+    "llm": _llm_planner,
 }
 WORKERS: Mapping[str, Builder[Worker]] = {
     "sandbox": lambda s, lent: LocalSandboxWorker(
@@ -132,6 +183,8 @@ WORKERS: Mapping[str, Builder[Worker]] = {
 }
 VERIFIERS: Mapping[str, Builder[Verifier]] = {
     "checks": lambda s, lent: MachineVerifier(),
+    "llm": lambda s, lent: LlmVerifier(_model(s, lent), s.llm),
+    "job": _job_verifier,
 }
 COMPRESSORS: Mapping[str, Builder[ContextCompressor]] = {
     "truncate": lambda s, lent: TruncatingCompressor(),
@@ -172,15 +225,23 @@ def _build(registry: Mapping[str, Builder[T]], setting: str, settings: Settings,
 def build_capabilities(settings: Settings, lent: Lent) -> Capabilities:
     """The capabilities `settings` name; raises `UnknownCapability` naming the setting."""
     check_choices(settings)
+    uses_model = "llm" in (settings.planner, settings.verifier)
+    if uses_model and lent.model is None:
+        lent = replace(lent, model=ModelClient(settings.llm))
+    worker = _build(WORKERS, "worker", settings, lent)
+    lent = replace(lent, worker=worker)
     return Capabilities(
         task_source=_build(TASK_SOURCES, "task_source", settings, lent),
         planner=_build(PLANNERS, "planner", settings, lent),
-        worker=_build(WORKERS, "worker", settings, lent),
+        worker=worker,
         verifier=_build(VERIFIERS, "verifier", settings, lent),
         stored_tasks=StoredTasks(lent.stored_task),
         compressor=_build(COMPRESSORS, "compressor", settings, lent),
         context_budget_chars=settings.context_budget_chars,
         max_running_jobs=settings.max_running_jobs,
+        model=lent.model,
+        revise_steps=settings.planner == "llm" and settings.llm.revise,
+        model_summary=uses_model and settings.llm.summary,
     )
 
 

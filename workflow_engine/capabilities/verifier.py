@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,7 @@ class MachineVerifier:
         step: Step,
         result: JobResult,
         criteria: Sequence[AcceptanceCriterion],
+        preferences: Mapping[str, Any] | None = None,
     ) -> Verification:
         """Return `pass` iff every check passed; one remediation line per failed finding."""
         findings: list[Finding] = []

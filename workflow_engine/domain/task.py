@@ -226,8 +226,12 @@ class Budget(DomainModel):
     max_dispatches: int = 0
     max_consecutive_attempts: int = 0
     deadline_seconds: int = 0
+    #: Prompt and completion tokens of every model call (the llm planner and verifier).
+    max_model_tokens: int = 0
 
-    @field_validator("max_dispatches", "max_consecutive_attempts", "deadline_seconds")
+    @field_validator(
+        "max_dispatches", "max_consecutive_attempts", "deadline_seconds", "max_model_tokens"
+    )
     @classmethod
     def _in_range(cls, value: int) -> int:
         if not 0 <= value <= MAX_BUDGET_VALUE:
@@ -241,6 +245,7 @@ class Budget(DomainModel):
             max_consecutive_attempts=other.max_consecutive_attempts
             or self.max_consecutive_attempts,
             deadline_seconds=other.deadline_seconds or self.deadline_seconds,
+            max_model_tokens=other.max_model_tokens or self.max_model_tokens,
         )
 
 

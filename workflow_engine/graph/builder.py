@@ -102,7 +102,29 @@ def _wrap(name: str, fn: NodeFn) -> WrappedNode:
 
 
 def describe(node: str, update: WorkflowState, before: WorkflowState) -> tuple[str, str]:
-    """The event kind and the one-line outcome a node's update is recorded with."""
+    """The event kind and the one-line outcome a node's update is recorded with, followed by
+    the steps it revised and the model calls it made, when it did."""
+    kind, detail = _outcome(node, update, before)
+    revised = update.get("revisions", [])[len(before.get("revisions", [])) :]
+    for r in revised:
+        change = (
+            f"error: {r['error']}"
+            if r.get("error")
+            else f"{r.get('command_before')} -> {r.get('command_after')}"
+        )
+        detail += f"; revised {r.get('step_id')} ({change}) because: {r.get('reason', '')}"
+    calls = update.get("model_calls", [])[len(before.get("model_calls", [])) :]
+    if calls:
+        tokens = [(c["prompt_tokens"], c["completion_tokens"]) for c in calls]
+        detail += (
+            f" [model {calls[-1]['model']}: {len(calls)} call(s), "
+            f"{sum(p for p, _ in tokens)} prompt + {sum(c for _, c in tokens)} completion "
+            f"tokens, {sum(c['latency_ms'] for c in calls)} ms]"
+        )
+    return kind, detail[:2000]
+
+
+def _outcome(node: str, update: WorkflowState, before: WorkflowState) -> tuple[str, str]:
     request = update.get("pending_approval")
     if node == "dispatch_step" and request:
         return "approval_requested", str(request.get("reason", ""))
@@ -121,6 +143,9 @@ def describe(node: str, update: WorkflowState, before: WorkflowState) -> tuple[s
         return "node", "; ".join(verdicts)
     if update.get("error"):
         return "node", str(update["error"])[:500]
+    if node == "plan_steps" and update.get("plan"):
+        ids = [str(s.get("id")) for s in update["plan"].get("steps", [])]
+        return "node", f"planned {len(ids)} step(s): {', '.join(ids)}"[:500]
     return "node", str(update.get("status") or "")
 
 

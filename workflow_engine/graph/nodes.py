@@ -8,6 +8,7 @@ safe to run again: a node that was running when the process died runs again on r
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from datetime import UTC, datetime
@@ -17,8 +18,11 @@ import psycopg
 import structlog
 from pydantic import ValidationError
 
+from workflow_engine.capabilities.base import RevisingPlanner
 from workflow_engine.capabilities.factory import Capabilities
 from workflow_engine.capabilities.jobs import JobTracker
+from workflow_engine.capabilities.llm_planner import PlanRefused
+from workflow_engine.capabilities.model_client import Ledger, ModelClient, recording
 from workflow_engine.capabilities.preferences import merge_preferences, node_preferences
 from workflow_engine.domain.jobs import Finding, JobRequest, JobResult, Sandbox, Verification
 from workflow_engine.domain.model import JsonObject, as_invalid_argument
@@ -72,6 +76,11 @@ class Nodes:
 
     async def plan_steps(self, state: WorkflowState) -> WorkflowState:
         """Turn the task into executable steps; a plan that cannot run is an error."""
+        with recording() as ledger:
+            update = await self._plan(state)
+        return _accounted(state, update, ledger, "plan_steps")
+
+    async def _plan(self, state: WorkflowState) -> WorkflowState:
         task = await self._caps.stored_tasks.load(state["task_id"])
         try:
             plan = await self._caps.planner.plan(task)
@@ -80,6 +89,11 @@ class Nodes:
         except ValidationError as exc:
             invalid = as_invalid_argument(exc, "plan")
             return {"error": f"planner produced an invalid plan: {invalid.message}"}
+        except WorkflowEngineError as exc:  # the model's own failure, or a refused command
+            log.warning("planner_failed", error=exc.message)
+            finding = Finding(check="planner", passed=False, detail=exc.message)
+            verdict = Verification(status="fail", findings=(finding,))
+            return {"error": f"planner failed: {exc.message}", "verification": verdict.to_json()}
         except Exception as exc:
             if is_control(exc):
                 raise
@@ -113,7 +127,7 @@ class Nodes:
             step = _step(state, step_id)
             if step.requires_approval and step_id not in approvals:
                 if not flying and not dispatched:
-                    return _approval_request(step, now)
+                    return _approval_request(state, step, now)
                 continue  # asked for once the steps in flight are done
             if room <= 0 or routing.budget_exhausted(state, now, step_id, dispatches):
                 break
@@ -221,7 +235,13 @@ class Nodes:
 
     async def verify_step_result(self, state: WorkflowState) -> WorkflowState:
         """Judge every collected result: a pass records it, a fail is retried while attempts
-        remain and fails the step when none do."""
+        remain (with the step revised by the planner, when configured) and fails the step when
+        none do."""
+        with recording() as ledger:
+            update = await self._verify_all(state)
+        return _accounted(state, update, ledger, "verify_step_result")
+
+    async def _verify_all(self, state: WorkflowState) -> WorkflowState:
         steps = _steps_copy(state)
         plan = routing.plan_steps(state)
         final_id = plan[-1]["id"] if plan else ""
@@ -236,8 +256,11 @@ class Nodes:
                 if sid == final_id
                 else []
             )
-            verification = await self._verify(step, result, criteria)
+            verification = await self._verify(
+                step, result, criteria, state.get("preferences_effective") or {}
+            )
             attempts = int(steps[sid].get("attempts", 1))
+            error = ""
             if verification.status == "pass":
                 status: StepStatus = "passed"
                 results.append(_result_record(sid, attempts, result))
@@ -248,10 +271,15 @@ class Nodes:
                 }
             elif attempts < int(state.get("max_attempts_per_step", 1)):
                 status = "pending"
+                error = await self._revise(state, update, step, attempts, result, verification)
+                if error:
+                    status = "failed"
             else:
                 status = "failed"
             verdict = verification.to_json()
             steps[sid] = {**steps[sid], "status": status, "verification": verdict}
+            if error:
+                steps[sid]["error"] = error
             update["verification"] = verdict
         passed = [s["id"] for s in plan if steps[s["id"]]["status"] == "passed"]
         first_open = next((i for i, s in enumerate(plan) if s["id"] not in passed), len(plan))
@@ -265,16 +293,80 @@ class Nodes:
         )
         return update
 
+    async def _revise(
+        self,
+        state: WorkflowState,
+        update: WorkflowState,
+        step: Step,
+        attempt: int,
+        result: JobResult,
+        verification: Verification,
+    ) -> str:
+        """Have the planner revise `step` for its next attempt, recording the revision in
+        `update` (the plan, `revisions`); the error that fails the step, or empty.
+
+        A planner that cannot revise leaves the step as it was (the retry still gets the
+        findings as remediation); a revision the command policy refuses fails the step.
+        """
+        planner = self._caps.planner
+        if not self._caps.revise_steps or not isinstance(planner, RevisingPlanner):
+            return ""
+        task = await self._caps.stored_tasks.load(state["task_id"])
+        reason = "; ".join(f.detail for f in verification.findings if not f.passed)[:1000]
+        revisions = list(update.get("revisions", state.get("revisions", [])))
+        record: JsonObject = {
+            "step_id": step.id,
+            "after_attempt": attempt,
+            "reason": reason,
+            "command_before": list(step.command),
+        }
+        try:
+            revised, note = await planner.revise(task, step, result, verification)
+        except WorkflowEngineError as exc:
+            record["error"] = exc.message
+            update["revisions"] = [*revisions, record]
+            if isinstance(exc, PlanRefused):
+                return f"revision refused: {exc.message}"
+            log.warning("revision_failed", step_id=step.id, error=exc.message)
+            return ""
+        except Exception as exc:
+            if is_control(exc):
+                raise
+            log.warning("revision_failed", step_id=step.id, error=repr(exc))
+            record["error"] = repr(exc)
+            update["revisions"] = [*revisions, record]
+            return ""
+        plan = dict(update.get("plan", state.get("plan", {})))
+        plan["steps"] = [
+            revised.to_json() if s["id"] == step.id else s for s in plan.get("steps", [])
+        ]
+        record.update({"command_after": list(revised.command), "policy": note})
+        update["plan"] = plan
+        update["revisions"] = [*revisions, record]
+        approvals = dict(update.get("approvals", state.get("approvals", {})))
+        if revised.requires_approval and approvals.pop(step.id, None) is not None:
+            update["approvals"] = approvals  # the new command needs a decision of its own
+        return ""
+
     async def _verify(
-        self, step: Step, result: JobResult, criteria: list[AcceptanceCriterion]
+        self,
+        step: Step,
+        result: JobResult,
+        criteria: list[AcceptanceCriterion],
+        preferences: JsonObject,
     ) -> Verification:
         try:
-            return await self._caps.verifier.verify(step, result, criteria)
+            return await self._caps.verifier.verify(step, result, criteria, preferences)
         except Exception as exc:
             if is_control(exc):
                 raise
             log.warning("verifier_failed", step_id=step.id, error=repr(exc))
-            finding = Finding(check="verifier", passed=False, detail=f"the verifier raised {exc!r}")
+            why = (
+                f"failed: {exc.message}"
+                if isinstance(exc, WorkflowEngineError)
+                else f"raised {exc!r}"
+            )
+            finding = Finding(check="verifier", passed=False, detail=f"the verifier {why}")
             return Verification(
                 status="fail", findings=(finding,), recommended_actions=("verify the step again",)
             )
@@ -295,11 +387,18 @@ class Nodes:
             )
         if forced:
             lines += _remaining(state)
-        return {
+        update: WorkflowState = {
             "status": WorkflowStatus.SUCCEEDED.in_state,
             "summary": "\n".join(lines),
             "forced_next": None,
         }
+        if self._caps.model_summary and self._caps.model is not None:
+            with recording() as ledger:
+                written = await _model_summary(self._caps.model, state, update["summary"])
+            if written:
+                update["summary"] = written
+            update = _accounted(state, update, ledger, "finalize_summary")
+        return update
 
     async def mark_failed(self, state: WorkflowState) -> WorkflowState:
         """Record the failure with the failed steps' findings."""
@@ -330,6 +429,57 @@ class Nodes:
 
 
 MAX_CONTEXT_OUTPUT = 4000
+_SUMMARY_SYSTEM = (
+    "You write the final summary of a finished workflow for the person who asked for it: "
+    'what was done, the evidence, anything left open. Answer as JSON: {"summary": "..."}.'
+)
+_SUMMARY_SCHEMA: JsonObject = {
+    "type": "object",
+    "properties": {"summary": {"type": "string", "minLength": 1, "maxLength": 8000}},
+    "required": ["summary"],
+}
+
+
+async def _model_summary(model: ModelClient, state: WorkflowState, plain: str) -> str:
+    """The model's summary of the workflow, or empty (the plain one stays) when it gives none."""
+    brief = {
+        "prompt": state.get("prompt", ""),
+        "acceptance_criteria": state.get("acceptance_criteria", []),
+        "plan": state.get("plan", {}),
+        "results": state.get("results", []),
+        "revisions": state.get("revisions", []),
+        "engine_summary": plain,
+    }
+    messages: list[JsonObject] = [
+        {"role": "system", "content": _SUMMARY_SYSTEM},
+        {"role": "user", "content": json.dumps(brief)[:20000]},
+    ]
+    try:
+        answer = await model.answer("summary", messages, "summary", _SUMMARY_SCHEMA)
+    except WorkflowEngineError as exc:
+        log.warning("model_summary_failed", error=exc.message)
+        return ""
+    text = answer.get("summary") if isinstance(answer, dict) else None
+    return text.strip()[:8000] if isinstance(text, str) and text.strip() else ""
+
+
+def _accounted(
+    state: WorkflowState, update: WorkflowState, ledger: Ledger, node: str
+) -> WorkflowState:
+    """`update` with the model calls in `ledger` added to the state's records and total."""
+    if ledger.calls:
+        calls = [{**call.to_json(), "node": node} for call in ledger.calls]
+        update["model_calls"] = [*state.get("model_calls", []), *calls]
+        update["model_tokens"] = int(state.get("model_tokens", 0)) + ledger.tokens
+    return update
+
+
+def _revision_notes(state: WorkflowState, step_id: str) -> list[str]:
+    return [
+        str(r.get("policy", ""))
+        for r in state.get("revisions", [])
+        if r.get("step_id") == step_id and r.get("policy")
+    ]
 
 
 def _steps_copy(state: WorkflowState) -> dict[str, StepState]:
@@ -346,7 +496,14 @@ def _step(state: WorkflowState, step_id: str) -> Step:
     raise KeyError(step_id)
 
 
-def _approval_request(step: Step, now: float) -> WorkflowState:
+def _approval_request(state: WorkflowState, step: Step, now: float) -> WorkflowState:
+    reason = f"step {step.id} requires approval before it runs"
+    # A model-planned step: say which rule of the command policy asked for the approval.
+    prefix = f"command policy: step {step.id} waits for approval"
+    notes = [*state.get("plan", {}).get("assumptions", []), *_revision_notes(state, step.id)]
+    policy = next((n for n in reversed(notes) if str(n).startswith(prefix)), None)
+    if policy:
+        reason += f" ({str(policy)[len(prefix) :].strip(' ()')}; the model planned it)"
     return {
         "status": WorkflowStatus.WAITING_FOR_APPROVAL.in_state,
         "pending_approval": {
@@ -354,7 +511,7 @@ def _approval_request(step: Step, now: float) -> WorkflowState:
             "description": step.description,
             "command": list(step.command),
             "env": dict(step.env),
-            "reason": f"step {step.id} requires approval before it runs",
+            "reason": reason,
             "requested_at": now,
         },
     }

@@ -72,6 +72,9 @@ def budget_exhausted(
     used = state.get("dispatches", 0) if dispatched is None else dispatched
     if dispatches and used >= dispatches:
         return f"the budget of {dispatches} dispatch(es) is used up"
+    tokens = int(budget.get("max_model_tokens") or 0)
+    if tokens and int(state.get("model_tokens") or 0) >= tokens:
+        return f"the budget of {tokens} model token(s) is used up"
     deadline = int(budget.get("deadline_seconds") or 0)
     if deadline and now >= float(state.get("started_at") or now) + deadline:
         return f"the deadline of {deadline} s after the start has passed"

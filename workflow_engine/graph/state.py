@@ -56,6 +56,12 @@ class WorkflowState(TypedDict, total=False):
     results: list[JsonObject]  # one record per step that passed, in the order they passed
     summary: str
     error: str
+    # Model calls (the llm planner and verifier): one record per call (node, purpose, model,
+    # latency_ms, prompt_tokens, completion_tokens), their tokens in all, and the steps the
+    # planner revised after a failed verification (step_id, attempt, reason, commands).
+    model_calls: list[JsonObject]
+    model_tokens: int
+    revisions: list[JsonObject]
 
 
 STATE_KEYS: frozenset[str] = frozenset(WorkflowState.__annotations__)

@@ -375,22 +375,26 @@ class Budget(_message.Message):
     MAX_DISPATCHES_FIELD_NUMBER: _builtins.int
     MAX_CONSECUTIVE_ATTEMPTS_FIELD_NUMBER: _builtins.int
     DEADLINE_SECONDS_FIELD_NUMBER: _builtins.int
+    MAX_MODEL_TOKENS_FIELD_NUMBER: _builtins.int
     max_dispatches: _builtins.int
     """Jobs dispatched in total, all steps and attempts."""
     max_consecutive_attempts: _builtins.int
     """Attempts in a row at one step."""
     deadline_seconds: _builtins.int
     """Seconds from the workflow's first start."""
+    max_model_tokens: _builtins.int
+    """Model tokens (prompt and completion) of the llm planner and verifier, all calls together."""
     def __init__(
         self,
         *,
         max_dispatches: _builtins.int = ...,
         max_consecutive_attempts: _builtins.int = ...,
         deadline_seconds: _builtins.int = ...,
+        max_model_tokens: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["deadline_seconds", b"deadline_seconds", "max_consecutive_attempts", b"max_consecutive_attempts", "max_dispatches", b"max_dispatches"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deadline_seconds", b"deadline_seconds", "max_consecutive_attempts", b"max_consecutive_attempts", "max_dispatches", b"max_dispatches", "max_model_tokens", b"max_model_tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -33,7 +33,11 @@ class Faulty:
 
 class FaultyVerifier(Faulty):
     async def verify(
-        self, step: Step, result: JobResult, criteria: Sequence[AcceptanceCriterion]
+        self,
+        step: Step,
+        result: JobResult,
+        criteria: Sequence[AcceptanceCriterion],
+        preferences: object = None,
     ) -> Verification:
         self.trip()
         return await self.inner.verify(step, result, criteria)  # type: ignore[attr-defined]

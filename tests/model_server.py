@@ -1,0 +1,179 @@
+"""A model server speaking the OpenAI-compatible Chat Completions API, answering from a script.
+
+A real HTTP server (Starlette, uvicorn on a free port, in a thread with its own event loop), as
+vLLM or llama.cpp's server would be. It checks that every request carries the model, the
+messages and a JSON Schema ``response_format`` (and the bearer token), refusing one that does
+not with 400 and recording why in `problems`. Answers come from a script per schema name
+(``plan``, ``step``, ``verification``, ``summary``), in order; an empty script answers with its
+default (a ``verification`` passes). A scripted answer is one of:
+
+- a dict or list: answered as the JSON content;
+- ``Reply(...)``: a status (429 with ``Retry-After``, 500, 401), a delay (a slow server), raw
+  content (not JSON), a ``finish_reason`` (``length``) or a refusal.
+
+Usage is counted as a server does: prompt tokens from the messages' size, completion tokens
+from the answer's (a quarter of the characters), so a test can read what a workflow cost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+MODEL = "test-model"
+API_KEY = "sk-test-key"
+
+DEFAULTS: dict[str, Any] = {
+    "verification": {
+        "status": "pass",
+        "findings": [{"check": "evidence", "passed": True, "detail": "the output shows it"}],
+        "recommended_actions": [],
+    },
+    "summary": {"summary": "The model's summary: everything passed."},
+}
+
+
+@dataclass
+class Reply:
+    """A scripted answer other than plain JSON content."""
+
+    status: int = 200
+    headers: dict[str, str] = field(default_factory=dict)
+    delay: float = 0.0
+    content: str | None = None
+    json: Any = None
+    finish_reason: str = "stop"
+    refusal: str | None = None
+
+
+@dataclass
+class Call:
+    """One request the server got."""
+
+    schema_name: str
+    body: dict[str, Any]
+    status: int
+    at: float = field(default_factory=time.monotonic)
+
+
+class ModelServer:
+    """The server, its scripts and what it was asked."""
+
+    def __init__(self) -> None:
+        self.scripts: dict[str, deque[Any]] = defaultdict(deque)
+        self.calls: list[Call] = []
+        self.problems: list[str] = []
+        self._lock = threading.Lock()
+        app = Starlette(routes=[Route("/v1/chat/completions", self._complete, methods=["POST"])])
+        config = uvicorn.Config(
+            app, host="127.0.0.1", port=0, log_level="warning", timeout_graceful_shutdown=1
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, daemon=True)
+        self._thread.start()
+        for _ in range(500):
+            if self._server.started:
+                break
+            time.sleep(0.01)
+        assert self._server.started, "the model server did not start"
+        port = self._server.servers[0].sockets[0].getsockname()[1]
+        self.base_url = f"http://127.0.0.1:{port}/v1"
+
+    def script(self, schema_name: str, *answers: Any) -> None:
+        """Answer the next requests for `schema_name` with `answers`, in order."""
+        with self._lock:
+            self.scripts[schema_name].extend(answers)
+
+    def asked(self, schema_name: str) -> list[Call]:
+        return [c for c in self.calls if c.schema_name == schema_name]
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(10)
+
+    def _check(self, request: Request, body: Any) -> str:
+        if request.headers.get("authorization") != f"Bearer {API_KEY}":
+            return "no bearer token"
+        if not isinstance(body, dict):
+            return "the body is not a JSON object"
+        if body.get("model") != MODEL:
+            return f"model: expected {MODEL!r}, got {body.get('model')!r}"
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            return "messages: required"
+        if not all(isinstance(m, dict) and m.get("role") and m.get("content") for m in messages):
+            return "messages: each needs a role and content"
+        form = body.get("response_format") or {}
+        schema = (form.get("json_schema") or {}).get("schema")
+        if form.get("type") != "json_schema" or not isinstance(schema, dict):
+            return "response_format: expected a json_schema with a schema"
+        if not schema.get("properties"):
+            return "response_format.json_schema.schema: has no properties"
+        return ""
+
+    async def _complete(self, request: Request) -> Response:
+        try:
+            body = await request.json()
+        except ValueError:
+            body = None
+        problem = self._check(request, body)
+        name = str(
+            (((body or {}).get("response_format") or {}).get("json_schema") or {}).get("name")
+        )
+        if problem:
+            self.problems.append(problem)
+            self.calls.append(Call(name, body or {}, 400))
+            return JSONResponse({"error": {"message": problem, "type": "invalid_request"}}, 400)
+        with self._lock:
+            queue = self.scripts[name]
+            answer = queue.popleft() if queue else DEFAULTS.get(name)
+        reply = answer if isinstance(answer, Reply) else Reply(json=answer)
+        self.calls.append(Call(name, body, reply.status))
+        if reply.delay:
+            await asyncio.sleep(reply.delay)
+        if reply.status != 200:
+            error = {"error": {"message": f"scripted {reply.status}", "type": "scripted"}}
+            return JSONResponse(error, reply.status, headers=reply.headers)
+        if reply.json is None and reply.content is None and reply.refusal is None:
+            self.problems.append(f"no scripted answer for {name!r}")
+            return JSONResponse({"error": {"message": f"nothing scripted for {name}"}}, 400)
+        content = reply.content if reply.content is not None else json.dumps(reply.json)
+        if reply.refusal is not None:
+            content = ""
+        prompt_tokens = len(json.dumps(body["messages"])) // 4
+        completion_tokens = max(1, len(content) // 4)
+        return JSONResponse(
+            {
+                "id": f"chatcmpl-{len(self.calls)}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": MODEL,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {
+                            "role": "assistant",
+                            "content": content or None,
+                            "refusal": reply.refusal,
+                        },
+                        "finish_reason": reply.finish_reason,
+                    }
+                ],
+                "usage": {
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": completion_tokens,
+                    "total_tokens": prompt_tokens + completion_tokens,
+                },
+            }
+        )

@@ -1,0 +1,198 @@
+"""The ``llm`` planner: a model turns a task's prompt and criteria into executable steps.
+
+The model is told the task, its acceptance criteria, the effective preferences and what the
+workers can run, and answers with a `Plan` in the plan's own JSON Schema; the answer is checked
+by the domain model, and an invalid one is asked for again with what was wrong (see
+`answer_valid`). A task that gives its own steps is not sent to the model: the caller planned
+it. Every model-planned command then goes through the command policy: allowed, waiting for
+approval (`requires_approval`), or refused (`PlanRefused`, the workflow fails with the rule).
+
+`revise` rewrites one step from its failed verification, for the step's next attempt.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import structlog
+
+from workflow_engine.capabilities.command_policy import CommandPolicy
+from workflow_engine.capabilities.model_client import ModelClient, answer_valid
+from workflow_engine.capabilities.planner import derive_plan
+from workflow_engine.capabilities.preferences import merge_preferences
+from workflow_engine.config import LlmSettings
+from workflow_engine.domain.jobs import JobResult, Verification
+from workflow_engine.domain.model import JsonObject, parse
+from workflow_engine.domain.task import Plan, Step, TaskSpec
+from workflow_engine.errors import InvalidArgument, WorkflowEngineError
+
+log = structlog.get_logger(__name__)
+
+PLAN_SYSTEM = """\
+You are the planner of a workflow engine (the Project Manager Agent). Turn the task into \
+steps a worker executes. Each step's `command` is an argv list executed directly, never \
+through a shell unless you name one (["sh", "-c", "..."]); each step runs in a fresh, empty \
+work directory, so pass files between steps through absolute paths. Give each step the machine \
+checks (`expect`) that prove it worked whenever you can state them (kinds: exit_code with \
+`equals`, stdout_contains / stderr_contains / stdout_matches / file_exists with `value`, \
+json_field_equals with `field` and `equals`). Steps run in order unless a step names \
+`depends_on`. Put what you assumed in `assumptions`. Answer with JSON only, following the \
+schema."""
+
+REVISE_SYSTEM = """\
+You are the planner of a workflow engine. A step of your plan failed its verification. Answer \
+with the whole step, revised so that its next attempt passes: same `id`, a corrected \
+`command` (an argv list) and checks. Answer with JSON only, following the schema."""
+
+
+class PlanRefused(WorkflowEngineError):
+    """The model planned a command the command policy denies."""
+
+
+class LlmPlanner:
+    """Plans prompt-only tasks with a model; keeps the steps a task gives."""
+
+    def __init__(
+        self,
+        client: ModelClient,
+        settings: LlmSettings,
+        policy: CommandPolicy,
+        workers: str,
+    ) -> None:
+        self.client = client
+        self._settings = settings
+        self._policy = policy
+        self._workers = workers
+
+    def check(self, task: TaskSpec) -> None:
+        """A task with neither steps nor a prompt gives the model nothing to plan."""
+        if not task.steps and not task.prompt.strip():
+            raise InvalidArgument(
+                "task.prompt", "required: the task has no steps, and no prompt to plan from"
+            )
+
+    async def plan(self, task: TaskSpec) -> Plan:
+        if task.steps:
+            return derive_plan(task)
+        messages = [
+            {"role": "system", "content": PLAN_SYSTEM},
+            {"role": "user", "content": json.dumps(self._task_brief(task), indent=1)},
+        ]
+        plan: Plan = await answer_valid(
+            self.client,
+            "plan",
+            messages,
+            "plan",
+            Plan.model_json_schema(),
+            _valid_plan,
+            self._settings.plan_attempts,
+        )
+        return self.contained(plan)
+
+    def contained(self, plan: Plan) -> Plan:
+        """`plan` with the command policy applied: steps it wants approved marked so, and
+        `PlanRefused` for a step whose command it denies."""
+        steps: list[Step] = []
+        notes: list[str] = []
+        for step in plan.steps:
+            checked, note = self.contain(step)
+            steps.append(checked)
+            notes.append(note)
+        return Plan(steps=tuple(steps), assumptions=(*plan.assumptions, *notes))
+
+    def contain(self, step: Step) -> tuple[Step, str]:
+        """The step as the policy lets it run, and a note saying what the policy decided."""
+        decision = self._policy.decide(step.command)
+        shown = json.dumps(list(step.command))[:300]
+        if decision.verdict == "deny":
+            raise PlanRefused(
+                f"step {step.id}: the model planned the command {shown}, which the command "
+                f"policy denies ({decision.reason})"
+            )
+        if decision.verdict == "approve" and not step.requires_approval:
+            step = step.model_copy(update={"requires_approval": True})
+        verb = "runs" if decision.verdict == "allow" else "waits for approval"
+        return step, f"command policy: step {step.id} {verb} ({decision.reason})"
+
+    async def revise(
+        self, task: TaskSpec, step: Step, result: JobResult, verification: Verification
+    ) -> tuple[Step, str]:
+        """A revised `step` for its next attempt, and the note on what the policy decided."""
+        brief = {
+            "task": self._task_brief(task),
+            "step": step.to_json(),
+            "result": excerpt(result, self._settings.excerpt_chars),
+            "verification": verification.to_json(),
+        }
+        messages = [
+            {"role": "system", "content": REVISE_SYSTEM},
+            {"role": "user", "content": json.dumps(brief, indent=1)},
+        ]
+
+        def valid_step(answer: Any) -> Step:
+            revised: Step = parse(Step, answer, "step")
+            if revised.id != step.id:
+                raise InvalidArgument("step.id", f"must stay {step.id!r}, got {revised.id!r}")
+            if revised.depends_on != step.depends_on:
+                revised = revised.model_copy(update={"depends_on": step.depends_on})
+            return revised
+
+        revised: Step = await answer_valid(
+            self.client,
+            "revise",
+            messages,
+            "step",
+            Step.model_json_schema(),
+            valid_step,
+            self._settings.plan_attempts,
+        )
+        return self.contain(revised)
+
+    def _task_brief(self, task: TaskSpec) -> JsonObject:
+        return {
+            "prompt": task.prompt,
+            "acceptance_criteria": [c.to_json() for c in task.acceptance_criteria],
+            "preferences": merge_preferences(task.preferences),
+            "workers": self._workers,
+        }
+
+
+def _valid_plan(answer: Any) -> Plan:
+    plan: Plan = parse(Plan, answer, "plan")
+    if not plan.steps:
+        raise InvalidArgument("plan.steps", "required: at least one step")
+    return plan
+
+
+def excerpt(result: JobResult, chars: int) -> JsonObject:
+    """What a model is shown of a result: status, exit code, the ends of its streams."""
+    return {
+        "status": result.status,
+        "exit_code": result.exit_code,
+        "stdout": _tail(result.stdout, chars),
+        "stderr": _tail(result.stderr, chars),
+        "artifacts": [
+            {k: a.get(k) for k in ("name", "content_type", "size_bytes")}
+            for a in result.artifacts[:20]
+        ],
+    }
+
+
+def _tail(text: str, chars: int) -> str:
+    return text if len(text) <= chars else f"[{len(text) - chars} chars cut]" + text[-chars:]
+
+
+def describe_workers(worker: str, labels: Sequence[str]) -> str:
+    """What the planner is told the workers can run."""
+    if worker == "nodes":
+        shown = ", ".join(labels) or "labels as the orchestrator's nodes report them"
+        return (
+            "worker nodes over the Worker API (Linux sandboxes); a step may name "
+            f"`required_labels` from: {shown}"
+        )
+    return (
+        "a local Linux sandbox: argv run directly with /bin/sh, coreutils and the engine's "
+        "Python on PATH; no network guarantees"
+    )

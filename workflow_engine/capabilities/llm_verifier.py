@@ -1,0 +1,101 @@
+"""The ``llm`` verifier: machine checks first, then a model judges the result.
+
+The model sees the step (its description, command and expected outputs), bounded excerpts of
+the result (stdout, stderr, artifacts' names), the acceptance criteria and the preferences, and
+answers with the state's `verification` in its own JSON Schema. The verdict is the stricter of
+the two: a failed machine check fails the step whatever the model says, and so does the model's
+`fail`. The model's findings are kept beside the checks' (their `check` prefixed ``model:``), so
+the next attempt's remediation carries both.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from workflow_engine.capabilities.llm_planner import excerpt
+from workflow_engine.capabilities.model_client import ModelClient, answer_valid
+from workflow_engine.capabilities.verifier import MachineVerifier
+from workflow_engine.config import LlmSettings
+from workflow_engine.domain.jobs import Finding, JobResult, Verification
+from workflow_engine.domain.model import parse
+from workflow_engine.domain.task import AcceptanceCriterion, Step
+
+VERIFY_SYSTEM = """\
+You verify one step of a workflow (you are the Project Manager Agent's judge). Decide from the \
+evidence whether the step's result meets its expected outputs, the task's acceptance criteria \
+and the preferences. Answer with JSON only, following the schema: `status` pass or fail, one \
+finding per thing you checked (`check`, `passed`, `detail` quoting the evidence), and \
+`recommended_actions` that would make a failed step pass on its next attempt."""
+
+
+class LlmVerifier:
+    """Machine checks, then the model's judgement; the stricter verdict wins."""
+
+    def __init__(
+        self,
+        client: ModelClient,
+        settings: LlmSettings,
+        machine: MachineVerifier | None = None,
+    ) -> None:
+        self.client = client
+        self._settings = settings
+        self._machine = machine or MachineVerifier()
+
+    async def verify(
+        self,
+        step: Step,
+        result: JobResult,
+        criteria: Sequence[AcceptanceCriterion],
+        preferences: Mapping[str, Any] | None = None,
+    ) -> Verification:
+        checked = await self._machine.verify(step, result, criteria)
+        brief = {
+            "step": {
+                "id": step.id,
+                "description": step.description,
+                "command": list(step.command),
+                "expect": [c.to_json() for c in step.expect],
+            },
+            "result": excerpt(result, self._settings.excerpt_chars),
+            "machine_checks": checked.to_json(),
+            "acceptance_criteria": [c.to_json() for c in criteria],
+            "preferences": dict(preferences or {}),
+        }
+        messages = [
+            {"role": "system", "content": VERIFY_SYSTEM},
+            {"role": "user", "content": json.dumps(brief, indent=1)},
+        ]
+        judged: Verification = await answer_valid(
+            self.client,
+            "verify",
+            messages,
+            "verification",
+            Verification.model_json_schema(),
+            lambda answer: parse(Verification, answer, "verification"),
+            self._settings.plan_attempts,
+        )
+        return combine(checked, judged)
+
+
+def combine(checked: Verification, judged: Verification, judge: str = "model") -> Verification:
+    """The machine checks' verdict and the judge's, as one: `fail` if either failed; the
+    judge's findings named ``<judge>:<check>``."""
+    findings = [
+        *checked.findings,
+        *(
+            Finding(check=f"{judge}:{f.check}", passed=f.passed, detail=f.detail)
+            for f in judged.findings
+        ),
+    ]
+    if judged.status == "fail" and all(f.passed for f in judged.findings):
+        # A `fail` with no failed finding still needs one, so the record says who failed it.
+        findings.append(Finding(check=judge, passed=False, detail="the judge answered fail"))
+    failed = checked.status == "fail" or judged.status == "fail"
+    actions = [*checked.recommended_actions, *judged.recommended_actions] if failed else []
+    return Verification(
+        status="fail" if failed else "pass",
+        findings=tuple(findings),
+        recommended_actions=tuple(actions),
+    )

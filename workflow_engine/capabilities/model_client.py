@@ -1,0 +1,299 @@
+"""A model over any OpenAI-compatible Chat Completions endpoint, answering in a JSON Schema.
+
+The official `openai` SDK speaks the protocol (OpenAI, vLLM, llama.cpp's server, Ollama, an
+orchestrator's model router: each takes its ``base_url``); its own retries are off, because
+retries live here, in one place (`_retryable`): a timeout, a connection error, 429 (after its
+``Retry-After``) and 5xx are retried with backoff; anything else, a 4xx, a refusal, an answer
+cut at the token limit or one that is not JSON, is a `ModelError` whose message a finding quotes.
+
+Every call that got an answer is recorded (model, latency, prompt and completion tokens) in
+the ledger of the node that made it (`recording`), so the node can put it in the state and its
+history event without the capability knowing about either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self, cast
+
+import openai
+import structlog
+
+from workflow_engine.capabilities.base import CapabilityConfigError
+from workflow_engine.config import ENV_PREFIX, LlmSettings
+from workflow_engine.domain.model import JsonObject
+from workflow_engine.errors import WorkflowEngineError
+
+log = structlog.get_logger(__name__)
+
+#: Longest wait honoured from one ``Retry-After``; a server asking for more is not waited on.
+MAX_RETRY_AFTER_SECONDS = 60.0
+_QUOTED = 300
+
+
+class ModelError(WorkflowEngineError):
+    """The model gave no usable answer (after the retries, or for a reason no retry fixes)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCall:
+    """One answered call: what it cost and how long it took."""
+
+    purpose: str
+    model: str
+    latency_ms: int
+    prompt_tokens: int
+    completion_tokens: int
+
+    def to_json(self) -> JsonObject:
+        return {
+            "purpose": self.purpose,
+            "model": self.model,
+            "latency_ms": self.latency_ms,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+        }
+
+
+@dataclass
+class Ledger:
+    """The calls one node made."""
+
+    calls: list[ModelCall] = field(default_factory=list)
+
+    @property
+    def tokens(self) -> int:
+        return sum(c.prompt_tokens + c.completion_tokens for c in self.calls)
+
+    def describe(self) -> str:
+        """One line for the node's history event, empty when no call was made."""
+        if not self.calls:
+            return ""
+        ms = sum(c.latency_ms for c in self.calls)
+        prompt = sum(c.prompt_tokens for c in self.calls)
+        completion = sum(c.completion_tokens for c in self.calls)
+        return (
+            f"model {self.calls[-1].model}: {len(self.calls)} call(s), "
+            f"{prompt}+{completion} tokens, {ms} ms"
+        )
+
+
+_LEDGER: ContextVar[Ledger | None] = ContextVar("model_ledger", default=None)
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[Ledger]:
+    """Collect the model calls made inside the block (in this task) into a new ledger."""
+    ledger = Ledger()
+    token = _LEDGER.set(ledger)
+    try:
+        yield ledger
+    finally:
+        _LEDGER.reset(token)
+
+
+def read_api_key(settings: LlmSettings) -> str:
+    """The API key, from the setting or the file it names; empty when neither is set."""
+    if settings.api_key:
+        return settings.api_key
+    if not settings.api_key_file:
+        return ""
+    try:
+        return Path(settings.api_key_file).read_text().strip()
+    except OSError as exc:
+        raise CapabilityConfigError(
+            f"{ENV_PREFIX}LLM_API_KEY_FILE: cannot read {settings.api_key_file}: {exc.strerror}"
+        ) from None
+
+
+class ModelClient:
+    """Structured answers from one model; an async context manager opened with the engine."""
+
+    def __init__(self, settings: LlmSettings, *, sleep: Any = asyncio.sleep) -> None:
+        self._settings = settings
+        self._api_key = read_api_key(settings)
+        self._sleep = sleep
+        self._client: openai.AsyncOpenAI | None = None
+
+    @property
+    def model(self) -> str:
+        return self._settings.model
+
+    async def __aenter__(self) -> Self:
+        self._client = openai.AsyncOpenAI(
+            base_url=self._settings.base_url,
+            # The SDK insists on a key; local servers take any.
+            api_key=self._api_key or "none",
+            timeout=self._settings.timeout_seconds,
+            max_retries=0,  # retries are ours (`answer`), so they are in one place
+        )
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
+    async def answer(
+        self,
+        purpose: str,
+        messages: list[JsonObject],
+        schema_name: str,
+        schema: JsonObject,
+    ) -> Any:
+        """The model's answer to `messages` as JSON following `schema`, or `ModelError`."""
+        if self._client is None:
+            raise ModelError("the model client is not open")
+        attempts = self._settings.retries + 1
+        for attempt in range(1, attempts + 1):
+            started = time.monotonic()
+            try:
+                completion = await self._client.chat.completions.create(
+                    model=self._settings.model,
+                    messages=cast(Any, messages),
+                    max_tokens=self._settings.max_tokens,
+                    temperature=self._settings.temperature,
+                    response_format={
+                        "type": "json_schema",
+                        "json_schema": {"name": schema_name, "schema": schema, "strict": False},
+                    },
+                )
+            except openai.APIError as exc:
+                delay = _retryable(exc, attempt, self._settings.retry_max_seconds)
+                if delay is None or attempt == attempts:
+                    raise ModelError(_describe_error(exc, attempt)) from None
+                log.warning(
+                    "model_call_retried",
+                    purpose=purpose,
+                    attempt=attempt,
+                    delay=round(delay, 3),
+                    error=_describe_error(exc, attempt),
+                )
+                await self._sleep(delay)
+                continue
+            return self._read(purpose, completion, started)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _read(self, purpose: str, completion: Any, started: float) -> Any:
+        usage = completion.usage
+        call = ModelCall(
+            purpose=purpose,
+            model=str(completion.model or self._settings.model),
+            latency_ms=round((time.monotonic() - started) * 1000),
+            prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
+            completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
+        )
+        ledger = _LEDGER.get()
+        if ledger is not None:
+            ledger.calls.append(call)
+        log.info("model_called", **call.to_json())
+        if not completion.choices:
+            raise ModelError("the model answered with no choices")
+        choice = completion.choices[0]
+        refusal = getattr(choice.message, "refusal", None)
+        if refusal:
+            raise ModelError(f"the model refused: {_quote(refusal)}")
+        content = choice.message.content or ""
+        if choice.finish_reason == "length":
+            raise ModelError(
+                f"the answer was cut at the token limit ({self._settings.max_tokens}; "
+                f"{ENV_PREFIX}LLM_MAX_TOKENS): {_quote(content)}"
+            )
+        try:
+            return json.loads(content)
+        except ValueError as exc:
+            raise ModelError(f"the answer is not JSON ({exc}): {_quote(content)}") from None
+
+
+def _retryable(exc: openai.APIError, attempt: int, max_seconds: float) -> float | None:
+    """Seconds to wait before trying again, or None when retrying cannot help.
+
+    Retried: a timeout, a connection error (no answer at all), 429 (after its Retry-After when
+    it gives one, at most `MAX_RETRY_AFTER_SECONDS`), and 5xx (the server's trouble). Not
+    retried: any other 4xx (the request is wrong: key, model, schema) and an answer the SDK
+    could not read.
+    """
+    backoff = float(min(max_seconds, 0.5 * 2 ** (attempt - 1)))
+    if isinstance(exc, openai.APITimeoutError | openai.APIConnectionError):
+        return backoff
+    if isinstance(exc, openai.APIStatusError):
+        if exc.status_code == 429:
+            after = _retry_after(exc.response.headers.get("retry-after"))
+            return backoff if after is None else after
+        if exc.status_code >= 500:
+            return backoff
+    return None
+
+
+def _retry_after(value: str | None) -> float | None:
+    try:
+        seconds = float(value) if value is not None else None
+    except ValueError:
+        return None  # an HTTP date: rare from model servers; fall back to backoff
+    if seconds is None or seconds < 0:
+        return None
+    return min(seconds, MAX_RETRY_AFTER_SECONDS)
+
+
+def _describe_error(exc: openai.APIError, attempt: int) -> str:
+    tries = f" (after {attempt} attempt(s))" if attempt > 1 else ""
+    if isinstance(exc, openai.APITimeoutError):
+        return f"the model did not answer in time{tries}"
+    if isinstance(exc, openai.APIConnectionError):
+        return f"the model server cannot be reached{tries}: {exc.__cause__ or exc}"
+    if isinstance(exc, openai.APIStatusError):
+        return f"the model server answered HTTP {exc.status_code}{tries}: {_quote(exc.message)}"
+    return f"the model's answer cannot be read: {_quote(str(exc))}"
+
+
+def _quote(text: str) -> str:
+    text = str(text)
+    return repr(text) if len(text) <= _QUOTED else f"{text[:_QUOTED]!r}... ({len(text)} chars)"
+
+
+async def answer_valid(
+    client: ModelClient,
+    purpose: str,
+    messages: list[JsonObject],
+    schema_name: str,
+    schema: JsonObject,
+    validate: Any,
+    attempts: int,
+) -> Any:
+    """`validate(answer)` of the model's answer, asking again with what was wrong, at most
+    `attempts` times; then `ModelError` quoting the last problem.
+
+    `validate` raises `WorkflowEngineError` (an `InvalidArgument` naming the field) for an
+    answer that does not hold; the model sees its message and answers again.
+    """
+    messages = list(messages)
+    problem = ""
+    for attempt in range(1, attempts + 1):
+        answer = await client.answer(purpose, messages, schema_name, schema)
+        try:
+            return validate(answer)
+        except WorkflowEngineError as exc:
+            problem = exc.message
+        log.warning("model_answer_invalid", purpose=purpose, attempt=attempt, problem=problem)
+        messages += [
+            {"role": "assistant", "content": json.dumps(answer)},
+            {
+                "role": "user",
+                "content": f"That answer is invalid: {problem}. Answer again with the whole "
+                "corrected JSON, following the schema.",
+            },
+        ]
+    raise ModelError(f"the model's {schema_name} was invalid {attempts} time(s); last: {problem}")

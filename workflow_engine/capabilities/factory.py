@@ -145,15 +145,21 @@ def _model(settings: Settings, lent: Lent) -> ModelClient:
 
 
 def _llm_planner(settings: Settings, lent: Lent) -> Planner:
-    labels: list[str] = []
-    if settings.worker == "nodes" and settings.nodes.effective_source == "file":
-        nodes = load_nodes_file(Path(settings.nodes.file), os.environ)
-        labels = sorted({label for node in nodes for label in node.labels})
+    worker = lent.worker
+
+    def workers() -> str:
+        # The labels of the nodes known at this plan: from the nodes file, or the orchestrator's
+        # nodes table as last refreshed.
+        if isinstance(worker, HttpWorker):
+            nodes = worker.registry.nodes
+            return describe_workers("nodes", sorted({label for n in nodes for label in n.labels}))
+        return describe_workers(settings.worker, [])
+
     return LlmPlanner(
         _model(settings, lent),
         settings.llm,
         load_policy(settings.command_policy_file),
-        describe_workers(settings.worker, labels),
+        workers,
     )
 
 

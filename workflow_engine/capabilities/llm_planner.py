@@ -13,7 +13,7 @@ approval (`requires_approval`), or refused (`PlanRefused`, the workflow fails wi
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import structlog
@@ -59,11 +59,12 @@ class LlmPlanner:
         client: ModelClient,
         settings: LlmSettings,
         policy: CommandPolicy,
-        workers: str,
+        workers: Callable[[], str],
     ) -> None:
         self.client = client
         self._settings = settings
         self._policy = policy
+        #: What the workers can run, asked at each plan (worker nodes come and go).
         self._workers = workers
 
     def check(self, task: TaskSpec) -> None:
@@ -155,7 +156,7 @@ class LlmPlanner:
             "prompt": task.prompt,
             "acceptance_criteria": [c.to_json() for c in task.acceptance_criteria],
             "preferences": merge_preferences(task.preferences),
-            "workers": self._workers,
+            "workers": self._workers(),
         }
 
 

@@ -9,9 +9,11 @@ them. The engine has no nodes file: it reads the table at start and every refres
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -21,10 +23,11 @@ from google.protobuf import json_format
 from tests import database
 from tests.conftest import RunningEngine, start_engine, stop_engine
 from tests.helpers import new_task_id, step, task, wait_for_status
+from tests.model_server import API_KEY, MODEL, ModelServer
 from tests.orchestrator_schema import insert_node, insert_snapshot
 from tests.their_worker_node import TheirWorkerNode
 from workflow_engine.capabilities.node_table import NodesTableMissing
-from workflow_engine.config import NodesSettings, Settings
+from workflow_engine.config import LlmSettings, NodesSettings, Settings
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 TOKEN = "token-from-the-nodes-table"
@@ -62,7 +65,9 @@ async def engine_for(settings: Settings, orchestrator_url: str) -> AsyncIterator
     """Starts an engine with the ``nodes`` worker and no nodes file on the orchestrator's db."""
     started: list[RunningEngine] = []
 
-    async def start(**nodes: Any) -> RunningEngine:
+    async def start(
+        *, planner: str = "static", llm: Any = None, command_policy_file: str = "", **nodes: Any
+    ) -> RunningEngine:
         options = {
             "refresh_seconds": 0.3,
             "health_interval_seconds": 0.2,
@@ -77,6 +82,9 @@ async def engine_for(settings: Settings, orchestrator_url: str) -> AsyncIterator
                 database_url=orchestrator_url,
                 worker="nodes",
                 nodes=NodesSettings(**options),
+                planner=planner,
+                command_policy_file=command_policy_file,
+                **({"llm": llm} if llm is not None else {}),
                 **database.engine_settings(orchestrator_url),  # type: ignore[arg-type]
             )
         )
@@ -216,3 +224,40 @@ async def test_without_a_nodes_file_or_table_the_start_stops_naming_both_setting
         await start_engine(replace(settings, worker="nodes"))
     assert "WORKFLOW_ENGINE_NODES_FILE is not set" in str(err.value)
     assert "WORKFLOW_ENGINE_NODES_SOURCE=orchestrator" in str(err.value)
+
+
+async def test_the_llm_planner_is_told_the_labels_of_the_nodes_in_the_table(
+    orch: psycopg.AsyncConnection[Any],
+    served: Callable[[str], TheirWorkerNode],
+    engine_for: EngineFor,
+    tmp_path: Path,
+) -> None:
+    """With nodes from the orchestrator's table (no nodes file), the planner's brief names the
+    labels their latest snapshots give, so the model can ask for them."""
+    gpu = served("gpu-1")
+    gpu_id = await insert_node(orch, "gpu-1", url=gpu.url, token=TOKEN)
+    await insert_snapshot(orch, gpu_id, {"gpu": {"present": True}})
+    model = ModelServer()
+    try:
+        model.script("plan", {"steps": [{"id": "s", "command": ["echo", "hi"]}], "assumptions": []})
+        (tmp_path / "policy.json").write_text(json.dumps({"allow": ["echo"]}))
+        running = await engine_for(
+            planner="llm",
+            llm=LlmSettings(base_url=model.base_url, model=MODEL, api_key=API_KEY, retries=0),
+            command_policy_file=str(tmp_path / "policy.json"),
+        )
+        task_id = await start(running, pb.TaskSpec(prompt="train the model on a GPU"))
+        await _until_asked(model, "plan")
+        (call,) = model.asked("plan")
+        brief = json.dumps(call.body["messages"])
+        assert "gpu.present" in brief and "capabilities=gpu" in brief, brief
+        assert task_id
+    finally:
+        model.stop()
+
+
+async def _until_asked(model: ModelServer, schema_name: str, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not model.asked(schema_name):
+        assert time.monotonic() < deadline, f"the model was never asked for {schema_name}"
+        await asyncio.sleep(0.05)

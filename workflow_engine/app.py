@@ -156,7 +156,7 @@ class Engine:
         if faults:
             log.warning("fault_injection_enabled", faults=settings.faults)
         saver = RowCheckpointSaver(pool, state_keys=STATE_KEYS, faults=faults)
-        jobs = JobTracker(caps.worker, max_running=caps.max_running_jobs)
+        jobs = caps.jobs or JobTracker(caps.worker, max_running=caps.max_running_jobs)
         graph = build_graph(caps, saver, jobs=jobs)
         runs = RunManager(graph=graph, store=store, jobs=jobs, faults=faults)
         events = EventHub(settings.listen_url(url), on_control=runs.cancel)

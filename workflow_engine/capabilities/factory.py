@@ -36,6 +36,7 @@ from workflow_engine.capabilities.context import TruncatingCompressor
 from workflow_engine.capabilities.http_worker import HttpWorker
 from workflow_engine.capabilities.inline_tasks import InlineTaskSource
 from workflow_engine.capabilities.job_verifier import JobVerifier
+from workflow_engine.capabilities.jobs import JobTracker
 from workflow_engine.capabilities.llm_planner import LlmPlanner, describe_workers
 from workflow_engine.capabilities.llm_verifier import LlmVerifier
 from workflow_engine.capabilities.model_client import ModelClient
@@ -76,6 +77,9 @@ class Capabilities:
     revise_steps: bool = False
     #: Whether `finalize_summary` asks the model for the summary.
     model_summary: bool = False
+    #: The engine's one job tracker over `worker` (built with it): the steps' jobs and the
+    #: `job` verifier's share its admission, its slots and its cancel.
+    jobs: JobTracker | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +99,8 @@ class Lent:
     model: ModelClient | None = None
     #: The worker the steps run on (set by the factory), for the ``job`` verifier's jobs.
     worker: Worker | None = None
+    #: The engine's job tracker over that worker (set by the factory).
+    jobs: JobTracker | None = None
 
 
 Builder = Callable[[Settings, Lent], T]
@@ -164,10 +170,11 @@ def _llm_planner(settings: Settings, lent: Lent) -> Planner:
 
 
 def _job_verifier(settings: Settings, lent: Lent) -> Verifier:
-    if lent.worker is None:
+    if lent.worker is None or lent.jobs is None:
         raise CapabilityConfigError("the worker was not built")  # pragma: no cover
     return JobVerifier(
         lent.worker,
+        lent.jobs,
         shlex.split(settings.verifier_command),
         timeout_seconds=min(settings.job.timeout_seconds, 600),
         excerpt_chars=settings.llm.excerpt_chars,
@@ -235,7 +242,8 @@ def build_capabilities(settings: Settings, lent: Lent) -> Capabilities:
     if uses_model and lent.model is None:
         lent = replace(lent, model=ModelClient(settings.llm))
     worker = _build(WORKERS, "worker", settings, lent)
-    lent = replace(lent, worker=worker)
+    jobs = JobTracker(worker, max_running=settings.max_running_jobs)
+    lent = replace(lent, worker=worker, jobs=jobs)
     return Capabilities(
         task_source=_build(TASK_SOURCES, "task_source", settings, lent),
         planner=_build(PLANNERS, "planner", settings, lent),
@@ -248,6 +256,7 @@ def build_capabilities(settings: Settings, lent: Lent) -> Capabilities:
         model=lent.model,
         revise_steps=settings.planner == "llm" and settings.llm.revise,
         model_summary=uses_model and settings.llm.summary,
+        jobs=jobs,
     )
 
 

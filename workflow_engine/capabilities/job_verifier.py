@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from workflow_engine.capabilities.base import Worker
+from workflow_engine.capabilities.jobs import JobTracker
 from workflow_engine.capabilities.llm_planner import excerpt
 from workflow_engine.capabilities.llm_verifier import combine
 from workflow_engine.capabilities.verifier import MachineVerifier
@@ -39,12 +40,14 @@ class JobVerifier:
     def __init__(
         self,
         worker: Worker,
+        jobs: JobTracker,
         command: Sequence[str],
         *,
         timeout_seconds: int = 600,
         excerpt_chars: int = 4000,
     ) -> None:
         self._worker = worker
+        self._jobs = jobs
         self._command = tuple(command)
         self._timeout = timeout_seconds
         self._excerpt_chars = excerpt_chars
@@ -82,8 +85,12 @@ class JobVerifier:
             required_labels=step.required_labels,
         )
         target = await self._worker.select_target(job)
-        ran = await self._worker.run(target, job)
-        return combine(checked, read_verdict(ran), judge="analyst")
+        # Through the engine's job tracker, as the steps' jobs: admitted under the run's fence,
+        # counted against the running-jobs limit, and stopped with its workflow.
+        outcome = (await self._jobs.wait_any([(target, job)]))[job.job_id]
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return combine(checked, read_verdict(outcome), judge="analyst")
 
 
 def read_verdict(ran: JobResult) -> Verification:

@@ -3,8 +3,10 @@ sub-agent in a sandbox), and its verdict is read from the job's result."""
 
 from __future__ import annotations
 
+import asyncio
 import sys
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -65,3 +67,40 @@ async def test_the_analysts_verdict_decides_after_the_machine_checks(
     assert lie["status"] == "fail"  # the machine check passed; the analyst failed it
     assert "print ready" in lie["recommended_actions"]
     assert (tmp_path / "seen.txt").read_text().split() == ["build", "lie"]
+
+
+async def test_cancel_stops_a_verification_job_that_is_running(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """The verification job goes through the engine's job tracker, so CancelWorkflow stops it
+    as it stops the steps' jobs (its whole process group)."""
+    pid_file = tmp_path / "analyst.pid"
+    command = f"/bin/sh -c 'echo $$ > {pid_file}; exec sleep 30'"
+    running = await start_engine(replace(settings, verifier="job", verifier_command=command))
+    try:
+        task_id = new_task_id()
+        spec = task(step("build", "echo", "ready"))
+        await running.stub.StartWorkflow(pb.StartWorkflowRequest(task_id=task_id, task=spec))
+        await _until(lambda: pid_file.exists() and pid_file.read_text().strip() != "")
+        pid = int(pid_file.read_text())
+        await running.stub.CancelWorkflow(pb.CancelWorkflowRequest(task_id=task_id))
+        await _until(lambda: not _alive(pid), timeout=10)
+        wf = await wait_for_status(running.stub, task_id)
+        assert wf.status == pb.CANCELLED
+    finally:
+        await stop_engine(running)
+
+
+async def _until(condition: Callable[[], bool], timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition never held"
+        await asyncio.sleep(0.02)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False

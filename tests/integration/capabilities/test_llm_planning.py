@@ -302,6 +302,36 @@ async def test_a_failed_verification_revises_the_step_and_the_next_attempt_passe
     assert "answer 200" in json.dumps(asked.body["messages"])
 
 
+async def test_a_revised_step_the_policy_does_not_allow_waits_for_approval_again(
+    engine: Start, model: ModelServer
+) -> None:
+    """The revision goes through the policy again: a command it does not allow waits for a
+    person, even though the first command ran unasked."""
+    model.script("plan", plan(health_step("echo", "HTTP 503")))
+    failed = {
+        "status": "fail",
+        "findings": [{"check": "status line", "passed": False, "detail": "it answered 503"}],
+        "recommended_actions": ["answer 200"],
+    }
+    model.script("verification", failed)
+    model.script("step", health_step("printf", "HTTP 200 OK"))  # printf: not in ALLOW_ECHO
+    running = await engine()
+    wf = await run(running)
+
+    assert wf.status == pb.WAITING_FOR_APPROVAL, wf.error
+    assert wf.pending_approval.step_id == "health"
+    assert list(wf.pending_approval.command) == ["printf", "HTTP 200 OK"]
+    await running.stub.ResumeWorkflow(
+        pb.ResumeWorkflowRequest(
+            task_id=wf.task_id,
+            decision=pb.ApprovalDecision(step_id="health", verdict=pb.APPROVE),
+        )
+    )
+    done = await wait_for_status(running.stub, wf.task_id)
+    assert done.status == pb.SUCCEEDED, done.error
+    assert state_of(done)["attempts_by_step"] == {"health": 2}
+
+
 async def test_the_token_budget_suspends_the_workflow(engine: Start, model: ModelServer) -> None:
     model.script("plan", plan(health_step()))
     running = await engine()

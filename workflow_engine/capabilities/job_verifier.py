@@ -21,8 +21,7 @@ from typing import Any
 
 from workflow_engine.capabilities.base import Worker
 from workflow_engine.capabilities.jobs import JobTracker
-from workflow_engine.capabilities.llm_planner import excerpt
-from workflow_engine.capabilities.llm_verifier import combine
+from workflow_engine.capabilities.llm_verifier import combine, verification_brief
 from workflow_engine.capabilities.verifier import MachineVerifier
 from workflow_engine.domain.jobs import Finding, JobRequest, JobResult, Sandbox, Verification
 from workflow_engine.domain.model import parse
@@ -61,18 +60,9 @@ class JobVerifier:
         preferences: Mapping[str, Any] | None = None,
     ) -> Verification:
         checked = await self._machine.verify(step, result, criteria)
-        brief = {
-            "step": {
-                "id": step.id,
-                "description": step.description,
-                "command": list(step.command),
-                "expect": [c.to_json() for c in step.expect],
-            },
-            "result": excerpt(result, self._excerpt_chars),
-            "machine_checks": checked.to_json(),
-            "acceptance_criteria": [c.to_json() for c in criteria],
-            "preferences": dict(preferences or {}),
-        }
+        brief = verification_brief(
+            step, result, checked, criteria, preferences, self._excerpt_chars
+        )
         job = JobRequest(
             task_id=result.task_id,
             job_id=str(uuid.uuid5(VERIFY_NAMESPACE, f"{result.job_id}/verify")),

@@ -19,7 +19,7 @@ from workflow_engine.capabilities.model_client import ModelClient, answer_valid
 from workflow_engine.capabilities.verifier import MachineVerifier
 from workflow_engine.config import LlmSettings
 from workflow_engine.domain.jobs import Finding, JobResult, Verification
-from workflow_engine.domain.model import parse
+from workflow_engine.domain.model import JsonObject, parse
 from workflow_engine.domain.task import AcceptanceCriterion, Step
 
 VERIFY_SYSTEM = """\
@@ -51,18 +51,9 @@ class LlmVerifier:
         preferences: Mapping[str, Any] | None = None,
     ) -> Verification:
         checked = await self._machine.verify(step, result, criteria)
-        brief = {
-            "step": {
-                "id": step.id,
-                "description": step.description,
-                "command": list(step.command),
-                "expect": [c.to_json() for c in step.expect],
-            },
-            "result": excerpt(result, self._settings.excerpt_chars),
-            "machine_checks": checked.to_json(),
-            "acceptance_criteria": [c.to_json() for c in criteria],
-            "preferences": dict(preferences or {}),
-        }
+        brief = verification_brief(
+            step, result, checked, criteria, preferences, self._settings.excerpt_chars
+        )
         messages = [
             {"role": "system", "content": VERIFY_SYSTEM},
             {"role": "user", "content": json.dumps(brief, indent=1)},
@@ -77,6 +68,30 @@ class LlmVerifier:
             self._settings.plan_attempts,
         )
         return combine(checked, judged)
+
+
+def verification_brief(
+    step: Step,
+    result: JobResult,
+    checked: Verification,
+    criteria: Sequence[AcceptanceCriterion],
+    preferences: Mapping[str, Any] | None,
+    excerpt_chars: int,
+) -> JsonObject:
+    """What a judge (the model, or the analyst's job) is shown: the step, bounded excerpts of
+    its result, the machine checks' verdict, the criteria and the preferences."""
+    return {
+        "step": {
+            "id": step.id,
+            "description": step.description,
+            "command": list(step.command),
+            "expect": [c.to_json() for c in step.expect],
+        },
+        "result": excerpt(result, excerpt_chars),
+        "machine_checks": checked.to_json(),
+        "acceptance_criteria": [c.to_json() for c in criteria],
+        "preferences": dict(preferences or {}),
+    }
 
 
 def combine(checked: Verification, judged: Verification, judge: str = "model") -> Verification:

@@ -155,12 +155,12 @@ class Engine:
         faults = FaultPlan.parse(settings.faults)
         if faults:
             log.warning("fault_injection_enabled", faults=settings.faults)
-        saver = RowCheckpointSaver(pool, state_keys=STATE_KEYS, faults=faults)
+        events = EventHub(settings.listen_url(url))
+        saver = RowCheckpointSaver(pool, state_keys=STATE_KEYS, faults=faults, observer=events)
         jobs = caps.jobs or JobTracker(caps.worker, max_running=caps.max_running_jobs)
         graph = build_graph(caps, saver, jobs=jobs)
         runs = RunManager(graph=graph, store=store, jobs=jobs, faults=faults)
-        events = EventHub(settings.listen_url(url), on_control=runs.cancel)
-        events.start()
+        events.start(on_control=runs.cancel)
         service = WorkflowService(
             watch_poll_seconds=settings.watch_poll_seconds,
             settings=settings,

@@ -374,13 +374,24 @@ class WorkflowService:
         return record
 
     async def watch(self, task_id: str, from_sequence: int) -> AsyncIterator[WorkflowEventRecord]:
-        """Yield the task's events from `from_sequence` on, ending after a terminal status."""
+        """Yield the task's events from `from_sequence` on, ending after a terminal status.
+
+        Events this process wrote come from its event feed; the table is read only for what
+        the feed does not hold (see `runtime.events`).
+        """
         next_seq = max(from_sequence, 1)
-        with self._events.subscribe(task_id) as woken:
-            record = await self._store.get(task_id)  # NOT_FOUND before anything is streamed
+        with self._events.subscribe(task_id) as news:
+            record: WorkflowRecord | None = None
+            if not self._events.recent(task_id, next_seq):
+                # NOT_FOUND before anything is streamed; and the table may be ahead of the feed.
+                record = await self._store.get(task_id)
+                news.stale = True
             while True:
-                woken.clear()  # before reading, so a wake-up during the read is not lost
-                batch = await self._store.events(task_id, next_seq)
+                news.woken.clear()  # before reading, so a wake-up during the read is not lost
+                batch = None if news.stale else self._events.recent(task_id, next_seq)
+                if batch is None:
+                    news.stale = False
+                    batch = await self._store.events(task_id, next_seq)
                 for event in batch:
                     yield event
                     next_seq = event.seq + 1
@@ -388,12 +399,13 @@ class WorkflowService:
                         return
                 if batch:
                     continue
-                if record.terminal and next_seq > record.event_seq:
+                if record is not None and record.terminal and next_seq > record.event_seq:
                     return
                 try:
-                    await asyncio.wait_for(woken.wait(), self._watch_poll)
+                    await asyncio.wait_for(news.woken.wait(), self._watch_poll)
                 except TimeoutError:
                     record = await self._store.get(task_id)
+                    news.stale = True
 
     async def list_workflows(self, query: WorkflowQuery) -> WorkflowPage:
         """One page of workflows matching `query`, newest update first (no state, no history)."""

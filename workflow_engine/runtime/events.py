@@ -1,8 +1,18 @@
-"""Wakes `WatchWorkflow` streams when a task's events are appended, in any replica.
+"""Serves `WatchWorkflow` streams the events of this process's runs, and wakes them for others.
 
-One dedicated connection per process LISTENs on ``workflow_events`` (a trigger notifies with the
-task id). Watchers still poll every `poll_seconds`, so a notification lost while the listening
-connection was down delays an event by at most that long; it is never missed.
+Events this process writes reach its watchers from memory: the checkpoint write answers with
+the events it appended (`WriteOutcome`), the saver hands them to `written`, and each task keeps
+its latest few (`FEED_EVENTS`) in a feed. A watcher takes events from the feed only while the
+feed holds the very next sequence number it needs, so it can never skip one; anything else
+(a workflow running in another process, a watcher catching up from an old sequence, an event
+another writer appended, such as a cancel) is read from `workflow_events`.
+
+One dedicated connection per process LISTENs on ``workflow_events`` (a trigger notifies with
+``task_id:seq``). A notification for a sequence the feed already holds is this process's own
+write and is dropped; one that arrives while the task's write is still in flight waits for that
+write's answer; any other marks the task's watchers stale, so they read the table. Watchers
+still poll every `poll_seconds`, so a notification lost while the listening connection was
+down delays an event by at most that long; it is never missed.
 
 The same connection LISTENs on ``workflow_control``, where a cancel (in any replica) names the
 task it cancelled; `on_control` hands it to the run manager, which stops the run and its jobs
@@ -19,30 +29,53 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections import OrderedDict, defaultdict, deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 
 import psycopg
 import structlog
+
+from workflow_engine.domain.records import WorkflowEventRecord
 
 log = structlog.get_logger(__name__)
 
 #: The listener's `application_name`, so operators can tell its connection apart.
 LISTENER_NAME = "workflow-engine-listener"
+#: Events kept per task (a whole 3-step workflow's); an older sequence is read from the table.
+FEED_EVENTS = 24
+#: Tasks whose feeds are kept, least recently written dropped first (about 200 bytes an event).
+FEED_TASKS = 20_000
+
+
+@dataclass(eq=False)
+class Subscription:
+    """One watcher's wake-up: `woken` is set on news; `stale` says the table has some."""
+
+    woken: asyncio.Event = field(default_factory=asyncio.Event)
+    stale: bool = False
+
+
+@dataclass
+class _Feed:
+    events: deque[WorkflowEventRecord] = field(default_factory=lambda: deque(maxlen=FEED_EVENTS))
+    writing: int = 0  # this process's writes in flight for the task
+    notified: int = 0  # the highest sequence notified while one was
 
 
 class EventHub:
-    """Per-task wake-ups from PostgreSQL notifications."""
+    """Per-task feeds of this process's events, and wake-ups from PostgreSQL notifications."""
 
-    def __init__(
-        self, conninfo: str | None, *, on_control: Callable[[str], None] | None = None
-    ) -> None:
+    def __init__(self, conninfo: str | None) -> None:
         self._conninfo = conninfo
-        self._on_control = on_control
-        self._waiters: defaultdict[str, set[asyncio.Event]] = defaultdict(set)
+        self._on_control: Callable[[str], None] | None = None
+        self._waiters: defaultdict[str, set[Subscription]] = defaultdict(set)
+        self._feeds: OrderedDict[str, _Feed] = OrderedDict()
         self._task: asyncio.Task[None] | None = None
 
-    def start(self) -> None:
+    def start(self, *, on_control: Callable[[str], None] | None = None) -> None:
+        """Listen for notifications; `on_control` gets the task id of each cancel."""
+        self._on_control = on_control
         if self._conninfo is None:
             log.info("watch_notifications_off", reason="no listen database URL")
             return
@@ -55,18 +88,78 @@ class EventHub:
                 await self._task
 
     @contextlib.contextmanager
-    def subscribe(self, task_id: str) -> Iterator[asyncio.Event]:
-        """An event set whenever `task_id` gets new workflow events; clear it after each wake."""
-        event = asyncio.Event()
-        self._waiters[task_id].add(event)
+    def subscribe(self, task_id: str) -> Iterator[Subscription]:
+        """Woken whenever `task_id` gets new workflow events; clear `woken` after each wake."""
+        subscription = Subscription()
+        self._waiters[task_id].add(subscription)
         try:
-            yield event
+            yield subscription
         finally:
             waiters = self._waiters.get(task_id)
             if waiters is not None:
-                waiters.discard(event)
+                waiters.discard(subscription)
                 if not waiters:
                     del self._waiters[task_id]
+
+    def recent(self, task_id: str, from_seq: int) -> list[WorkflowEventRecord] | None:
+        """The task's events from `from_seq` on, or `None` when the feed does not hold that
+        sequence (then the table must be read). An empty list: none written here since."""
+        feed = self._feeds.get(task_id)
+        if feed is None or not feed.events:
+            return None
+        first, last = feed.events[0].seq, feed.events[-1].seq
+        if not first <= from_seq <= last + 1:
+            return None
+        return list(feed.events)[from_seq - first :]
+
+    def writing(self, task_id: str) -> None:
+        """A checkpoint write of the task is about to be sent (see `written`)."""
+        feed = self._feeds.get(task_id)
+        if feed is None:
+            feed = self._feeds[task_id] = _Feed()
+            self._trim()
+        feed.writing += 1
+
+    def written(self, task_id: str, events: Sequence[WorkflowEventRecord]) -> None:
+        """The write announced by `writing` is over; `events` are what it appended (if any)."""
+        feed = self._feeds.get(task_id)
+        if feed is None:  # dropped meanwhile
+            feed = self._feeds[task_id] = _Feed(writing=1)
+            self._trim()
+        feed.writing = max(feed.writing - 1, 0)
+        if events:
+            if feed.events and feed.events[-1].seq + 1 != events[0].seq:
+                feed.events.clear()  # someone else wrote in between: only what follows is here
+            feed.events.extend(events)
+            self._feeds.move_to_end(task_id)
+        stale = feed.writing == 0 and feed.notified > _last_seq(feed)
+        if feed.writing == 0:
+            feed.notified = 0
+        self._wake(task_id, stale=stale)
+
+    def _trim(self) -> None:
+        while len(self._feeds) > FEED_TASKS:
+            self._feeds.popitem(last=False)
+
+    def _wake(self, task_id: str, *, stale: bool) -> None:
+        for subscription in self._waiters.get(task_id, ()):
+            subscription.stale = subscription.stale or stale
+            subscription.woken.set()
+
+    def _notified(self, payload: str) -> None:
+        """A `workflow_events` notification: ``task_id:seq`` (or a bare task id)."""
+        task_id, _, seq_text = payload.partition(":")
+        if task_id not in self._waiters:
+            return
+        feed = self._feeds.get(task_id)
+        if feed is not None and seq_text.isdigit():
+            seq = int(seq_text)
+            if seq <= _last_seq(feed):
+                return  # this process wrote it, and its watchers have it
+            if feed.writing:
+                feed.notified = max(feed.notified, seq)  # decided when the write answers
+                return
+        self._wake(task_id, stale=True)
 
     async def _listen(self, conninfo: str) -> None:
         delay = 0.1
@@ -81,13 +174,15 @@ class EventHub:
                             if self._on_control is not None:
                                 self._on_control(note.payload)
                             continue
-                        for event in self._waiters.get(note.payload, ()):
-                            event.set()
+                        self._notified(note.payload)
             except psycopg.Error as exc:
                 log.warning("event_listener_lost", error=repr(exc), retry_in=delay)
-                # Wake everyone so they poll while we are deaf.
-                for waiters in self._waiters.values():
-                    for event in waiters:
-                        event.set()
+                # Wake everyone so they read the table while we are deaf.
+                for task_id in list(self._waiters):
+                    self._wake(task_id, stale=True)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
+
+
+def _last_seq(feed: _Feed) -> int:
+    return feed.events[-1].seq if feed.events else 0

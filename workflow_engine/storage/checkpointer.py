@@ -34,7 +34,7 @@ What is deliberately not kept:
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -46,11 +46,11 @@ from langgraph.checkpoint.base import (
 )
 from psycopg_pool import AsyncConnectionPool
 
-from workflow_engine.domain.records import Fence
+from workflow_engine.domain.records import Fence, WorkflowEventRecord
 from workflow_engine.domain.status import FINAL_STATUSES, WorkflowStatus
 from workflow_engine.errors import CheckpointCorrupt, LeaseLost, OutsideWrite
 from workflow_engine.faults import FaultPlan
-from workflow_engine.storage.group_commit import CheckpointRow, GroupCommitter, Written
+from workflow_engine.storage.group_commit import CheckpointRow, GroupCommitter, WriteOutcome
 from workflow_engine.storage.retry import with_retry
 
 #: The task id LangGraph gives the writes of `update_state` (not a node's).
@@ -82,6 +82,15 @@ DELETE FROM workflow_events WHERE task_id = %(task_id)s
 NODE_EVENT = "node_event"
 
 
+class WriteObserver(Protocol):
+    """Told around each node's write: `writing` before it is sent, `written` with the events
+    it appended once it is over (none when it failed). `runtime.events.EventHub` is one."""
+
+    def writing(self, task_id: str) -> None: ...
+
+    def written(self, task_id: str, events: Sequence[WorkflowEventRecord]) -> None: ...
+
+
 def row_status(state: dict[str, Any]) -> str:
     """The row's `status` column for a state's `status` field."""
     return WorkflowStatus.of_state(state.get("status"))
@@ -96,11 +105,13 @@ class RowCheckpointSaver(BaseCheckpointSaver[int]):
         *,
         state_keys: frozenset[str],
         faults: FaultPlan | None = None,
+        observer: WriteObserver | None = None,
     ) -> None:
         super().__init__()
         self._pool = pool
         self._state_keys = state_keys
         self._faults = faults or FaultPlan()
+        self._observer = observer
         self._committer = GroupCommitter(pool)
         # thread id -> (checkpoint id, task id) of the last node that wrote in that superstep.
         self._step_writers: dict[str, tuple[str, str]] = {}
@@ -211,16 +222,24 @@ class RowCheckpointSaver(BaseCheckpointSaver[int]):
             release=status in FINAL_STATUSES,
         )
 
-        async def write() -> Written:
+        async def write() -> WriteOutcome:
             self._faults.at("before", node)
-            written = await self._committer.write(row)
+            outcome = await self._committer.write(row)
             self._faults.at("after", node)  # committed, but the answer may be "lost"
-            return written
+            return outcome
 
-        written = await with_retry(write)
-        if written == "lost":
+        observer = self._observer
+        if observer is not None:
+            observer.writing(task_id)
+        outcome: WriteOutcome | None = None
+        try:
+            outcome = await with_retry(write)
+        finally:
+            if observer is not None:
+                observer.written(task_id, outcome.events if outcome is not None else ())
+        if outcome.written == "lost":
             raise LeaseLost(task_id, fence.holder_id, fence.epoch)
-        if written == "outside":
+        if outcome.written == "outside":
             raise OutsideWrite(task_id)
         return next_config
 

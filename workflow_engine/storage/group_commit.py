@@ -14,12 +14,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Literal
 
 import structlog
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
+from workflow_engine.domain.records import WorkflowEventRecord
 from workflow_engine.storage import leases
 from workflow_engine.storage.retry import is_transient
 
@@ -106,10 +108,12 @@ WITH input AS (
 SELECT i.task_id::text,
        CASE WHEN cp.task_id IS NOT NULL OR w.task_id IS NOT NULL THEN 'written'
             WHEN lease.task_id IS NULL THEN 'lost'
-            ELSE 'outside' END
+            ELSE 'outside' END,
+       cp.event_seq, n.n_events, cp.updated_at
   FROM input i
   LEFT JOIN lease USING (task_id)
   LEFT JOIN cp USING (task_id)
+  LEFT JOIN events_of n USING (task_id)
   LEFT JOIN workflow_checkpoints w
     ON w.task_id = i.task_id AND w.checkpoint_id = i.checkpoint_id AND w.lease_epoch = i.epoch
 """
@@ -120,6 +124,19 @@ SELECT i.task_id::text,
 #: ``outside`` (the lease holds, but the row is not the engine's to overwrite: another writer
 #: changed it since the engine's last write, or it is blocked for that reason).
 Written = Literal["written", "lost", "outside"]
+
+
+@dataclass(frozen=True, slots=True)
+class WriteOutcome:
+    """How a row's write went, and the events it appended exactly as they are now stored.
+
+    `events` is empty when the write appended none: it was not written, or it was a retry of a
+    write that had already landed (its events are in the table, just not known here). Watchers
+    in this process are served from these (see `runtime.events`), without reading them back.
+    """
+
+    written: Written
+    events: tuple[WorkflowEventRecord, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,13 +167,13 @@ class CheckpointRow:
 @dataclass
 class _Pending:
     row: CheckpointRow
-    done: asyncio.Future[Written] = field(
+    done: asyncio.Future[WriteOutcome] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
 
 
 class GroupCommitter:
-    """Batches `CheckpointRow` writes; `write` says how each went (`Written`)."""
+    """Batches `CheckpointRow` writes; `write` says how each went (`WriteOutcome`)."""
 
     def __init__(
         self, pool: AsyncConnectionPool[Any], *, max_batch: int = 256, flushers: int = 2
@@ -167,7 +184,7 @@ class GroupCommitter:
         self._queue: asyncio.Queue[_Pending] | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
-    async def write(self, row: CheckpointRow) -> Written:
+    async def write(self, row: CheckpointRow) -> WriteOutcome:
         """Write `row` durably (with whatever else is waiting), or say why it was not."""
         if self._queue is None:
             self._start()
@@ -214,9 +231,9 @@ class GroupCommitter:
             return
         for p in batch:
             if not p.done.done():
-                p.done.set_result(outcomes.get(p.row.task_id, "lost"))
+                p.done.set_result(outcomes.get(p.row.task_id, _LOST))
 
-    async def _execute(self, rows: Sequence[CheckpointRow]) -> dict[str, Written]:
+    async def _execute(self, rows: Sequence[CheckpointRow]) -> dict[str, WriteOutcome]:
         batch = [
             {
                 "task_id": r.task_id,
@@ -240,4 +257,30 @@ class GroupCommitter:
         ]
         async with self._pool.connection() as conn:
             cur = await conn.execute(WRITE_BATCH, {"rows": Jsonb(batch)})
-            return dict(await cur.fetchall())
+            answers = await cur.fetchall()
+        by_task = {r.task_id: r for r in rows}
+        return {
+            task_id: WriteOutcome(written, _appended(by_task[task_id], seq, count, at))
+            for task_id, written, seq, count, at in answers
+        }
+
+
+_LOST = WriteOutcome("lost")
+
+
+def _appended(
+    row: CheckpointRow, last_seq: int | None, count: int | None, at: datetime | None
+) -> tuple[WorkflowEventRecord, ...]:
+    """The events `WRITE_BATCH` appended for `row` (none when it appended none)."""
+    if last_seq is None or count is None or at is None:
+        return ()
+    first = last_seq - count + 1
+    node_event = WorkflowEventRecord(
+        first, row.event_kind, row.node, row.status, at, row.run_id, row.detail, row.actor
+    )
+    if count == 1:
+        return (node_event,)
+    status_event = WorkflowEventRecord(
+        first + 1, "status", None, row.status, at, row.run_id, "", row.actor
+    )
+    return (node_event, status_event)

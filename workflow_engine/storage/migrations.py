@@ -166,6 +166,17 @@ MIGRATIONS: list[LiteralString] = [
       FROM workflow_checkpoints c
      WHERE c.task_id = l.task_id AND c.engine_owned;
     """,
+    # 4: in-process watch fan-out. The notification names the event's sequence too, so a
+    # process can tell its own writes (already served to its watchers) from anyone else's.
+    """
+    CREATE OR REPLACE FUNCTION workflow_events_notify() RETURNS trigger
+    LANGUAGE plpgsql AS $$
+    BEGIN
+        PERFORM pg_notify('workflow_events', NEW.task_id::text || ':' || NEW.seq);
+        RETURN NULL;
+    END;
+    $$;
+    """,
 ]
 
 

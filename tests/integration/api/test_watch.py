@@ -1,0 +1,124 @@
+"""WatchWorkflow: served from the process's own writes, from the table for everything else.
+
+A watcher of a workflow running in the same process gets its events from that process's event
+feed; the table is read for a workflow running elsewhere, for a watcher catching up from an old
+sequence, and for events another writer appended (a cancel in another replica). Every stream
+must equal the stored history, event for event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+import psycopg
+
+from tests.conftest import RunningEngine, start_engine, stop_engine
+from tests.helpers import new_task_id, shell_step, step, task, wait_for_status, watch_until_end
+from workflow_engine.config import Settings
+from workflow_engine.runtime.events import FEED_EVENTS
+from workflow_engine.v1 import workflow_engine_pb2 as pb
+from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
+
+
+async def _history(stub: pb_grpc.WorkflowEngineStub, task_id: str) -> list[pb.WorkflowEvent]:
+    wf = await stub.GetWorkflow(pb.GetWorkflowRequest(task_id=task_id))
+    return list(wf.history)
+
+
+async def _event_table_reads(db_url: str) -> int:
+    """How often anyone read `workflow_events`, by PostgreSQL's own statistics.
+
+    Every other connection to the database is ended first (a pooler keeps server connections
+    open): a backend hands its statistics over when it exits.
+    """
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+        others = (
+            "FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        await conn.execute(f"SELECT pg_terminate_backend(pid) {others}")
+        for _ in range(100):
+            cur = await conn.execute(f"SELECT count(*) {others}")
+            row = await cur.fetchone()
+            if row is not None and row[0] == 0:
+                break
+            await asyncio.sleep(0.05)
+        await conn.execute("SELECT pg_stat_clear_snapshot()")
+        cur = await conn.execute(
+            "SELECT seq_scan + coalesce(idx_scan, 0) FROM pg_stat_user_tables"
+            " WHERE relname = 'workflow_events'"
+        )
+        row = await cur.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def test_a_local_run_is_watched_without_reading_the_table_and_a_remote_one_with(
+    settings: Settings, db_url: str
+) -> None:
+    spec = task(step("a", "true"), step("b", "true"), step("c", "true"))
+    first = await start_engine(settings)
+    try:
+        local = new_task_id()
+        await first.stub.StartWorkflow(pb.StartWorkflowRequest(task_id=local, task=spec))
+        watched = await watch_until_end(first.stub, local, from_sequence=1)
+    finally:
+        await stop_engine(first)
+    assert watched[-1].status == pb.SUCCEEDED
+    reads_local = await _event_table_reads(db_url)
+
+    runner = await start_engine(settings)
+    elsewhere = await start_engine(replace(settings, holder_id="test-engine-2"))
+    try:
+        remote = new_task_id()
+        await runner.stub.StartWorkflow(pb.StartWorkflowRequest(task_id=remote, task=spec))
+        watched_remote = await watch_until_end(elsewhere.stub, remote, from_sequence=1)
+    finally:
+        await stop_engine(elsewhere)
+        await stop_engine(runner)
+    reads_remote = await _event_table_reads(db_url) - reads_local
+
+    # The start's own event comes before the run writes anything, so at most the first read.
+    assert reads_local <= 1, f"the local watcher read workflow_events {reads_local} times"
+    assert reads_remote >= 2, "the control: a remote watcher must read the table"
+    assert [e.sequence for e in watched_remote][-1] == watched[-1].sequence
+
+
+async def test_every_watch_equals_the_stored_history(running: RunningEngine) -> None:
+    # More events than a feed holds: a watcher from sequence 1 catches up from the table,
+    # then follows the feed; one from a recent sequence is served from the feed alone.
+    steps = [step(f"s{i}", "true") for i in range(FEED_EVENTS // 3 + 4)]
+    task_id = new_task_id()
+    await running.stub.StartWorkflow(pb.StartWorkflowRequest(task_id=task_id, task=task(*steps)))
+    streamed = await watch_until_end(running.stub, task_id, from_sequence=1)
+    history = await _history(running.stub, task_id)
+    assert streamed == history
+    assert [e.sequence for e in history] == list(range(1, len(history) + 1))
+    assert len(history) > FEED_EVENTS
+
+    for start in (1, len(history) - 5, len(history)):
+        again = await watch_until_end(running.stub, task_id, from_sequence=start)
+        assert again == history[start - 1 :]
+
+
+async def test_a_watcher_here_sees_a_cancel_made_in_another_replica_at_once(
+    settings: Settings,
+) -> None:
+    # A poll far longer than the test's patience: only the notification can end the stream.
+    slow_poll = replace(settings, watch_poll_seconds=60)
+    runner = await start_engine(slow_poll)
+    other = await start_engine(replace(slow_poll, holder_id="test-engine-2"))
+    try:
+        task_id = new_task_id()
+        spec = task(step("quick", "true"), shell_step("long", "sleep 30"))
+        await runner.stub.StartWorkflow(pb.StartWorkflowRequest(task_id=task_id, task=spec))
+        watch = asyncio.create_task(watch_until_end(runner.stub, task_id, timeout=15))
+        await wait_for_status(runner.stub, task_id, {pb.RUNNING})
+        await asyncio.sleep(0.5)  # the watcher is following the run's own writes by now
+        await other.stub.CancelWorkflow(pb.CancelWorkflowRequest(task_id=task_id, reason="stop"))
+        events = await watch
+        assert events[-1].status == pb.CANCELLED
+        assert events == await _history(runner.stub, task_id)
+    finally:
+        await stop_engine(other)
+        await stop_engine(runner)

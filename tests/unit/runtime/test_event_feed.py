@@ -1,0 +1,85 @@
+"""The event feed's rules, one notification ordering at a time (the races the integration
+tests cannot time): a watcher is never served past a sequence it has not seen, and a
+notification of someone else's event always leaves the watcher stale (it reads the table)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from workflow_engine.domain.records import WorkflowEventRecord
+from workflow_engine.runtime.events import FEED_EVENTS, EventHub
+
+TASK = "6c1b2f4e-0000-4000-8000-000000000001"
+
+
+def event(seq: int) -> WorkflowEventRecord:
+    return WorkflowEventRecord(seq, "node", "n", "RUNNING", datetime.now(UTC), "run")
+
+
+def wrote(hub: EventHub, *seqs: int) -> None:
+    hub.writing(TASK)
+    hub.written(TASK, [event(s) for s in seqs])
+
+
+async def test_the_feed_serves_only_from_a_sequence_it_holds() -> None:
+    hub = EventHub(None)
+    assert hub.recent(TASK, 1) is None
+    wrote(hub, 2, 3)
+    assert hub.recent(TASK, 1) is None  # 1 was never here
+    assert [e.seq for e in hub.recent(TASK, 2) or []] == [2, 3]
+    assert hub.recent(TASK, 4) == []
+    assert hub.recent(TASK, 5) is None
+    wrote(hub, 5)  # someone else wrote 4: only what follows the gap is kept
+    assert hub.recent(TASK, 4) is None
+    assert [e.seq for e in hub.recent(TASK, 5) or []] == [5]
+
+
+async def test_the_feed_keeps_the_latest_events_only() -> None:
+    hub = EventHub(None)
+    wrote(hub, *range(1, FEED_EVENTS + 6))
+    assert hub.recent(TASK, 1) is None
+    assert len(hub.recent(TASK, 6) or []) == FEED_EVENTS
+
+
+async def test_own_events_notified_after_the_write_do_not_make_watchers_stale() -> None:
+    hub = EventHub(None)
+    wrote(hub, 1)
+    with hub.subscribe(TASK) as news:
+        wrote(hub, 2, 3)
+        assert news.woken.is_set() and not news.stale
+        hub._notified(f"{TASK}:3")
+        assert not news.stale
+
+
+async def test_a_notification_during_a_write_waits_for_its_answer() -> None:
+    hub = EventHub(None)
+    wrote(hub, 1)
+    with hub.subscribe(TASK) as news:
+        hub.writing(TASK)
+        hub._notified(f"{TASK}:2")  # the write's own event, notified before its answer
+        assert not news.woken.is_set()
+        hub.written(TASK, [event(2)])
+        assert news.woken.is_set() and not news.stale
+
+        news.woken.clear()
+        hub.writing(TASK)
+        hub._notified(f"{TASK}:4")  # someone else's: 3 is this write's, 4 is not
+        hub.written(TASK, [event(3)])
+        assert news.woken.is_set() and news.stale
+
+        news.stale = False
+        hub.writing(TASK)
+        hub._notified(f"{TASK}:5")
+        hub.written(TASK, [])  # the write failed (a cancel took the lease): 5 is not ours
+        assert news.stale
+
+
+async def test_other_notifications_make_watchers_stale() -> None:
+    hub = EventHub(None)
+    with hub.subscribe(TASK) as news:
+        hub._notified(f"{TASK}:1")  # nothing of this task written here
+        assert news.woken.is_set() and news.stale
+    wrote(hub, 1)
+    with hub.subscribe(TASK) as news:
+        hub._notified(TASK)  # no sequence (an older engine's trigger)
+        assert news.stale

@@ -136,6 +136,11 @@ class WorkflowService:
         )
         if outcome.status == "STARTED":
             assert outcome.lease is not None  # a started workflow holds the lease it took
+            assert outcome.started_at is not None
+            first = WorkflowEventRecord(
+                1, "status", None, WorkflowStatus.RUNNING, outcome.started_at, outcome.run_id
+            )
+            self._events.started(task_id, first)
             if self._on_task_stored is not None:
                 self._on_task_stored(task_id, task)
             self._runs.launch(

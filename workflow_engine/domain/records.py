@@ -75,6 +75,8 @@ class StartOutcome:
     run_id: str
     workflow_status: str
     lease: Lease | None
+    #: STARTED: when its first event (status RUNNING, sequence 1) was stored.
+    started_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)

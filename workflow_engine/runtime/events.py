@@ -127,15 +127,26 @@ class EventHub:
             feed = self._feeds[task_id] = _Feed(writing=1)
             self._trim()
         feed.writing = max(feed.writing - 1, 0)
-        if events:
-            if feed.events and feed.events[-1].seq + 1 != events[0].seq:
-                feed.events.clear()  # someone else wrote in between: only what follows is here
-            feed.events.extend(events)
-            self._feeds.move_to_end(task_id)
+        self._append(task_id, feed, events)
         stale = feed.writing == 0 and feed.notified > _last_seq(feed)
         if feed.writing == 0:
             feed.notified = 0
         self._wake(task_id, stale=stale)
+
+    def started(self, task_id: str, event: WorkflowEventRecord) -> None:
+        """A workflow was started here: its first event opens the task's feed."""
+        feed = self._feeds[task_id] = _Feed()
+        self._trim()
+        self._append(task_id, feed, [event])
+        self._wake(task_id, stale=False)
+
+    def _append(self, task_id: str, feed: _Feed, events: Sequence[WorkflowEventRecord]) -> None:
+        if not events:
+            return
+        if feed.events and feed.events[-1].seq + 1 != events[0].seq:
+            feed.events.clear()  # someone else wrote in between: only what follows is here
+        feed.events.extend(events)
+        self._feeds.move_to_end(task_id)
 
     def _trim(self) -> None:
         while len(self._feeds) > FEED_TASKS:

@@ -19,6 +19,13 @@ INSERT INTO workflow_tasks (task_id, spec) VALUES (%(task_id)s, %(spec)s)
 ON CONFLICT (task_id) DO UPDATE SET spec = EXCLUDED.spec, created_at = now()
 """
 
+#: The same upsert inside a bigger statement: the task is stored once per row of `{source}`
+#: (a CTE that produced the workflow row), with `%(spec)s` as its spec.
+UPSERT_FROM = """
+INSERT INTO workflow_tasks (task_id, spec) SELECT task_id, %(spec)s FROM {source}
+ON CONFLICT (task_id) DO UPDATE SET spec = EXCLUDED.spec, created_at = now()
+"""
+
 _SELECT_TASK = "SELECT spec FROM workflow_tasks WHERE task_id = %(task_id)s"
 
 

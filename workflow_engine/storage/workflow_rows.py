@@ -11,12 +11,19 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 import psycopg
 from psycopg.types.json import Jsonb
 
 from workflow_engine.domain.model import JsonObject
-from workflow_engine.domain.records import Fence, ResumeClaim, StartOutcome, WorkflowRecord
+from workflow_engine.domain.records import (
+    Fence,
+    Lease,
+    ResumeClaim,
+    StartOutcome,
+    WorkflowRecord,
+)
 from workflow_engine.domain.status import (
     PAUSED_STATUSES,
     RECOVERY_EXHAUSTED,
@@ -37,15 +44,31 @@ from workflow_engine.storage.queries import select_workflow
 
 # Every column the orchestrator's table has is given (its ORM creates it without defaults);
 # the row is marked as the engine's.
-_INSERT_WORKFLOW = """
-INSERT INTO workflow_checkpoints
-    (id, task_id, state, last_node_id, updated_at, created_at, run_id, status, lease_epoch,
-     idempotency_key, event_seq, user_id, project_id, engine_owned)
-VALUES (gen_random_uuid(), %(task_id)s, %(state)s, NULL, now(), now(), %(run_id)s, 'RUNNING',
-        %(epoch)s, %(idempotency_key)s, 1, %(user_id)s, %(project_id)s, true)
-ON CONFLICT (task_id) DO NOTHING
-RETURNING run_id
+# A start, in one statement: take the lease (no row when someone else holds it live), then
+# with it insert the checkpoint row, store the task and append the first status event. An
+# existing row is a unique violation, which rolls the whole statement back, lease included.
+_START = (
+    "WITH lease AS ("
+    + leases.ACQUIRE
+    + """
+), cp AS (
+    INSERT INTO workflow_checkpoints
+        (id, task_id, state, last_node_id, updated_at, created_at, run_id, status, lease_epoch,
+         idempotency_key, event_seq, user_id, project_id, engine_owned)
+    SELECT gen_random_uuid(), %(task_id)s, %(state)s, NULL, now(), now(), %(run_id)s,
+           'RUNNING', lease.epoch, %(idempotency_key)s, 1, %(user_id)s, %(project_id)s, true
+      FROM lease
+    RETURNING task_id
+), task AS ("""
+    + tasks.UPSERT_FROM.format(source="cp")
+    + """), event AS (
+    INSERT INTO workflow_events (task_id, seq, run_id, kind, node_id, status)
+    SELECT task_id, 1, %(run_id)s, 'status', NULL, 'RUNNING' FROM cp
+    RETURNING created_at
+)
+SELECT lease_id, holder_id, epoch, expires_at, event.created_at FROM lease, event
 """
+)
 
 # Every transaction that touches both rows of a task locks the lease row first, as the
 # checkpoint write does (FOR SHARE), so two of them never wait on each other in a cycle.
@@ -172,78 +195,49 @@ async def create(
     spec: JsonObject,
     initial_state: JsonObject,
 ) -> StartOutcome:
-    """Take the lease, store the task and its first checkpoint row, in one transaction."""
+    """Take the lease, store the task, its first checkpoint row and event: one statement."""
     lease_id = idempotency_key or str(uuid.uuid4())
     run_id = str(uuid.uuid4())
+    metadata = spec.get("metadata") or {}
+    params = {
+        "task_id": task_id,
+        "lease_id": lease_id,
+        "holder_id": holder_id,
+        "ttl": ttl_seconds,
+        "take_own": False,
+        "state": Jsonb(initial_state),
+        "run_id": run_id,
+        "idempotency_key": idempotency_key,
+        "user_id": str(metadata.get("user_id") or ""),
+        "project_id": str(metadata.get("project_id") or ""),
+        "spec": Jsonb(spec),
+    }
+
+    async def start(conn: Connection) -> tuple[Any, ...] | None:
+        cur = await conn.execute(_START, params)
+        return await cur.fetchone()
+
     for _ in range(3):  # a lease released between refusal and diagnosis is simply retried
         try:
-            return await in_transaction(
-                pool,
-                lambda conn: _create_once(
-                    conn,
-                    task_id,
-                    holder_id,
-                    lease_id,
-                    idempotency_key,
-                    ttl_seconds,
-                    spec,
-                    initial_state,
-                    run_id,
-                ),
-            )
-        except _Refused:
-            outcome = await _explain_refused_start(pool, task_id, holder_id, idempotency_key)
-            if outcome is not None:
-                return outcome
+            row = await on_connection(pool, start)
         except psycopg.errors.ForeignKeyViolation:
             # The orchestrator's schema ties its rows to `tasks.id`: the task is not there.
             raise TaskNotFound(task_id, "the orchestrator's tasks table") from None
+        except psycopg.errors.UniqueViolation:
+            row = None  # the workflow exists: the statement, lease and all, was rolled back
+        if row is not None:
+            lease = Lease(task_id, row[0], row[1], int(row[2]), row[3], live=True)
+            return StartOutcome(
+                status="STARTED",
+                run_id=run_id,
+                workflow_status=WorkflowStatus.RUNNING,
+                lease=lease,
+                started_at=row[4],
+            )
+        outcome = await _explain_refused_start(pool, task_id, holder_id, idempotency_key)
+        if outcome is not None:
+            return outcome
     raise LeaseHeld(task_id, None, None)
-
-
-async def _create_once(
-    conn: Connection,
-    task_id: str,
-    holder_id: str,
-    lease_id: str,
-    idempotency_key: str | None,
-    ttl_seconds: float,
-    spec: JsonObject,
-    initial_state: JsonObject,
-    run_id: str,
-) -> StartOutcome:
-    metadata = spec.get("metadata") or {}
-    lease = await leases.acquire(
-        conn,
-        task_id=task_id,
-        lease_id=lease_id,
-        holder_id=holder_id,
-        ttl_seconds=ttl_seconds,
-    )
-    if lease is None:
-        raise _Refused("lease")
-    cur = await conn.execute(
-        _INSERT_WORKFLOW,
-        {
-            "task_id": task_id,
-            "state": Jsonb(initial_state),
-            "run_id": run_id,
-            "epoch": lease.epoch,
-            "idempotency_key": idempotency_key,
-            "user_id": str(metadata.get("user_id") or ""),
-            "project_id": str(metadata.get("project_id") or ""),
-        },
-    )
-    if await cur.fetchone() is None:
-        raise _Refused("exists")
-    await tasks.store(conn, task_id, spec)
-    await conn.execute(
-        _INSERT_STATUS_EVENT,
-        {"task_id": task_id, "seq": 1, "run_id": run_id, "status": WorkflowStatus.RUNNING},
-    )
-    return StartOutcome(
-        status="STARTED", run_id=run_id, workflow_status=WorkflowStatus.RUNNING, lease=lease
-    )
 
 
 async def _explain_refused_start(

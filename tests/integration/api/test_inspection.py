@@ -277,10 +277,6 @@ async def test_history_and_watch_carry_detail_actor_and_every_event_kind(
     # What the approval and override writers will store, appended by hand here.
     async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
         await conn.execute(
-            "UPDATE workflow_events SET detail = 'pass' WHERE task_id = %s AND node_id = %s",
-            (wf.task_id, "verify_step_result"),
-        )
-        await conn.execute(
             """
             INSERT INTO workflow_events (task_id, seq, run_id, kind, node_id, status, detail, actor)
             SELECT %(task)s, %(last)s + n, %(run)s, kind, NULL, 'SUCCEEDED', detail, actor
@@ -302,7 +298,7 @@ async def test_history_and_watch_carry_detail_actor_and_every_event_kind(
         )
     got = await running.stub.GetWorkflow(pb.GetWorkflowRequest(task_id=wf.task_id))
     verify = [e for e in got.history if e.node_id == "verify_step_result"]
-    assert [e.detail for e in verify] == ["pass"]
+    assert [e.detail for e in verify] == ["s: passed"]  # the step's verdict
     added = [(e.kind, e.detail, e.actor) for e in got.history[-4:]]
     expected = [
         (pb.APPROVAL_REQUESTED, "step s", ""),
@@ -314,7 +310,7 @@ async def test_history_and_watch_carry_detail_actor_and_every_event_kind(
     watched = await watch_until_end(running.stub, wf.task_id, from_sequence=last + 1)
     assert [(e.kind, e.detail, e.actor) for e in watched] == expected
     watched = await watch_until_end(running.stub, wf.task_id)
-    assert [e.detail for e in watched if e.node_id == "verify_step_result"] == ["pass"]
+    assert [e.detail for e in watched if e.node_id == "verify_step_result"] == ["s: passed"]
 
 
 async def test_history_keeps_the_newest_thousand_events(

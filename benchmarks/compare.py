@@ -35,6 +35,7 @@ from psycopg.conninfo import make_conninfo
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from contenders import (
     NODES,
+    STEPS,
     DBOSWorkflow,
     EngineGrpc,
     EngineGrpcCommand,
@@ -205,17 +206,42 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def run_inflight(workflows: int) -> dict[str, Any]:
+def run_inflight(workflows: int, job_seconds: float, *, wait: bool) -> dict[str, Any]:
     """benchmarks/inflight.py in its own process, so its peak RSS is the engine's alone."""
-    print(f"  engine with {workflows} workflows in flight ...", file=sys.stderr, flush=True)
+    print(
+        f"  engine with {workflows} workflows in flight, jobs of {job_seconds} s ...",
+        file=sys.stderr,
+        flush=True,
+    )
+    command = [
+        sys.executable,
+        str(Path(__file__).parent / "inflight.py"),
+        "--workflows",
+        str(workflows),
+        "--job-seconds",
+        str(job_seconds),
+    ]
     done = subprocess.run(
-        [sys.executable, str(Path(__file__).parent / "inflight.py"), "--workflows", str(workflows)],
-        capture_output=True,
-        text=True,
-        check=True,
+        command + ([] if wait else ["--no-wait"]), capture_output=True, text=True, check=True
     )
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
+
+
+def fair_share(inflight: dict[str, Any], results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The in-flight run's jobs/s against the smaller of the ideal and the engine's own ceiling:
+    the same engine with zero-length jobs at the highest concurrency measured in this run."""
+    points = [r for r in results if r["contender"] == EngineInProcess.name]
+    if not points:
+        return {}
+    top = max(points, key=lambda r: r["concurrency"])
+    ceiling = top["workflows_per_s"] * STEPS
+    bound = min(inflight["ideal_jobs_per_s"], ceiling)
+    return {
+        "ceiling_jobs_per_s": round(ceiling, 1),
+        "ceiling_concurrency": top["concurrency"],
+        "share_of_fair_bound": round(inflight["jobs_per_s"] / bound, 3),
+    }
 
 
 def main() -> None:
@@ -243,10 +269,18 @@ def main() -> None:
         print(f"{name}: {value}x")
     if args.only:
         return
-    inflight = run_inflight(20 if args.smoke else 1000)
-    print(f"1,000-in-flight run: {inflight}")
+    inflight = run_inflight(20 if args.smoke else 1000, 0.2, wait=True)
+    inflight |= fair_share(inflight, results)
+    print(f"in flight, jobs of 0.2 s: {inflight}")
+    parked = run_inflight(50 if args.smoke else 10_000, 2 if args.smoke else 60, wait=False)
+    print(f"in flight, jobs of 60 s: {parked}")
     OUT.mkdir(exist_ok=True)
-    payload = {"results": results, "ratios": ratios(results), "inflight": inflight}
+    payload = {
+        "results": results,
+        "ratios": ratios(results),
+        "inflight": inflight,
+        "inflight_long_jobs": parked,
+    }
     (OUT / "compare.json").write_text(json.dumps(payload, indent=2) + "\n")
     if not args.smoke:
         plot(results, OUT / "throughput.png")

@@ -1,10 +1,15 @@
-"""1,000 workflows in flight whose jobs each take 200 ms: peak RSS and share of ideal throughput.
+"""Many workflows in flight: throughput against the ideal, peak RSS, and a newcomer's latency.
 
-Runs the engine in-process (simulated worker: each of the 3 steps is `sleep 0.2`) in this
-process alone, so `ru_maxrss` is the engine's. Ideal throughput is in-flight / job time jobs
-per second (1,000 / 0.2 s = 5,000 jobs/s); the share is what was achieved over that.
+Runs the engine in-process (simulated worker: each of the 3 steps is `sleep <job seconds>`) in
+this process alone, so `ru_maxrss` is the engine's. Starts `--workflows` of them, then, while
+they are all in flight, `--probes` further workflows one after another whose steps take no
+time: the gaps between a probe's consecutive node events (each stamped when its checkpoint
+committed) are the engine's latency per node with everything else in flight. Then either waits
+for every workflow to finish (throughput: jobs/s, against the ideal of in-flight / job time) or,
+with `--no-wait`, closes the engine (for jobs too long to wait for).
 
     .venv/bin/python benchmarks/inflight.py [--workflows 1000] [--job-seconds 0.2]
+        [--probes 10] [--no-wait]
 
 Prints one JSON line.
 """
@@ -13,19 +18,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import resource
+import statistics
 import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from psycopg.conninfo import make_conninfo
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from contenders import STEPS, engine_settings
+from contenders import ENGINE_TASK, STEPS, engine_settings
 
 from workflow_engine.api.requests import task_from_proto
 from workflow_engine.app import Engine
@@ -34,9 +42,23 @@ from workflow_engine.storage.embedded import start_embedded_postgres
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 PGDATA = Path(__file__).resolve().parent.parent / ".data" / "bench-pgdata"
+STARTERS = 20  # concurrent starts
 
 
-async def run(server: str, workflows: int, job_seconds: float) -> dict[str, float]:
+def progress(message: str) -> None:
+    print(f"    {message}", file=sys.stderr, flush=True)
+
+
+async def node_gaps_ms(engine: Engine, task_id: str) -> list[float]:
+    """The time between the probe's consecutive node events, in milliseconds."""
+    _, history = await engine.service.get_with_history(task_id)
+    times = [e.created_at for e in history if e.kind == "node"]
+    return [(b - a).total_seconds() * 1000 for a, b in itertools.pairwise(times)]
+
+
+async def run(
+    server: str, workflows: int, job_seconds: float, probes: int, wait: bool
+) -> dict[str, Any]:
     db = f"inflight_{uuid.uuid4().hex[:8]}"
     async with await psycopg.AsyncConnection.connect(server, autocommit=True) as admin:
         await admin.execute(f"CREATE DATABASE {db}")
@@ -45,46 +67,91 @@ async def run(server: str, workflows: int, job_seconds: float) -> dict[str, floa
             steps=[pb.Step(id=f"s{i}", command=["sleep", str(job_seconds)]) for i in range(STEPS)]
         )
     )
+    probe_spec = task_from_proto(ENGINE_TASK)
     with tempfile.TemporaryDirectory() as tmp:
         settings = engine_settings(make_conninfo(server, dbname=db), Path(tmp), 20)
         engine = await Engine.start(
-            settings.with_overrides(lease_ttl_seconds=120, max_running_jobs=workflows)
+            settings.with_overrides(
+                lease_ttl_seconds=max(120, 3 * job_seconds),
+                max_running_jobs=workflows + probes,
+            )
         )
         rss_idle = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         ids = [str(uuid.uuid4()) for _ in range(workflows)]
         t0 = time.perf_counter()
-        for task_id in ids:
+        queue = iter(ids)
+        started = 0
+
+        async def starter() -> None:  # an orchestrator starts many at once, too
+            nonlocal started
+            for task_id in queue:
+                await engine.service.start(
+                    task_id=task_id, holder_id="", idempotency_key=None, task=spec
+                )
+                started += 1
+                if started % 2000 == 0:
+                    progress(f"{started} of {workflows} started")
+
+        await asyncio.gather(*(starter() for _ in range(STARTERS)))
+        started_s = time.perf_counter() - t0
+        gaps: list[float] = []
+        for _ in range(probes):
+            probe = str(uuid.uuid4())
             await engine.service.start(
-                task_id=task_id, holder_id="", idempotency_key=None, task=spec
+                task_id=probe, holder_id="", idempotency_key=None, task=probe_spec
             )
-        for task_id in ids:
-            await engine.runs.wait(task_id, 600)
+            await engine.runs.wait(probe, 60)
+            gaps += await node_gaps_ms(engine, probe)
+        probed_s = time.perf_counter() - t0
+        if wait:
+            for task_id in ids:
+                await engine.runs.wait(task_id, 600)
         elapsed = time.perf_counter() - t0
-        await engine.close()
+        peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        await engine.close(drain_timeout=0 if not wait else None)
     async with await psycopg.AsyncConnection.connect(server, autocommit=True) as admin:
         await admin.execute(f"DROP DATABASE {db} WITH (FORCE)")
-    jobs = workflows * STEPS
-    ideal_jobs_per_s = workflows / job_seconds
-    return {
+    result: dict[str, Any] = {
         "workflows_in_flight": workflows,
         "job_seconds": job_seconds,
-        "elapsed_s": round(elapsed, 2),
-        "jobs_per_s": round(jobs / elapsed, 1),
-        "ideal_jobs_per_s": ideal_jobs_per_s,
-        "share_of_ideal": round(jobs / elapsed / ideal_jobs_per_s, 3),
-        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "start_all_s": round(started_s, 2),
+        "all_in_flight_during_probes": probed_s < job_seconds,
+        "peak_rss_mb": round(peak_rss / 1024, 1),
         "peak_rss_at_engine_start_mb": round(rss_idle / 1024, 1),
     }
+    if gaps:
+        cuts = statistics.quantiles(gaps, n=100) if len(gaps) > 1 else gaps * 99
+        result |= {
+            "probe_node_gaps": len(gaps),
+            "probe_node_p50_ms": round(cuts[49], 1),
+            "probe_node_p99_ms": round(cuts[98], 1),
+        }
+    if wait:
+        jobs = workflows * STEPS
+        result |= {
+            "elapsed_s": round(elapsed, 2),
+            "jobs_per_s": round(jobs / elapsed, 1),
+            "ideal_jobs_per_s": workflows / job_seconds,
+            "share_of_ideal": round(jobs / elapsed / (workflows / job_seconds), 3),
+        }
+    return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workflows", type=int, default=1000)
     parser.add_argument("--job-seconds", type=float, default=0.2)
+    parser.add_argument("--probes", type=int, default=10)
+    parser.add_argument(
+        "--no-wait", action="store_true", help="close once probed; no throughput figures"
+    )
     args = parser.parse_args()
     configure_logging("warning")
     with start_embedded_postgres(PGDATA) as server:
-        print(json.dumps(asyncio.run(run(server.url, args.workflows, args.job_seconds))))
+        result = asyncio.run(
+            run(server.url, args.workflows, args.job_seconds, args.probes, not args.no_wait)
+        )
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -35,3 +35,6 @@ def test_compare_smoke() -> None:
         in (payload["ratios"])
     )
     assert all(r["workflows_per_s"] > 0 for r in payload["results"])
+    assert payload["inflight"]["share_of_fair_bound"] > 0
+    assert payload["inflight_long_jobs"]["probe_node_p99_ms"] > 0
+    assert payload["inflight_long_jobs"]["peak_rss_mb"] > 0

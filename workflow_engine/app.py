@@ -155,12 +155,14 @@ class Engine:
         faults = FaultPlan.parse(settings.faults)
         if faults:
             log.warning("fault_injection_enabled", faults=settings.faults)
-        events = EventHub(settings.listen_url(url))
-        saver = RowCheckpointSaver(pool, state_keys=STATE_KEYS, faults=faults, observer=events)
+        saver = RowCheckpointSaver(pool, state_keys=STATE_KEYS, faults=faults)
         jobs = caps.jobs or JobTracker(caps.worker, max_running=caps.max_running_jobs)
         graph = build_graph(caps, saver, jobs=jobs)
         runs = RunManager(graph=graph, store=store, jobs=jobs, faults=faults)
-        events.start(on_control=runs.cancel)
+        events = EventHub(settings.listen_url(url), on_control=runs.cancel)
+        saver.observe(events)
+        saver.observe(runs)
+        events.start()
         service = WorkflowService(
             watch_poll_seconds=settings.watch_poll_seconds,
             settings=settings,

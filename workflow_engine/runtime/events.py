@@ -66,16 +66,17 @@ class _Feed:
 class EventHub:
     """Per-task feeds of this process's events, and wake-ups from PostgreSQL notifications."""
 
-    def __init__(self, conninfo: str | None) -> None:
+    def __init__(
+        self, conninfo: str | None, *, on_control: Callable[[str], None] | None = None
+    ) -> None:
         self._conninfo = conninfo
-        self._on_control: Callable[[str], None] | None = None
+        self._on_control = on_control
         self._waiters: defaultdict[str, set[Subscription]] = defaultdict(set)
         self._feeds: OrderedDict[str, _Feed] = OrderedDict()
         self._task: asyncio.Task[None] | None = None
 
-    def start(self, *, on_control: Callable[[str], None] | None = None) -> None:
+    def start(self) -> None:
         """Listen for notifications; `on_control` gets the task id of each cancel."""
-        self._on_control = on_control
         if self._conninfo is None:
             log.info("watch_notifications_off", reason="no listen database URL")
             return

@@ -84,7 +84,8 @@ NODE_EVENT = "node_event"
 
 class WriteObserver(Protocol):
     """Told around each node's write: `writing` before it is sent, `written` with the events
-    it appended once it is over (none when it failed). `runtime.events.EventHub` is one."""
+    it appended once it is over (none when it failed): events mean the fence held when the
+    write committed. `runtime.events.EventHub` and `runtime.manager.RunManager` are two."""
 
     def writing(self, task_id: str) -> None: ...
 
@@ -105,16 +106,19 @@ class RowCheckpointSaver(BaseCheckpointSaver[int]):
         *,
         state_keys: frozenset[str],
         faults: FaultPlan | None = None,
-        observer: WriteObserver | None = None,
     ) -> None:
         super().__init__()
         self._pool = pool
         self._state_keys = state_keys
         self._faults = faults or FaultPlan()
-        self._observer = observer
+        self._observers: list[WriteObserver] = []
         self._committer = GroupCommitter(pool)
         # thread id -> (checkpoint id, task id) of the last node that wrote in that superstep.
         self._step_writers: dict[str, tuple[str, str]] = {}
+
+    def observe(self, observer: WriteObserver) -> None:
+        """Tell `observer` about every node's write from now on."""
+        self._observers.append(observer)
 
     async def close(self) -> None:
         """Stop the group committer's flushers."""
@@ -228,14 +232,13 @@ class RowCheckpointSaver(BaseCheckpointSaver[int]):
             self._faults.at("after", node)  # committed, but the answer may be "lost"
             return outcome
 
-        observer = self._observer
-        if observer is not None:
+        for observer in self._observers:
             observer.writing(task_id)
         outcome: WriteOutcome | None = None
         try:
             outcome = await with_retry(write)
         finally:
-            if observer is not None:
+            for observer in self._observers:
                 observer.written(task_id, outcome.events if outcome is not None else ())
         if outcome.written == "lost":
             raise LeaseLost(task_id, fence.holder_id, fence.epoch)

@@ -14,10 +14,12 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from tests.conftest import RunningEngine, start_engine, stop_engine
 from tests.helpers import new_task_id, shell_step, task, wait_for_status
+from tests.integration.orchestrator import their_code
 from workflow_engine.config import Settings
 from workflow_engine.graph.nodes import job_id_for
 from workflow_engine.v1 import workflow_engine_pb2 as pb
@@ -142,6 +144,29 @@ async def test_no_job_starts_after_the_workflow_is_cancelled(
     await cancel(running, task_id)
     await wait_gone([pid])
     await asyncio.sleep(4)  # longer than `first` would have run: its slot is long free
+    assert not second.exists()
+
+
+async def test_no_job_starts_after_the_orchestrator_took_the_lease(
+    one_job_at_a_time: RunningEngine, db_url: str, tmp_path: Path
+) -> None:
+    """As above, but the lease is released and taken by the orchestrator's own code, which
+    tells no engine: only the database, asked before the job starts, can say so."""
+    running = one_job_at_a_time
+    first, second = tmp_path / "first", tmp_path / "second"
+    spec = task(
+        shell_step("first", f"echo $$ > {first}; sleep 2", depends_on=[]),
+        shell_step("second", f"echo started > {second}", depends_on=[]),
+        shell_step("join", "true", depends_on=["first", "second"]),
+    )
+    task_id = new_task_id()
+    started = await running.stub.StartWorkflow(pb.StartWorkflowRequest(task_id=task_id, task=spec))
+    await wait_for_file(first)
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+        await their_code.release(conn, task_id, started.lease_id)
+        taken = await their_code.acquire(conn, task_id, "their-runner")
+    assert taken.status == "started"
+    await asyncio.sleep(4)  # `first` has ended and freed its slot long ago
     assert not second.exists()
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import itertools
 import json
 import resource
@@ -43,6 +44,23 @@ from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 PGDATA = Path(__file__).resolve().parent.parent / ".data" / "bench-pgdata"
 STARTERS = 20  # concurrent starts
+
+
+class GcPauses:
+    """The garbage collector's full collections and how long each stopped everything."""
+
+    def __init__(self) -> None:
+        self.full: list[float] = []
+        self._started = 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.full.append((time.perf_counter() - self._started) * 1000)
 
 
 def progress(message: str) -> None:
@@ -77,6 +95,7 @@ async def run(
             )
         )
         rss_idle = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        pauses = GcPauses()
         ids = [str(uuid.uuid4()) for _ in range(workflows)]
         t0 = time.perf_counter()
         queue = iter(ids)
@@ -95,6 +114,7 @@ async def run(
         await asyncio.gather(*(starter() for _ in range(STARTERS)))
         started_s = time.perf_counter() - t0
         gaps: list[float] = []
+        full_before_probes = len(pauses.full)
         for _ in range(probes):
             probe = str(uuid.uuid4())
             await engine.service.start(
@@ -103,6 +123,7 @@ async def run(
             await engine.runs.wait(probe, 60)
             gaps += await node_gaps_ms(engine, probe)
         probed_s = time.perf_counter() - t0
+        probe_gcs = pauses.full[full_before_probes:]
         if wait:
             for task_id in ids:
                 await engine.runs.wait(task_id, 600)
@@ -125,7 +146,11 @@ async def run(
             "probe_node_gaps": len(gaps),
             "probe_node_p50_ms": round(cuts[49], 1),
             "probe_node_p99_ms": round(cuts[98], 1),
+            "probe_node_max_ms": round(max(gaps), 1),
+            "full_gc_during_probes_ms": [round(ms) for ms in probe_gcs],
         }
+    result["full_gc_count"] = len(pauses.full)
+    result["full_gc_max_ms"] = round(max(pauses.full, default=0), 1)
     if wait:
         jobs = workflows * STEPS
         result |= {

@@ -39,7 +39,9 @@ from contenders import (
     DBOSWorkflow,
     EngineGrpc,
     EngineGrpcCommand,
+    EngineGrpcCommandProcesses,
     EngineGrpcNode,
+    EngineGrpcProcesses,
     EngineInProcess,
     LangGraphInMemorySaver,
     LangGraphNoPersistence,
@@ -55,7 +57,12 @@ BASELINE = LangGraphPostgres.name  # contender 1: what the targets are ratios of
 # Pairs running the same real commands, each a ratio of its own baseline (the target: 2.5x).
 PAIRS = [
     (EngineGrpcCommand.name, LangGraphPostgresCommand.name),
+    (EngineGrpcCommandProcesses.name, LangGraphPostgresCommand.name),
     (EngineGrpcNode.name, EngineGrpcCommand.name),
+    # Every core (target 1.7x), and the gRPC path against in-process (target 0.9).
+    (EngineGrpcProcesses.name, EngineGrpc.name),
+    (EngineGrpc.name, EngineInProcess.name),
+    (EngineGrpcProcesses.name, EngineInProcess.name),
 ]
 ROOT = Path(__file__).resolve().parent.parent
 PGDATA = ROOT / ".data" / "bench-pgdata"
@@ -85,7 +92,7 @@ async def measure(
 
     commits0, wal0 = await stats()
     server = psutil.Process(contender.server_pid()) if hasattr(contender, "server_pid") else None
-    cpu0 = time.process_time() + (sum(server.cpu_times()[:2]) if server else 0.0)
+    cpu0 = time.process_time() + server_cpu(server)
     latencies: list[float] = []
     queue = iter(range(workflows))
 
@@ -98,7 +105,7 @@ async def measure(
     t0 = time.perf_counter()
     await asyncio.gather(*(lane() for _ in range(concurrency)))
     wall = time.perf_counter() - t0
-    cpu = time.process_time() + (sum(server.cpu_times()[:2]) if server else 0.0) - cpu0
+    cpu = time.process_time() + server_cpu(server) - cpu0
     await contender.close()  # closing flushes the backends' statistics
     commits1, wal1 = await stats()
     nodes = workflows * NODES
@@ -120,14 +127,23 @@ async def measure(
     }
 
 
+def server_cpu(server: psutil.Process | None) -> float:
+    """CPU seconds of the served engine: its process and every engine process it supervises."""
+    if server is None:
+        return 0.0
+    return sum(sum(p.cpu_times()[:2]) for p in [server, *server.children(recursive=True)])
+
+
 def contenders(data_dir: Path) -> list[Any]:
     return [
         LangGraphPostgres(),
         DBOSWorkflow(),
         EngineInProcess(data_dir),
         EngineGrpc(data_dir),
+        EngineGrpcProcesses(data_dir),
         LangGraphPostgresCommand(),
         EngineGrpcCommand(data_dir),
+        EngineGrpcCommandProcesses(data_dir),
         EngineGrpcNode(data_dir),
         LangGraphNoPersistence(),
         LangGraphInMemorySaver(),

@@ -332,6 +332,7 @@ class EngineGrpc:
 
     name = "engine via gRPC"
     worker = "simulated"
+    processes = 1  # engine processes `serve` runs (WORKFLOW_ENGINE_PROCESSES)
 
     def __init__(self, data_dir: Path) -> None:
         self.data_dir = data_dir
@@ -353,6 +354,7 @@ class EngineGrpc:
                     "recovery_enabled": "false",
                     "log_level": "info",
                     "pool_max_size": settings.pool_max_size,
+                    "processes": self.processes,
                 }.items()
             },
             **await self.worker_env(concurrency),
@@ -373,8 +375,14 @@ class EngineGrpc:
                 self.address = entry["address"]
                 break
         self._drain = asyncio.create_task(self._read_rest())
-        self.channel = grpc.aio.insecure_channel(self.address)
-        self.stub = pb_grpc.WorkflowEngineStub(self.channel)
+        # A client per 5 concurrent workflows, each on its own connection (gRPC would share one
+        # between channels): with several engine processes, each connection reaches one of them.
+        self.channels = [
+            grpc.aio.insecure_channel(self.address, options=[("grpc.use_local_subchannel_pool", 1)])
+            for _ in range(max(1, concurrency // 5))
+        ]
+        self.stubs = [pb_grpc.WorkflowEngineStub(c) for c in self.channels]
+        self._next = 0
 
     async def worker_env(self, concurrency: int) -> dict[str, str]:
         """Variables the engine's worker needs besides `WORKFLOW_ENGINE_WORKER`."""
@@ -387,10 +395,10 @@ class EngineGrpc:
 
     async def run(self, i: int) -> None:
         task_id = str(uuid.uuid4())
-        await self.stub.StartWorkflow(pb.StartWorkflowRequest(task_id=task_id, task=ENGINE_TASK))
-        events = [
-            e async for e in self.stub.WatchWorkflow(pb.WatchWorkflowRequest(task_id=task_id))
-        ]
+        self._next += 1
+        stub = self.stubs[self._next % len(self.stubs)]  # start and watch on one connection
+        await stub.StartWorkflow(pb.StartWorkflowRequest(task_id=task_id, task=ENGINE_TASK))
+        events = [e async for e in stub.WatchWorkflow(pb.WatchWorkflowRequest(task_id=task_id))]
         if events[-1].status != pb.SUCCEEDED:
             raise RuntimeError(f"workflow ended {events[-1].status}")
 
@@ -398,7 +406,8 @@ class EngineGrpc:
         return self.proc.pid
 
     async def close(self) -> None:
-        await self.channel.close()
+        for channel in self.channels:
+            await channel.close()
         self.proc.terminate()
         await self.proc.wait()
         self._drain.cancel()
@@ -414,6 +423,20 @@ class EngineGrpcCommand(EngineGrpc):
 
     name = "engine via gRPC, real `true`"
     worker = "sandbox"
+
+
+class EngineGrpcProcesses(EngineGrpc):
+    """Contender 4 as `serve` runs by default here: one engine process per core (2)."""
+
+    name = "engine via gRPC, 2 processes"
+    processes = 2
+
+
+class EngineGrpcCommandProcesses(EngineGrpcCommand):
+    """The real-command contender with one engine process per core (2), the default."""
+
+    name = "engine via gRPC, real `true`, 2 processes"
+    processes = 2
 
 
 class EngineGrpcNode(EngineGrpcCommand):

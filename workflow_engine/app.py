@@ -23,6 +23,7 @@ from psycopg import AsyncConnection
 from psycopg.types.json import set_json_dumps, set_json_loads
 from psycopg_pool import AsyncConnectionPool
 
+from workflow_engine import supervised as supervisor
 from workflow_engine.api.decoding import generic_handler
 from workflow_engine.api.health import HealthServicer
 from workflow_engine.api.servicer import WorkflowEngineServicer
@@ -207,14 +208,15 @@ class Engine:
 class GrpcServer:
     """The engine behind a `grpc.aio` server with health checking and reflection."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, *, reuse_port: bool = False) -> None:
         self.engine = engine
         limit = engine.settings.max_message_bytes
         self.server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", limit),
                 ("grpc.max_send_message_length", 64 * 1024 * 1024),
-                ("grpc.so_reuseport", 0),
+                # Only the engines of one supervisor share their port (see `supervisor`).
+                ("grpc.so_reuseport", int(reuse_port)),
             ]
         )
         self.server.add_generic_rpc_handlers(
@@ -238,7 +240,9 @@ class GrpcServer:
         await self.server.start()
         for name in ("", SERVICE_NAME):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        log.info("serving", address=self.address, holder_id=self.engine.settings.holder_id)
+        # Under a supervisor, the supervisor says "serving" once every engine does.
+        event = "engine_process_serving" if supervisor.supervised() else "serving"
+        log.info(event, address=self.address, holder_id=self.engine.settings.holder_id)
 
     async def stop(self, *, drain_timeout: float | None = None) -> None:
         """Graceful stop: NOT_SERVING first, then drain the runs, then close the listener."""
@@ -257,13 +261,17 @@ async def serve(settings: Settings) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if supervisor.supervised():
+        supervisor.die_with_parent()
     engine = await Engine.start(settings)
     try:
-        server = GrpcServer(engine)
+        server = GrpcServer(engine, reuse_port=supervisor.supervised())
         await server.start()
     except BaseException:
         await engine.close(drain_timeout=0)
         raise
+    if supervisor.supervised():
+        supervisor.report_serving()
     await stop.wait()
     log.info("shutdown_requested")
     await server.stop()

@@ -21,6 +21,8 @@ from workflow_engine.capabilities.base import CapabilityConfigError
 from workflow_engine.config import ENV_PREFIX, Settings, settings_from_env
 from workflow_engine.logs import configure_logging
 from workflow_engine.node import NodeInUse, serve_node
+from workflow_engine.supervised import supervised
+from workflow_engine.supervisor import supervise
 
 log = structlog.get_logger(__name__)
 
@@ -47,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
         "(default .data/node)",
     )
     parser.add_argument("--holder-id", help="this process's lease holder identity")
+    parser.add_argument(
+        "--processes", type=int, help="engine processes sharing the port (default: cores)"
+    )
     parser.add_argument("--lease-ttl-seconds", type=int, help="default lease time to live")
     parser.add_argument("--log-level", help="debug, info, warning or error")
     node = parser.add_argument_group("worker-node")
@@ -86,6 +91,7 @@ def settings_from_args(args: argparse.Namespace, base: Settings) -> Settings:
         listen=args.listen,
         data_dir=args.data_dir,
         holder_id=args.holder_id,
+        processes=args.processes,
         lease_ttl_seconds=args.lease_ttl_seconds,
         log_level=args.log_level,
     )
@@ -122,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
             asyncio.run(_migrate(settings))
         elif args.command == "worker-node":
             asyncio.run(serve_node(settings.node))
+        elif settings.processes > 1 and not supervised():
+            asyncio.run(supervise(settings))
         else:
             asyncio.run(serve(settings))
     except (CapabilityConfigError, NodeInUse) as exc:  # an unknown capability, a bad nodes file

@@ -22,6 +22,8 @@ from workflow_engine.domain.task import MAX_TIMEOUT_SECONDS
 
 ENV_PREFIX = "WORKFLOW_ENGINE_"
 PREPARE_MODES = ("auto", "off")
+#: Most engine processes one `serve` runs.
+MAX_PROCESSES = 64
 #: `listen_database_url` value that turns watch notifications off.
 LISTEN_NONE = "none"
 #: Where the ``nodes`` worker finds its nodes (`NodesSettings.source`).
@@ -207,6 +209,9 @@ class Settings:
     lease_ttl_seconds: int = 30
     #: This process's identity as a lease holder, when a request does not name one.
     holder_id: str = field(default_factory=_default_holder_id)
+    #: Engine processes `serve` runs, sharing the port (see `supervisor`); 1 runs the engine in
+    #: the process itself. Default: the cores this process may use.
+    processes: int = field(default_factory=lambda: len(os.sched_getaffinity(0)))
     #: Connection pool bounds.
     pool_min_size: int = 2
     pool_max_size: int = 10
@@ -280,6 +285,8 @@ class Settings:
             )
         if not 0 < self.watch_poll_seconds <= 60:
             raise ValueError(f"{ENV_PREFIX}WATCH_POLL_SECONDS: expected 0 < seconds <= 60")
+        if not 1 <= self.processes <= MAX_PROCESSES:
+            raise ValueError(f"{ENV_PREFIX}PROCESSES: expected 1 to {MAX_PROCESSES}")
         if self.task_source == "mcp" and not self.mcp.url:
             raise ValueError(f"{ENV_PREFIX}MCP_URL: required when {ENV_PREFIX}TASK_SOURCE is mcp")
         if not 0 < self.mcp.timeout_seconds <= 300:

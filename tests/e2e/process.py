@@ -42,6 +42,8 @@ class EngineProcess:
             "WORKFLOW_ENGINE_RECOVERY_ENABLED": "true" if recovery else "false",
             "WORKFLOW_ENGINE_RECOVERY_INTERVAL_SECONDS": "0.5",
             "WORKFLOW_ENGINE_FAULTS": faults,
+            # One engine process, as these tests expect (see tests/e2e/test_processes.py).
+            "WORKFLOW_ENGINE_PROCESSES": "1",
             **(engine_env(db_url) if db_url else {}),
             **(extra_env or {}),
         }

@@ -1,0 +1,161 @@
+"""`workflow-engine serve` with two engine processes on one port, under one supervisor.
+
+Each engine is its own lease holder; connections spread across them; a killed engine is
+replaced and its workflows adopted with nothing run twice; SIGTERM drains them all; a killed
+supervisor leaves no engine behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import grpc
+import psycopg
+import pytest
+
+from tests.e2e.process import EngineProcess
+from tests.helpers import new_task_id, shell_step, task, watch_until_end
+from workflow_engine.v1 import workflow_engine_pb2 as pb
+from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
+
+pytestmark = pytest.mark.e2e
+
+TWO = {"WORKFLOW_ENGINE_PROCESSES": "2"}
+
+
+@asynccontextmanager
+async def connections(address: str, n: int) -> AsyncIterator[list[pb_grpc.WorkflowEngineStub]]:
+    """`n` clients, each on a connection of its own (gRPC shares them between channels unless
+    told not to), so the kernel can send each to either engine."""
+    channels = [
+        grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
+        for _ in range(n)
+    ]
+    try:
+        yield [pb_grpc.WorkflowEngineStub(c) for c in channels]
+    finally:
+        for channel in channels:
+            await channel.close()
+
+
+def engine_pids(supervisor: EngineProcess) -> list[int]:
+    return [int(pid) for pid in supervisor.wait_for_log("serving")["pids"]]  # type: ignore[union-attr]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+async def holders(db_url: str) -> set[str]:
+    async with await psycopg.AsyncConnection.connect(db_url) as conn:
+        cur = await conn.execute(
+            "SELECT DISTINCT holder_id FROM task_workflow_leases WHERE holder_id IS NOT NULL"
+        )
+        return {row[0] for row in await cur.fetchall()}
+
+
+async def test_two_engines_share_the_port_each_its_own_lease_holder(
+    db_url: str, tmp_path: Path, processes: list[EngineProcess]
+) -> None:
+    supervisor = EngineProcess(
+        db_url=db_url, data_dir=tmp_path / "data", holder_id="pair", extra_env=TWO
+    )
+    processes.append(supervisor)
+    assert len(engine_pids(supervisor)) == 2
+    spec = task(shell_step("wait", "sleep 2"), shell_step("done", "true"))
+    async with connections(supervisor.address, 12) as stubs:
+        ids = [new_task_id() for _ in stubs]
+        for stub, task_id in zip(stubs, ids, strict=True):
+            await stub.StartWorkflow(pb.StartWorkflowRequest(task_id=task_id, task=spec))
+        assert await holders(db_url) == {"pair/1", "pair/2"}
+        ends = await asyncio.gather(
+            *(watch_until_end(stub, t) for stub, t in zip(stubs, ids, strict=True))
+        )
+    assert all(events[-1].status == pb.SUCCEEDED for events in ends)
+
+
+async def test_sigterm_drains_every_engine_and_the_supervisor_exits_0(
+    db_url: str, tmp_path: Path, processes: list[EngineProcess]
+) -> None:
+    supervisor = EngineProcess(
+        db_url=db_url, data_dir=tmp_path / "data", holder_id="pair", extra_env=TWO
+    )
+    processes.append(supervisor)
+    pids = engine_pids(supervisor)
+    spec = task(shell_step("wait", "sleep 3"), shell_step("done", "true"))
+    async with connections(supervisor.address, 8) as stubs:
+        for stub in stubs:
+            await stub.StartWorkflow(pb.StartWorkflowRequest(task_id=new_task_id(), task=spec))
+    assert len(await holders(db_url)) == 2
+    assert supervisor.terminate(timeout=60) == 0
+    assert not any(alive(pid) for pid in pids)
+    assert supervisor.count("drain_finished") == 2
+    async with await psycopg.AsyncConnection.connect(db_url) as conn:
+        cur = await conn.execute(
+            "SELECT count(*) FILTER (WHERE holder_id IS NULL AND handed_over), count(*)"
+            " FROM task_workflow_leases"
+        )
+        handed_over, leases = await cur.fetchone()  # type: ignore[misc]
+    assert handed_over == leases == 8  # every run stopped at a node boundary, lease handed on
+
+
+async def test_a_killed_engine_is_replaced_and_its_workflows_adopted_each_step_once(
+    db_url: str, tmp_path: Path, processes: list[EngineProcess]
+) -> None:
+    supervisor = EngineProcess(
+        db_url=db_url, data_dir=tmp_path / "data", holder_id="pair", ttl=3, extra_env=TWO
+    )
+    processes.append(supervisor)
+    victim = engine_pids(supervisor)[0]
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    async with connections(supervisor.address, 8) as stubs:
+        ids = [new_task_id() for _ in stubs]
+        for stub, task_id in zip(stubs, ids, strict=True):
+            spec = task(
+                *(
+                    shell_step(f"s{i}", f"echo x >> {marks}/{task_id}-{i}; sleep 1")
+                    for i in (1, 2)
+                )
+            )
+            await stub.StartWorkflow(pb.StartWorkflowRequest(task_id=task_id, task=spec))
+        await asyncio.sleep(0.5)  # every first step is running
+        os.kill(victim, 9)
+        supervisor.wait_for_log("engine_process_restarted", timeout=30)
+        deadline = time.monotonic() + 60
+        statuses: list[int] = []
+        while time.monotonic() < deadline:
+            statuses = [
+                (await stubs[0].GetWorkflow(pb.GetWorkflowRequest(task_id=t))).status for t in ids
+            ]
+            if all(s == pb.SUCCEEDED for s in statuses):
+                break
+            await asyncio.sleep(0.2)
+    assert all(s == pb.SUCCEEDED for s in statuses), statuses
+    assert supervisor.count("engine_process_exited") == 1
+    for task_id in ids:  # each step's side effect once, the interrupted ones included
+        assert [(marks / f"{task_id}-{i}").read_text() for i in (1, 2)] == ["x\n", "x\n"]
+
+
+async def test_a_killed_supervisor_leaves_no_engine_behind(
+    db_url: str, tmp_path: Path, processes: list[EngineProcess]
+) -> None:
+    supervisor = EngineProcess(
+        db_url=db_url, data_dir=tmp_path / "data", holder_id="pair", extra_env=TWO
+    )
+    processes.append(supervisor)
+    pids = engine_pids(supervisor)
+    supervisor.kill()
+    deadline = time.monotonic() + 30
+    while any(alive(pid) for pid in pids):
+        assert time.monotonic() < deadline, "an engine outlived its supervisor"
+        await asyncio.sleep(0.1)

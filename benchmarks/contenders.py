@@ -370,7 +370,10 @@ class EngineGrpc:
             line = await self.proc.stderr.readline()
             if not line:
                 raise RuntimeError("engine exited before serving")
-            entry = json.loads(line)
+            try:
+                entry = json.loads(line)
+            except ValueError:  # gRPC's own C++ log lines are not JSON
+                continue
             if entry.get("event") == "serving":
                 self.address = entry["address"]
                 break

@@ -122,10 +122,7 @@ async def test_a_killed_engine_is_replaced_and_its_workflows_adopted_each_step_o
         ids = [new_task_id() for _ in stubs]
         for stub, task_id in zip(stubs, ids, strict=True):
             spec = task(
-                *(
-                    shell_step(f"s{i}", f"echo x >> {marks}/{task_id}-{i}; sleep 1")
-                    for i in (1, 2)
-                )
+                *(shell_step(f"s{i}", f"echo x >> {marks}/{task_id}-{i}; sleep 1") for i in (1, 2))
             )
             await stub.StartWorkflow(pb.StartWorkflowRequest(task_id=task_id, task=spec))
         await asyncio.sleep(0.5)  # every first step is running

@@ -4,15 +4,20 @@ Whoever creates ``<jobs_dir>/<job_id>/`` owns the job (`job_runner` explains who
 how). The directory holds:
 
 - ``request.json``: the Worker API request, as first sent (a later one with the same id runs
-  nothing; it is compared only to log a warning).
+  nothing; it is compared only to log a warning). The wrapper writes it, once it has claimed
+  the job; the engine keeps its own copy in memory.
 - ``supervisor.pid``: the claim, created exclusively: the pid of the job's wrapper (a small
-  ``/bin/sh`` script, see `job_runner.WRAPPER`), or ``lost`` when the job was declared lost
-  before any wrapper claimed it. Whoever creates it decides whether the job runs.
-- ``supervisor.log``: the wrapper's own stderr (a shell error); quoted when the job is lost.
+  ``/bin/sh`` script, see `job_runner.WRAPPER`, which creates it itself), or ``lost`` when the
+  job was declared lost before any wrapper claimed it. Whoever creates it decides whether the
+  job runs. Empty for the moment between the wrapper creating it and writing its pid.
+- ``supervisor.log``: the wrapper's own stdout and stderr (a shell error); quoted when the job
+  is lost.
 - ``work/``: the command's working directory, ``HOME`` and ``TMPDIR``.
 - ``stdout.log``, ``stderr.log``: the command's output (``stdout.log`` exists once it started).
 - ``exit_status``: the command's exit status and a newline, written by the wrapper when the
   command ends; what a restarted engine reads when the engine that started the job is gone.
+- ``timed_out``: written just before the job's process group is killed at its deadline (by the
+  engine, or by the wrapper's watchdog when no engine is there); the job timed out.
 - ``cancel``: present once the job's workflow was cancelled; a wrapper that sees it runs
   nothing.
 - ``result.json``: the Worker API result; its presence means the job is over, and the first
@@ -42,12 +47,13 @@ STDOUT_FILE = "stdout.log"
 STDERR_FILE = "stderr.log"
 EXIT_STATUS_FILE = "exit_status"
 CANCEL_FILE = "cancel"
+TIMED_OUT_FILE = "timed_out"
 RESULT_FILE = "result.json"
 LOST_MARKER = "lost"  # in PID_FILE instead of a pid: the job was declared lost before it ran
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 TARGET = "local"
-#: Exit statuses of coreutils `timeout --foreground -s KILL` when it stopped the command (137)
-#: or, with a softer signal, saw it stop (124).
+#: Exit statuses of a command killed at its deadline: SIGKILL (137), or coreutils `timeout`'s
+#: own (124), which the wrapper of earlier versions ran.
 TIMEOUT_EXIT_STATUSES = (124, 128 + signal.SIGKILL)
 _NOTE = "[workflow-engine] "
 _LOG_TAIL_BYTES = 2048
@@ -123,15 +129,36 @@ def read_result(job_dir: Path) -> JobResult | None:
 
 def read_exit_status(job_dir: Path) -> tuple[int, float] | None:
     """The command's exit status as the wrapper wrote it and when, None if it did not (yet)."""
-    path = job_dir / EXIT_STATUS_FILE
     try:
-        text = path.read_text(encoding="ascii")
-        ended = path.stat().st_mtime
-    except (FileNotFoundError, UnicodeDecodeError):
+        fd = os.open(job_dir / EXIT_STATUS_FILE, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        ended = os.fstat(fd).st_mtime
+        raw = os.read(fd, 32)
+    finally:
+        os.close(fd)
+    try:
+        text = raw.decode("ascii")
+    except UnicodeDecodeError:
         return None
     if not text.endswith("\n") or not text.strip().isdigit():
         return None  # being written; the newline comes in the same write as the digits
     return int(text), ended
+
+
+def mark_timed_out(job_dir: Path) -> None:
+    """Say that the job is being killed at its deadline (see `TIMED_OUT_FILE`)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.close(os.open(job_dir / TIMED_OUT_FILE, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+
+
+def timed_out_at(job_dir: Path) -> float | None:
+    """When the job was killed at its deadline, None if it was not."""
+    try:
+        return (job_dir / TIMED_OUT_FILE).stat().st_mtime
+    except FileNotFoundError:
+        return None
 
 
 #: The end is the exit-status file's mtime, which the kernel stamps from a coarse clock (a few
@@ -140,25 +167,29 @@ _CLOCK_SLACK_SECONDS = 0.1
 
 
 def outcome(
-    exit_status: int | None, *, cancelled: bool, started: bool, elapsed: float, timeout: int
+    exit_status: int | None,
+    *,
+    cancelled: bool,
+    started: bool,
+    timed_out: bool,
+    elapsed: float,
+    timeout: int,
 ) -> tuple[JobStatus, int | None, str] | None:
     """How a job whose wrapper ended came out: status, exit code and a note; None if lost.
 
-    A cancelled job is `cancelled` whatever its command did. The wrapper's deadline kill is
-    told from the command's own 124 or 137 by the time it took.
+    A cancelled job is `cancelled` whatever its command did. A deadline kill (`timed_out`) took
+    the wrapper too, so it left no exit status (or, rarely, the command's 137); a job of an
+    earlier version's wrapper is told from the command's own 124 or 137 by the time it took.
     """
     if cancelled:
         note = (
             "cancelled: its process group was stopped" if started else "cancelled before it started"
         )
         return "cancelled", None, note
-    if exit_status is None:
+    killed = exit_status is None or exit_status in TIMEOUT_EXIT_STATUSES
+    if exit_status is None and not timed_out:
         return None
-    if (
-        timeout > 0
-        and elapsed >= timeout - _CLOCK_SLACK_SECONDS
-        and exit_status in TIMEOUT_EXIT_STATUSES
-    ):
+    if killed and (timed_out or (timeout > 0 and elapsed >= timeout - _CLOCK_SLACK_SECONDS)):
         return "timeout", None, f"timed out after {timeout} s; its process group was killed"
     return ("completed" if exit_status == 0 else "failed"), exit_status, ""
 

@@ -1,31 +1,41 @@
 """Runs local jobs at about the cost of a fork/exec, once per job id, outliving the engine.
 
-The engine starts each job itself, in a session of its own (so signals to the engine's
-process group do not reach it, and it outlives a killed engine), through a small ``/bin/sh``
-wrapper (`WRAPPER`) that runs the command under coreutils ``timeout`` and writes its exit
-status to ``exit_status`` when it ends. The engine waits on its own child cheaply (a pidfd on
-the event loop, no thread, no polling), reaps it and writes ``result.json`` itself. The files
-are for the crash path: an engine that finds a job directory it did not start (its starter was
-killed, or this is another process) waits on the pid recorded in ``supervisor.pid`` (a pidfd
-again, after checking that pid is still this job's wrapper) and builds the result from the
-files (`job_files` holds the layout). So the common path costs a vfork/exec of ``sh``, which
-forks ``timeout``, which execs the command: about 3 ms of CPU here against some 60 ms for the
-Python supervisor this replaces, and nothing per job in the engine but a few small files.
+The engine starts each job itself with ``posix_spawn``, in a session of its own (so signals to
+the engine's process group do not reach it, and it outlives a killed engine), through a small
+``/bin/sh`` wrapper (`WRAPPER`) that runs the command and writes its exit status to
+``exit_status`` when it ends. The engine waits on its own child cheaply (a pidfd on the event
+loop, no thread, no polling), enforces the deadline with a timer on its loop, reaps the child
+and writes ``result.json`` itself. The files are for the crash path: an engine that finds a
+job directory it did not start (its starter was killed, or this is another process) waits on
+the pid recorded in ``supervisor.pid`` (a pidfd again, after checking that pid is still this
+job's wrapper) and builds the result from the files (`job_files` holds the layout). So the
+common path costs a vfork/exec of ``sh``, a fork of it (the watchdog, no exec) and a
+fork/exec of the command: about 1 ms of CPU here, against 3 ms when coreutils ``timeout``
+kept the deadline and some 60 ms for the Python supervisor before that. In the engine a job
+costs two ``mkdir``, the spawn, a pidfd, and reading two small files and writing one.
 
 Exactly once: creating the job directory claims the job id (a second `run` of it, in this
-process or a restarted one, re-attaches instead). The wrapper then waits on its stdin until the
-engine has recorded its pid in ``supervisor.pid`` (created exclusively, like the directory);
-only then does it run anything. An engine killed in between leaves a wrapper that reads end of
-file and exits without running; a re-attaching engine that finds no claim after
-`claim_grace_seconds` claims it as ``lost`` itself, so a late wrapper never runs it either.
+process or a restarted one, re-attaches instead). The wrapper then claims the job for itself
+by creating ``supervisor.pid`` exclusively (the shell's ``noclobber``) with its pid, and only
+then runs anything. A re-attaching engine that finds no claim after `claim_grace_seconds`
+claims it as ``lost`` itself, so a late wrapper never runs it (nothing runs under an engine
+that died between creating the directory and spawning).
 
-What the wrapper does without the engine: enforce the deadline (``timeout -s KILL``), stop the
-command's whole process group when it ends (background children included), and record the exit
-status. A job whose wrapper vanished without recording one (killed) is reported lost, never run
-again. Cancel writes ``cancel`` (a wrapper that sees it runs nothing) and sends SIGTERM to the
-job's process group: ``timeout`` passes it to the command and kills it `cancel_grace_seconds`
-later if it is still there, the wrapper's trap then kills what is left, and the result says
-``cancelled``; the engine sends SIGKILL a second after that should anything still run.
+The deadline: while the engine lives, its timer writes ``timed_out`` and SIGKILLs the job's
+process group. Every wrapper also holds the read end of one pipe whose write end only the
+engine (this `JobRunner`) holds, and forks a watchdog that blocks reading it: the pipe reads
+end of file only once the engine is gone (killed, or `close`d), and the watchdog then sleeps
+out what is left of the deadline (from ``/proc/uptime``, the clock the deadline was set on)
+and does the same; for a cancelled job (``cancel`` exists) it waits `cancel_grace_seconds`
+instead. So the crash path still bounds every job, and the common path starts no timer
+process. The wrapper stops the command's whole process group when it ends (background
+children included) and records the exit status; a job whose wrapper vanished without
+recording one or a deadline (killed) is reported lost, never run again. Cancel writes
+``cancel`` (a wrapper that sees it runs nothing) and sends SIGTERM to the job's process group:
+the command gets it, the wrapper's trap kills what is left once the command has ended, and the
+result says ``cancelled``; the cancelling engine sends SIGKILL `cancel_grace_seconds` (and a
+second) later should anything still run, and so does the watchdog once the engine that started
+the job is gone (a cancel that comes after that is bounded by the deadline only).
 
 This isolates environment and working directory only: `image` and `network_policy` are not
 enforced locally. Use a remote worker where a real sandbox is needed.
@@ -37,11 +47,11 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
 import signal
-import subprocess
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -53,24 +63,58 @@ from workflow_engine.domain.jobs import JobRequest, JobResult, rfc3339
 
 log = structlog.get_logger(__name__)
 
-#: The wrapper: ``sh -c WRAPPER JOB_DIR TIMEOUT_BIN SECONDS GRACE COMMAND...`` in the job dir.
-#: ``$0`` is the job dir so that a re-attaching engine can tell the wrapper's pid from a reused
-#: one (/proc/PID/cmdline). Its trap stops the job's group on a cancel, but only once the
-#: command has ended (``timeout`` forwards the SIGTERM, and SIGKILLs after the grace period).
-WRAPPER = """trap 'kill -9 0' TERM
-read -r go && [ "$go" = run ] || exit 97
-exec </dev/null
+#: The wrapper: ``sh -c WRAPPER JOB_DIR DEADLINE GRACE SLEEP COMMAND...``, its stdout and stderr on
+#: ``supervisor.log``, fd 3 the read end of the engine's pipe; ``$REQUEST_ENV`` holds the
+#: request, which it writes to ``request.json``. ``$0`` is the job dir so that a re-attaching
+#: engine can tell the wrapper's pid from a reused one (/proc/PID/cmdline). DEADLINE is in
+#: whole seconds of /proc/uptime. The watchdog ignores a cancel's SIGTERM (it is what stops a
+#: cancelled job after GRACE when the engine is gone); the wrapper's trap runs once the command
+#: has ended.
+WRAPPER = """cd "$0" || exit 96
+set -C
+echo "$$" >supervisor.pid || exit 97
+set +C
+trap 'kill -9 0' TERM
 [ ! -e cancel ] || exit 98
+printf '%s\\n' "$WORKFLOW_ENGINE_JOB_REQUEST" >request.json
+unset WORKFLOW_ENGINE_JOB_REQUEST
 cd work || exit 96
-t=$1 seconds=$2 grace=$3
+deadline=$1 grace=$2 sleep=$3
 shift 3
-"$t" --foreground -k "$grace" -s KILL "$seconds" "$@" >../stdout.log 2>../stderr.log
+{
+  trap '' TERM
+  read -r _ <&3
+  if [ -e ../cancel ]; then
+    "$sleep" "$grace"
+  else
+    read -r now _ </proc/uptime || now=0
+    now=${now%.*}
+    [ "$now" -ge "$deadline" ] || "$sleep" "$((deadline - now))"
+    : >../timed_out
+  fi
+  kill -9 0
+} &
+"$@" 3<&- >../stdout.log 2>../stderr.log
 echo "$?" >../exit_status
 kill -9 0
 """
+REQUEST_ENV = "WORKFLOW_ENGINE_JOB_REQUEST"
 _SHELL = "/bin/sh"
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:=@+-]{0,127}$")
 _MAX_POLL_INTERVAL = 0.5
+#: The write ends of every runner's pipe in this process: a forked child (which is not the
+#: engine) closes them, or the wrappers would take it for their engine.
+_engine_pipes: set[int] = set()
+
+
+def _close_engine_pipes() -> None:
+    for fd in _engine_pipes:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _engine_pipes.clear()
+
+
+os.register_at_fork(after_in_child=_close_engine_pipes)
 
 
 class JobRunner:
@@ -86,13 +130,18 @@ class JobRunner:
         cancel_grace_seconds: float = 2.0,
         claim_grace_seconds: float = 10.0,
     ) -> None:
-        self._jobs_dir = jobs_dir
+        self._jobs_dir = jobs_dir.resolve()
+        self._jobs_dir_made = False
         self._default_timeout_seconds = default_timeout_seconds
         self._max_output_bytes = max_output_bytes
         self._poll_interval = poll_interval
         self._cancel_grace_seconds = cancel_grace_seconds
         self._claim_grace_seconds = claim_grace_seconds
-        self._timeout_bin = shutil.which("timeout", path=files.SAFE_PATH)
+        self._sleep_bin = shutil.which("sleep", path=files.SAFE_PATH)
+        # The pipe every wrapper's watchdog reads (see the module docstring): (read end, write
+        # end, the pid that made it), made at the first job so that a process forked before
+        # then makes its own.
+        self._pipe: tuple[int, int, int] | None = None
         # One watch per job this process follows, by job dir: its result once the job ends.
         self._watches: dict[Path, asyncio.Task[JobResult]] = {}
         self._timers: set[asyncio.TimerHandle] = set()
@@ -103,7 +152,7 @@ class JobRunner:
         watch = self._watches.get(job_dir)
         if watch is None:
             try:
-                os.mkdir(job_dir)
+                self._mkdir(job_dir)
             except FileExistsError:
                 log.info("sandbox_job_reattached", job_id=job.job_id, job_dir=str(job_dir))
                 _warn_if_request_differs(job, job_dir)
@@ -118,7 +167,7 @@ class JobRunner:
         """Stop the job for good; see the module docstring. Returns without waiting for it."""
         job_dir = self._job_dir(job.job_id)
         try:
-            os.mkdir(job_dir)
+            self._mkdir(job_dir)
         except FileExistsError:
             pass
         else:  # never started: the cancelled result is its only result
@@ -135,7 +184,10 @@ class JobRunner:
             self._watch(job_dir, self._follow(job, job_dir))
 
     async def close(self) -> None:
-        """Stop following jobs (they run on, to be re-attached by the next engine)."""
+        """Stop following jobs (they run on, to be re-attached by the next engine).
+
+        Their watchdogs read end of file now, and keep their deadlines from here on.
+        """
         for timer in self._timers:
             timer.cancel()
         self._timers.clear()
@@ -143,10 +195,34 @@ class JobRunner:
         for watch in watches:
             watch.cancel()
         await asyncio.gather(*watches, return_exceptions=True)
+        if self._pipe is not None:
+            read_end, write_end, _ = self._pipe
+            self._pipe = None
+            _engine_pipes.discard(write_end)
+            os.close(read_end)
+            os.close(write_end)
 
     def _job_dir(self, job_id: str) -> Path:
-        self._jobs_dir.mkdir(parents=True, exist_ok=True)
-        return self._jobs_dir.resolve() / _dir_name(job_id)
+        return self._jobs_dir / _dir_name(job_id)
+
+    def _mkdir(self, job_dir: Path) -> None:
+        """Create `job_dir` (FileExistsError if it exists): the claim on its job id."""
+        if not self._jobs_dir_made:
+            self._jobs_dir.mkdir(parents=True, exist_ok=True)
+            self._jobs_dir_made = True
+        try:
+            os.mkdir(job_dir)
+        except FileNotFoundError:  # the jobs dir was removed under us
+            self._jobs_dir.mkdir(parents=True, exist_ok=True)
+            os.mkdir(job_dir)
+
+    def _engine_pipe(self) -> int:
+        """The read end of this runner's pipe, made in this process."""
+        if self._pipe is None or self._pipe[2] != os.getpid():
+            read_end, write_end = os.pipe()  # both close-on-exec: no job holds the write end
+            _engine_pipes.add(write_end)
+            self._pipe = (read_end, write_end, os.getpid())
+        return self._pipe[0]
 
     def _watch(self, job_dir: Path, follow: Awaitable[JobResult]) -> asyncio.Task[JobResult]:
         task = asyncio.ensure_future(follow)
@@ -167,77 +243,67 @@ class JobRunner:
         timeout = job.sandbox.timeout_seconds or self._default_timeout_seconds
         started = time.time()
         try:
-            wrapper = self._spawn(job, job_dir, timeout)
+            pid = self._spawn(job, job_dir, timeout)
         except OSError as exc:
             log.error("sandbox_launch_failed", job_id=job.job_id, error=str(exc))
             return _declare_lost(job, job_dir, f"its wrapper did not start ({exc})")
-        if wrapper is None:  # declared lost before we could claim it: nothing ran
-            return await self._follow(job, job_dir)
         log.info(
             "sandbox_job_started",
             job_id=job.job_id,
             task_id=job.task_id,
             step_id=job.step_id,
             attempt=job.attempt,
-            pid=wrapper.pid,
+            pid=pid,
             timeout_seconds=timeout,
         )
-        # Cancelled (the engine closing): the job runs on, and `subprocess` reaps it later.
-        await _until_exited(wrapper.pid, lambda: _exited_child(wrapper.pid), self._poll_interval)
+        loop = asyncio.get_running_loop()
+        deadline = loop.call_later(timeout, _deadline_passed, pid, job_dir)
+        try:
+            # Cancelled (the engine closing): the job runs on, its watchdog keeping the deadline.
+            await _until_exited(pid, lambda: _exited_child(pid), self._poll_interval)
+        finally:
+            deadline.cancel()
         # What the wrapper left behind, if it was killed before its own `kill -9 0`. Not reaped
         # yet, it holds its group id, so this cannot hit a reused one.
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(wrapper.pid, signal.SIGKILL)
-        wrapper.wait()
-        return self._finish(job, job_dir, wrapper.pid, started, timeout)
+            os.killpg(pid, signal.SIGKILL)
+        _reap(pid)
+        return self._finish(job, job_dir, pid, started, timeout)
 
-    def _spawn(
-        self, job: JobRequest, job_dir: Path, timeout: int
-    ) -> subprocess.Popen[bytes] | None:
-        """Start the wrapper and claim the job for it; None if the claim was taken first."""
-        if self._timeout_bin is None:
-            raise OSError(f"coreutils `timeout` is not on {files.SAFE_PATH}")
+    def _spawn(self, job: JobRequest, job_dir: Path, timeout: int) -> int:
+        """Start the job's wrapper, which claims the job unless it was declared lost first."""
+        if self._sleep_bin is None:
+            raise OSError(f"coreutils `sleep` is not on {files.SAFE_PATH}")
         request = job.to_json()
-        files.write_atomic(job_dir / files.REQUEST_FILE, json.dumps(request).encode())
         work_dir = job_dir / files.WORK_DIR
-        work_dir.mkdir()
-        go_read, go_write = os.pipe()
-        try:
-            with open(job_dir / files.LOG_FILE, "ab") as log_file:
-                wrapper = subprocess.Popen(
-                    [
-                        _SHELL,
-                        "-c",
-                        WRAPPER,
-                        str(job_dir),
-                        self._timeout_bin,
-                        str(timeout),
-                        str(self._cancel_grace_seconds),
-                        *job.sandbox.command,
-                    ],
-                    stdin=go_read,
-                    stdout=log_file,
-                    stderr=log_file,
-                    cwd=job_dir,
-                    env=files.job_env(request, work_dir),
-                    # Its own session: signals to the engine's process group do not reach it.
-                    start_new_session=True,
-                )
-        except BaseException:
-            os.close(go_write)
-            raise
-        finally:
-            os.close(go_read)
-        with os.fdopen(go_write, "wb", buffering=0) as go:
-            claimed = files.write_atomic(
-                job_dir / files.PID_FILE, str(wrapper.pid).encode(), exclusive=True
-            )
-            with contextlib.suppress(BrokenPipeError):
-                go.write(b"run\n" if claimed else b"no\n")
-        if not claimed:
-            wrapper.wait()
-            return None
-        return wrapper
+        os.mkdir(work_dir)
+        env = files.job_env(request, work_dir)
+        env[REQUEST_ENV] = json.dumps(request)
+        deadline = math.ceil(time.clock_gettime(time.CLOCK_BOOTTIME) + timeout)
+        grace = self._cancel_grace_seconds
+        log_path = str(job_dir / files.LOG_FILE)
+        return os.posix_spawn(
+            _SHELL,
+            [
+                _SHELL,
+                "-c",
+                WRAPPER,
+                str(job_dir),
+                str(deadline),
+                str(grace),
+                self._sleep_bin,
+                *job.sandbox.command,
+            ],
+            env,
+            file_actions=[
+                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                (os.POSIX_SPAWN_OPEN, 1, log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644),
+                (os.POSIX_SPAWN_DUP2, 1, 2),
+                (os.POSIX_SPAWN_DUP2, self._engine_pipe(), 3),
+            ],
+            # Its own session: signals to the engine's process group do not reach it.
+            setsid=True,
+        )
 
     async def _follow(self, job: JobRequest, job_dir: Path) -> JobResult:
         """Wait for a job some other process (or an earlier engine) started, and its result."""
@@ -249,11 +315,15 @@ class JobRunner:
             claim = files.read_claim(job_dir)
             if claim == files.LOST_MARKER:
                 return _declare_lost(job, job_dir, "it was declared lost before it started")
-            if claim is not None:
+            if claim:
                 break
-            if time.time() - files.modified_at(job_dir) >= self._claim_grace_seconds:
-                # Claim it ourselves, so that a wrapper that was merely slow never runs it.
+            # No claim, or one being written (the wrapper creates it, then writes its pid).
+            claimed_at = job_dir / files.PID_FILE if claim == "" else job_dir
+            if time.time() - files.modified_at(claimed_at) >= self._claim_grace_seconds:
                 reason = f"no wrapper claimed it within {self._claim_grace_seconds:.0f} s"
+                if claim == "":  # its wrapper died writing the claim, so it ran nothing
+                    return _declare_lost(job, job_dir, reason)
+                # Claim it ourselves, so that a wrapper that was merely slow never runs it.
                 lost = files.LOST_MARKER.encode()
                 if files.write_atomic(job_dir / files.PID_FILE, lost, exclusive=True):
                     return _declare_lost(job, job_dir, reason)
@@ -272,15 +342,21 @@ class JobRunner:
         self, job: JobRequest, job_dir: Path, pid: int, started: float, timeout: int
     ) -> JobResult:
         """Record the result of a job whose wrapper has ended (an existing result wins)."""
-        existing = files.read_result(job_dir)
-        if existing is not None:
-            return existing
         status = files.read_exit_status(job_dir)
         exit_status, ended = status if status is not None else (None, time.time())
+        cancelled = (job_dir / files.CANCEL_FILE).exists()
+        timed_out = None
+        if exit_status is None or exit_status in files.TIMEOUT_EXIT_STATUSES:
+            timed_out = files.timed_out_at(job_dir)
+            if timed_out is not None and exit_status is None:
+                ended = timed_out
+        # A file's mtime comes from a coarse clock, a few ms behind `time.time()`.
+        ended = max(ended, started)
         ended_as = files.outcome(
             exit_status,
-            cancelled=(job_dir / files.CANCEL_FILE).exists(),
-            started=(job_dir / files.STDOUT_FILE).exists(),
+            cancelled=cancelled,
+            started=cancelled and (job_dir / files.STDOUT_FILE).exists(),
+            timed_out=timed_out is not None,
             elapsed=ended - started,
             timeout=timeout,
         )
@@ -296,6 +372,16 @@ class JobRunner:
             max_output_bytes=self._max_output_bytes,
         )
         return files.record(job_dir, result)
+
+
+def _deadline_passed(pid: int, job_dir: Path) -> None:
+    """Stop a job at its deadline: what its watchdog does when the engine is gone.
+
+    Our child, not reaped yet: its group id cannot be a reused one.
+    """
+    files.mark_timed_out(job_dir)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
 
 
 async def _until_exited(pid: int, poll: Callable[[], int | None], interval: float) -> None:
@@ -330,6 +416,12 @@ async def _until_exited(pid: int, poll: Callable[[], int | None], interval: floa
             loop.remove_reader(pidfd)
     finally:
         os.close(pidfd)
+
+
+def _reap(pid: int) -> None:
+    """Reap our child `pid`, which has exited (so this does not block)."""
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
 
 
 def _exited_child(pid: int) -> int | None:

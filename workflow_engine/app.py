@@ -44,7 +44,7 @@ from workflow_engine.runtime.manager import RunManager
 from workflow_engine.runtime.recovery import Recoverer
 from workflow_engine.service import WorkflowService
 from workflow_engine.storage import orchestrator_nodes, orchestrator_tasks
-from workflow_engine.storage.checkpointer import RowCheckpointSaver
+from workflow_engine.storage.checkpointer import RowCheckpointer
 from workflow_engine.storage.embedded import EmbeddedPostgres, start_embedded_postgres
 from workflow_engine.storage.migrations import migrate
 from workflow_engine.storage.workflows import WorkflowStore
@@ -107,7 +107,7 @@ class Engine:
     events: EventHub
     service: WorkflowService
     recoverer: Recoverer | None
-    saver: RowCheckpointSaver
+    checkpoints: RowCheckpointer
     #: The capabilities' resources (HTTP and model clients), closed with the engine.
     resources: AsyncExitStack
     #: The embedded server, when no database URL is configured; closed with the engine.
@@ -156,13 +156,15 @@ class Engine:
         faults = FaultPlan.parse(settings.faults)
         if faults:
             log.warning("fault_injection_enabled", faults=settings.faults)
-        saver = RowCheckpointSaver(pool, state_keys=STATE_KEYS, faults=faults)
+        checkpoints = RowCheckpointer(pool, state_keys=STATE_KEYS, faults=faults)
         jobs = caps.jobs or JobTracker(caps.worker, max_running=caps.max_running_jobs)
-        graph = build_graph(caps, saver, jobs=jobs)
-        runs = RunManager(graph=graph, store=store, jobs=jobs, faults=faults)
+        graph = build_graph(caps, jobs=jobs)
+        runs = RunManager(
+            graph=graph, checkpoints=checkpoints, store=store, jobs=jobs, faults=faults
+        )
         events = EventHub(settings.listen_url(url), on_control=runs.cancel)
-        saver.observe(events)
-        saver.observe(runs)
+        checkpoints.observe(events)
+        checkpoints.observe(runs)
         events.start()
         service = WorkflowService(
             watch_poll_seconds=settings.watch_poll_seconds,
@@ -188,7 +190,16 @@ class Engine:
         # churn triggers do not walk it again and again.
         gc.freeze()
         return cls(
-            settings, pool, store, runs, events, service, recoverer, saver, resources, embedded
+            settings,
+            pool,
+            store,
+            runs,
+            events,
+            service,
+            recoverer,
+            checkpoints,
+            resources,
+            embedded,
         )
 
     async def close(self, *, drain_timeout: float | None = None) -> None:
@@ -198,7 +209,7 @@ class Engine:
             await self.recoverer.close()
         await self.runs.drain(timeout)
         await self.resources.aclose()
-        await self.saver.close()
+        await self.checkpoints.close()
         await self.events.close()
         await self.pool.close()
         if self.embedded is not None:

@@ -8,23 +8,28 @@
 decisions, raised budgets and operator overrides continue it from `verify_step_result`'s
 router (see `workflow_engine.graph.commands`).
 
+The graph is one table, `EDGES` (where each node leads), compiled into a LangGraph
+`StateGraph`. The engine's runs step through the same table themselves (`WorkflowGraph`, see
+`runtime.run`): one node at a time, each followed by its fenced checkpoint write, which is what
+LangGraph's loop with a checkpointer does, at a fraction of its cost. The compiled graph runs
+the same nodes under LangGraph's own loop (tests check that both agree); it has no checkpointer.
+
 Every node is wrapped: its body runs through the run's `guard` (LangGraph's runtime context
 carries the run's hooks), so the run can stop it at a node boundary or interrupt it (cancel, a
 change to apply, a lost lease); and it records what completed and what came of it in the
-internal `node_event` channel, which the checkpointer writes as `last_node_id` and the node's
-event. An exception a node does not handle itself ends the workflow in `mark_failed` with the
+`node_event` key of its update, which the run writes as `last_node_id` and the node's event.
+An exception a node does not handle itself ends the workflow in `mark_failed` with the
 exception as its error: never silently.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import structlog
-from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.runtime import Runtime
@@ -44,11 +49,15 @@ NodeFn = Callable[[WorkflowState], Awaitable[WorkflowState]]
 class GraphState(WorkflowState, total=False):
     """The graph's channels: the workflow state, plus what the last node recorded.
 
-    `node_event` is not in `STATE_KEYS`, so the checkpointer keeps it in its bookkeeping, not in
-    the `state` column.
+    `node_event` is not in `STATE_KEYS`: it becomes the node's event, not part of the state.
     """
 
     node_event: JsonObject
+
+
+#: The key of a node's update that records what completed: ``{"node", "kind", "detail"}``
+#: (a change applied from outside adds ``"actor"``).
+NODE_EVENT = "node_event"
 
 
 class NodeHooks(Protocol):
@@ -57,10 +66,6 @@ class NodeHooks(Protocol):
 
     def guard(self, node: str, body: Awaitable[WorkflowState]) -> Awaitable[WorkflowState]:
         """Run the node's body; raise instead when the run must stop (before or during it)."""
-        ...
-
-    def node_finished(self, node: str, status: str) -> None:
-        """The node returned; its checkpoint, with `status`, is written next."""
         ...
 
 
@@ -91,8 +96,6 @@ def _wrap(name: str, fn: NodeFn) -> WrappedNode:
                 update = {"error": f"node {name} raised {exc!r}", "forced_next": "mark_failed"}
             log.debug("node_completed", seconds=round(time.perf_counter() - started, 4))
         kind, detail = describe(name, update, state)
-        if hooks is not None:
-            hooks.node_finished(name, str(update.get("status") or state.get("status") or ""))
         recorded: GraphState = {**update}  # type: ignore[typeddict-item]
         recorded["node_event"] = {"node": name, "kind": kind, "detail": detail}  # NODE_EVENT
         return recorded
@@ -149,7 +152,53 @@ def _outcome(node: str, update: WorkflowState, before: WorkflowState) -> tuple[s
     return "node", str(update.get("status") or "")
 
 
-def _async(route: Callable[[WorkflowState], str]) -> Callable[[WorkflowState], Awaitable[str]]:
+def _after_verify(state: WorkflowState) -> str:
+    return routing.after_verify(state, time.time())
+
+
+Router = Callable[[WorkflowState], str]
+
+#: The first node of every workflow.
+FIRST = "load_task_context"
+
+#: Where each node leads: one next node, or a router choosing among the listed ones from the
+#: state after the node (END: the workflow ends or pauses there). One next node per node, never
+#: two at once: a run writes one checkpoint per node.
+EDGES: dict[str, str | tuple[Router, list[str]]] = {
+    "load_task_context": (routing.after_load, ["plan_steps", "mark_failed"]),
+    "plan_steps": (routing.after_plan, ["dispatch_step", "finalize_summary", "mark_failed"]),
+    "dispatch_step": (
+        routing.after_dispatch,
+        ["collect_result", "finalize_summary", "mark_failed", END],
+    ),
+    "collect_result": "verify_step_result",
+    "verify_step_result": (
+        _after_verify,
+        ["plan_steps", "dispatch_step", "finalize_summary", "mark_failed", "suspend_workflow"],
+    ),
+    "finalize_summary": END,
+    "mark_failed": END,
+    "suspend_workflow": END,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowGraph:
+    """The workflow's nodes and edges: the compiled LangGraph graph, and the same wrapped nodes
+    and `EDGES` for a run to step through itself."""
+
+    compiled: CompiledStateGraph[Any, Any, Any, Any]
+    nodes: Mapping[str, WrappedNode]
+
+    @staticmethod
+    def next_node(node: str, state: WorkflowState) -> str | None:
+        """Where the graph goes after `node` left `state`; None: it ends there."""
+        edge = EDGES[node]
+        target = edge if isinstance(edge, str) else edge[0](state)
+        return None if target == END else target
+
+
+def _async(route: Router) -> Callable[[WorkflowState], Awaitable[str]]:
     """The same router as a coroutine: LangGraph runs plain functions in a thread pool, which
     costs a thread hop per routing decision for what is a dictionary lookup."""
 
@@ -160,58 +209,21 @@ def _async(route: Callable[[WorkflowState], str]) -> Callable[[WorkflowState], A
     return routed
 
 
-def build_graph(
-    capabilities: Capabilities,
-    checkpointer: BaseCheckpointSaver[Any] | None,
-    *,
-    jobs: JobTracker | None = None,
-) -> CompiledStateGraph[Any, Any, Any, Any]:
-    """Compile the workflow graph over `checkpointer` (None: no persistence, for tests).
+def build_graph(capabilities: Capabilities, *, jobs: JobTracker | None = None) -> WorkflowGraph:
+    """The workflow graph over `capabilities`.
 
     `jobs` runs the dispatched jobs; pass it to let the run manager forget a stopped run's jobs.
     """
+    nodes = {
+        name: _wrap(name, fn) for name, fn in node_functions(Nodes(capabilities, jobs)).items()
+    }
     builder: StateGraph[Any, Any, Any, Any] = StateGraph(GraphState)
-    for name, fn in node_functions(Nodes(capabilities, jobs)).items():
-        builder.add_node(name, _wrap(name, fn))
-    builder.add_edge(START, "load_task_context")
-    builder.add_conditional_edges(
-        "load_task_context", _async(routing.after_load), ["plan_steps", "mark_failed"]
-    )
-    builder.add_conditional_edges(
-        "plan_steps",
-        _async(routing.after_plan),
-        ["dispatch_step", "finalize_summary", "mark_failed"],
-    )
-    builder.add_conditional_edges(
-        "dispatch_step",
-        _async(routing.after_dispatch),
-        ["collect_result", "finalize_summary", "mark_failed", END],
-    )
-    builder.add_edge("collect_result", "verify_step_result")
-    builder.add_conditional_edges(
-        "verify_step_result",
-        _async(lambda state: routing.after_verify(state, time.time())),
-        ["plan_steps", "dispatch_step", "finalize_summary", "mark_failed", "suspend_workflow"],
-    )
-    builder.add_edge("finalize_summary", END)
-    builder.add_edge("mark_failed", END)
-    builder.add_edge("suspend_workflow", END)
-    assert_one_node_per_step(builder)
-    return builder.compile(checkpointer=checkpointer)
-
-
-def assert_one_node_per_step(builder: StateGraph[Any, Any, Any, Any]) -> None:
-    """Every node leads to at most one next node: one static edge or one router (returning one
-    name), no fan-out, no joins. The row checkpointer keeps no intermediate writes, which is
-    only correct while every superstep runs one node (see `storage.checkpointer`); a graph that
-    would run two at once is refused here rather than lose a node's writes on resume."""
-    if builder.waiting_edges:
-        raise ValueError(f"joins run nodes side by side: {sorted(builder.waiting_edges)}")
-    for node in [START, *builder.nodes]:
-        static = [end for start, end in builder.edges if start == node]
-        routers = builder.branches.get(node, {})
-        if len(static) + len(routers) > 1:
-            raise ValueError(
-                f"node {node!r} leads to several nodes at once ({static}, routers "
-                f"{sorted(routers)}): the row checkpointer needs one node per superstep"
-            )
+    for name, node in nodes.items():
+        builder.add_node(name, node)
+    builder.add_edge(START, FIRST)
+    for name, edge in EDGES.items():
+        if isinstance(edge, str):
+            builder.add_edge(name, edge)
+        else:
+            builder.add_conditional_edges(name, _async(edge[0]), edge[1])
+    return WorkflowGraph(builder.compile(), nodes)

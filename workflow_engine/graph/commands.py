@@ -2,10 +2,10 @@
 operator's overrides.
 
 Each is a pure function from the current state to a `StateUpdate`: the state keys to write and
-how the change is recorded. The run applies it with LangGraph's ``aupdate_state(...,
-as_node="verify_step_result")``, which writes one fenced checkpoint (the change, with its event)
-and lets that node's router choose the next node from the changed state. So a decision, a
-budget or an override is durable before anything acts on it, and is recorded in the history.
+how the change is recorded. The run applies it as if `verify_step_result` had returned it (see
+`runtime.run`): one fenced checkpoint (the change, with its event) whose next node that node's
+router chooses from the changed state. So a decision, a budget or an override is durable before
+anything acts on it, and is recorded in the history.
 
 Everything refused here raises `InvalidState` (FAILED_PRECONDITION) or `InvalidArgument`
 before anything is written.

@@ -18,11 +18,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 import psycopg
 import structlog
-from langgraph.graph.state import CompiledStateGraph
 
 from workflow_engine.capabilities.jobs import JobTracker
 from workflow_engine.domain.jobs import JobRequest
@@ -30,9 +28,11 @@ from workflow_engine.domain.records import Fence, WorkflowEventRecord
 from workflow_engine.domain.status import TERMINAL_STATUSES, WorkflowStatus
 from workflow_engine.errors import LeaseLost, RunStopped, WorkflowEngineError
 from workflow_engine.faults import FaultPlan
+from workflow_engine.graph.builder import WorkflowGraph
 from workflow_engine.graph.commands import Change
 from workflow_engine.graph.state import WorkflowState
 from workflow_engine.runtime.run import Run
+from workflow_engine.storage.checkpointer import RowCheckpointer
 from workflow_engine.storage.workflows import WorkflowStore
 
 log = structlog.get_logger(__name__)
@@ -48,12 +48,14 @@ class RunManager:
     def __init__(
         self,
         *,
-        graph: CompiledStateGraph[Any, Any, Any, Any],
+        graph: WorkflowGraph,
+        checkpoints: RowCheckpointer,
         store: WorkflowStore,
         jobs: JobTracker,
         faults: FaultPlan | None = None,
     ) -> None:
         self._graph = graph
+        self._checkpoints = checkpoints
         self._store = store
         self._jobs = jobs
         self._faults = faults
@@ -99,6 +101,7 @@ class RunManager:
             ttl_seconds=ttl_seconds,
             status=status,
             graph=self._graph,
+            checkpoints=self._checkpoints,
             store=self._store,
             initial_input=initial_input,
             faults=self._faults,

@@ -1,19 +1,23 @@
 """One execution of a task's workflow in this process, from taking the lease to releasing it.
 
-A `Run` drives the compiled graph. The nodes reach it as LangGraph's runtime context (each
-node's body runs through `guard`, which stops the run at a node boundary or interrupts the
-node); the checkpointer gets only plain values in the run config: the fence (holder, epoch) every
-write is checked against, and whether there is a checkpoint to read yet. Because the graph runs
-with durability "sync", a node starting means the previous node's checkpoint is durable; that is
-where the run learns it (and, when the graph returns, of the last one). A
-heartbeat renews the lease every third of its time to live; a renewal that finds the lease gone
-stops the run before its next node.
+A `Run` steps through the workflow graph (`graph.builder.WorkflowGraph`) itself, from the
+task's latest checkpoint: it runs one node, merges the node's update into the state, lets the
+node's edge choose the next node, and writes the row (state, next node, the node's event) as one
+fenced write (`storage.checkpointer`) before the next node starts. So every node is durable and
+fenced before anything acts on it, and a run resumes exactly where the row says. This is what
+LangGraph's loop does with a checkpointer and `durability="sync"`, without its per-step
+machinery, which cost about half of the engine's CPU; the nodes still run with LangGraph's
+runtime context, and the row keeps LangGraph's checkpoint format.
+
+Each node's body runs through `guard`, which stops the run at a node boundary or interrupts the
+node. A heartbeat renews the lease every third of its time to live; a renewal that finds the
+lease gone stops the run before its next node.
 
 Changes from outside (an approval decision, a raised budget, an operator's override; see
 `workflow_engine.graph.commands`) are applied by the run that holds the lease: given at launch,
 or submitted to a live run. A live run does not wait for its node to end: it interrupts the node
 (every node is safe to run again, and a job it waits for keeps running and is re-attached by its
-id), applies the change from its latest checkpoint, and carries on. Each change is computed from
+id), applies the change to its latest checkpoint, and carries on. Each change is computed from
 the state it is applied to, so one that no longer fits is refused, never applied twice.
 
 Once a run has written its final checkpoint (the workflow ended or paused; that write released
@@ -24,13 +28,12 @@ one for the workflow waits for the run to end and claims the workflow afresh.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Mapping, Sequence
+from typing import Any, TypeVar, cast
 
 import psycopg
 import structlog
-from langchain_core.runnables import RunnableConfig
-from langgraph.graph.state import CompiledStateGraph
+from langgraph.runtime import Runtime
 
 from workflow_engine.domain.records import Fence
 from workflow_engine.domain.status import FINAL_STATUSES, OUTSIDE_CHANGE, WorkflowStatus
@@ -43,10 +46,10 @@ from workflow_engine.errors import (
     WorkflowEngineError,
 )
 from workflow_engine.faults import FaultPlan
-from workflow_engine.graph.builder import NodeContext
+from workflow_engine.graph.builder import FIRST, NODE_EVENT, NodeContext, WorkflowGraph
 from workflow_engine.graph.commands import CONTINUE_FROM, Change, apply_all
 from workflow_engine.graph.state import WorkflowState
-from workflow_engine.storage.checkpointer import FENCE_KEY, FRESH_KEY, NODE_EVENT
+from workflow_engine.storage.checkpointer import Checkpoint, RowCheckpointer
 from workflow_engine.storage.workflows import WorkflowStore
 
 log = structlog.get_logger(__name__)
@@ -66,7 +69,8 @@ class Run:
         fence: Fence,
         ttl_seconds: float,
         status: str,
-        graph: CompiledStateGraph[Any, Any, Any, Any],
+        graph: WorkflowGraph,
+        checkpoints: RowCheckpointer,
         store: WorkflowStore,
         initial_input: WorkflowState | None,
         faults: FaultPlan | None = None,
@@ -77,10 +81,10 @@ class Run:
         self._ttl = ttl_seconds
         self._status = status
         self._graph = graph
+        self._checkpoints = checkpoints
         self._store = store
         self._input = initial_input
         self._has_checkpoint = initial_input is None
-        self._finished: tuple[str, str] | None = None  # node, status: written next
         self._stop_reason: str | None = None
         self._closing = False
         self._released = False
@@ -122,7 +126,6 @@ class Run:
         the node's work without touching the graph's machinery; the run then stops at this
         boundary, and the node runs again later if the workflow goes on.
         """
-        self._previous_written()
         try:
             self._check_boundary()
         except RunStopped:
@@ -141,18 +144,10 @@ class Run:
         finally:
             self._node_task = None
 
-    def node_finished(self, node: str, status: str) -> None:
-        self._finished = (node, status)
-
-    def _previous_written(self) -> None:
-        """The node that finished last has its checkpoint written (a node starts only then, and
-        the graph returns only then): record its node and status."""
-        if self._finished is None:
-            return
-        node, status = self._finished
-        self._finished = None
+    def _written(self, checkpoint: Checkpoint, node: str) -> None:
+        """`node`'s checkpoint is durable: record its node and status."""
         self.last_node = node
-        self._status = status.upper() or self._status
+        self._status = WorkflowStatus.of_state(checkpoint.state.get("status")).value
         self._has_checkpoint = True
         if self._status in FINAL_STATUSES:  # that write released the lease; nothing follows
             self._closing = self._released = True
@@ -252,45 +247,55 @@ class Run:
             structlog.contextvars.unbind_contextvars("task_id", "run_id")
         return self.outcome or ""
 
-    def _config(self) -> RunnableConfig:
-        return {
-            "configurable": {
-                "thread_id": self._fence.task_id,
-                FENCE_KEY: self._fence,
-                FRESH_KEY: not self._has_checkpoint,
-            },
-            "recursion_limit": 10_000,
-        }
-
     async def _drive(self) -> None:
-        """Run the graph; apply submitted changes first and whenever they interrupt it."""
-        graph_input: WorkflowState | None = self._input
+        """Step through the graph from the latest checkpoint, writing it after every node;
+        apply submitted changes first and whenever they interrupt a node."""
+        if self._input is not None:
+            checkpoint = Checkpoint.fresh(self._input, FIRST)
+        else:
+            found = await self._checkpoints.read(self._fence.task_id, self._graph.nodes)
+            if found is None:
+                raise CheckpointCorrupt(
+                    f"task {self._fence.task_id}: no checkpoint to resume from",
+                    task_id=self._fence.task_id,
+                )
+            checkpoint = found
+        runtime: Runtime[NodeContext | None] = Runtime(context=NodeContext(self))
         while True:
             if self._batches and self._has_checkpoint:
-                await self._apply_changes(self._config())
-                graph_input = None
-            try:
-                await self._graph.ainvoke(
-                    graph_input, self._config(), context=NodeContext(self), durability="sync"
-                )
-                self._previous_written()
+                checkpoint = await self._apply_changes(checkpoint)
+            node = checkpoint.next_node
+            if node is None:
                 return
+            try:
+                state = cast(WorkflowState, checkpoint.state)
+                update: dict[str, Any] = dict(await self._graph.nodes[node](state, runtime=runtime))
             except RunStopped as stop:
                 if stop.reason != UPDATE or self._stop_reason is not None:
                     raise
+                continue  # apply the changes, then run the node again
             finally:
                 self._interrupted = None
-            graph_input = None  # later passes continue from the checkpoint
+            event = update.pop(NODE_EVENT)
+            checkpoint = self._advance(checkpoint, node, update)
+            await self._checkpoints.write(self._fence, checkpoint, event)
+            self._written(checkpoint, node)
 
-    async def _apply_changes(self, config: RunnableConfig) -> None:
+    def _advance(self, checkpoint: Checkpoint, node: str, update: Mapping[str, Any]) -> Checkpoint:
+        state = {**checkpoint.state, **update}
+        return checkpoint.after(
+            node, state, update, self._graph.next_node(node, cast(WorkflowState, state))
+        )
+
+    async def _apply_changes(self, checkpoint: Checkpoint) -> Checkpoint:
+        """Apply the submitted batches in order, each update as its own checkpoint whose next
+        node is chosen by `CONTINUE_FROM`'s router, as if that node had written it."""
         self._applying = True
         try:
             while self._batches:
                 changes, done = self._batches.pop(0)
-                snapshot = await self._graph.aget_state(config)
-                state: WorkflowState = dict(snapshot.values)  # type: ignore[assignment]
                 try:
-                    updates, _ = apply_all(changes, state)
+                    updates, _ = apply_all(changes, checkpoint.state)  # type: ignore[arg-type]
                 except WorkflowEngineError as refused:
                     if not done.done():
                         done.set_exception(refused)
@@ -303,12 +308,10 @@ class Run:
                             "detail": update.detail,
                             "actor": update.actor,
                         }
-                        await self._graph.aupdate_state(
-                            config, {**update.values, NODE_EVENT: event}, as_node=CONTINUE_FROM
-                        )
-                        state = {**state, **update.values}
-                        self.last_node = update.label
-                        self._status = WorkflowStatus.of_state(state.get("status")).value
+                        after = self._advance(checkpoint, CONTINUE_FROM, update.values)
+                        await self._checkpoints.write(self._fence, after, event)
+                        checkpoint = after
+                        self._written(checkpoint, update.label)
                         log.info(
                             "run_updated",
                             label=update.label,
@@ -320,9 +323,10 @@ class Run:
                         done.set_exception(exc)
                     raise
                 if not done.done():
-                    done.set_result(state)
+                    done.set_result(checkpoint.state)  # type: ignore[arg-type]
         finally:
             self._applying = False
+        return checkpoint
 
     async def _release(self) -> None:
         try:

@@ -9,7 +9,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from langgraph.checkpoint.base import empty_checkpoint
 from psycopg_pool import AsyncConnectionPool
 
 from tests.conftest import RunningEngine
@@ -18,7 +17,7 @@ from workflow_engine.domain.records import Fence, StartOutcome
 from workflow_engine.errors import LeaseLost
 from workflow_engine.graph.state import STATE_KEYS, initial_state
 from workflow_engine.runtime.run import Run
-from workflow_engine.storage.checkpointer import FENCE_KEY, NODE_EVENT, RowCheckpointSaver
+from workflow_engine.storage.checkpointer import Checkpoint, RowCheckpointer
 from workflow_engine.storage.workflows import WorkflowStore
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
@@ -27,8 +26,7 @@ EXPIRE = "UPDATE task_workflow_leases SET expires_at = now() - interval '1 secon
 
 @dataclass
 class WriterContext:
-    """What a run hands the checkpointer: its fence (a plain value in the config) and, in the
-    checkpoint's `node_event` channel, the node that just finished."""
+    """What a run hands the checkpointer: its fence, and the node that just finished."""
 
     fence: Fence
     node: str | None = "load_task_context"
@@ -41,16 +39,11 @@ async def pool(db_url: str) -> AsyncIterator[AsyncConnectionPool[Any]]:
         yield p
 
 
-async def put(saver: RowCheckpointSaver, ctx: WriterContext, note: str) -> None:
-    checkpoint = empty_checkpoint()
-    checkpoint["channel_values"] = {
-        **initial_state(ctx.fence.task_id),
-        "summary": note,
-        NODE_EVENT: {"node": ctx.node, "kind": "node"},
-    }
-    config: Any = {"configurable": {"thread_id": ctx.fence.task_id, FENCE_KEY: ctx.fence}}
-    await saver.aput(config, checkpoint, {"source": "loop", "step": 1}, {NODE_EVENT: 1})
+async def put(saver: RowCheckpointer, ctx: WriterContext, note: str) -> None:
     assert ctx.node is not None
+    state = {**initial_state(ctx.fence.task_id), "summary": note}
+    checkpoint = Checkpoint.fresh(state, ctx.node).after(ctx.node, state, ["summary"], None)
+    await saver.write(ctx.fence, checkpoint, {"node": ctx.node, "kind": "node"})
     ctx.written.append(ctx.node)  # reached only when the write landed (else LeaseLost)
     ctx.node = None
 
@@ -61,8 +54,8 @@ def store(pool: AsyncConnectionPool[Any]) -> WorkflowStore:
 
 
 @pytest.fixture
-async def saver(pool: AsyncConnectionPool[Any]) -> AsyncIterator[RowCheckpointSaver]:
-    saver = RowCheckpointSaver(pool, state_keys=STATE_KEYS)
+async def saver(pool: AsyncConnectionPool[Any]) -> AsyncIterator[RowCheckpointer]:
+    saver = RowCheckpointer(pool, state_keys=STATE_KEYS)
     yield saver
     await saver.close()  # stop its group-commit flushers
 
@@ -80,7 +73,7 @@ async def create_as_a(store: WorkflowStore) -> StartOutcome:
 
 
 async def test_zombie_write_is_rejected_after_takeover(
-    store: WorkflowStore, saver: RowCheckpointSaver, db_url: str
+    store: WorkflowStore, saver: RowCheckpointer, db_url: str
 ) -> None:
     started = await create_as_a(store)
     task_id = started.lease.task_id
@@ -111,7 +104,7 @@ async def test_zombie_write_is_rejected_after_takeover(
 
 
 async def test_expired_lease_cannot_write_even_before_a_takeover(
-    store: WorkflowStore, saver: RowCheckpointSaver, db_url: str
+    store: WorkflowStore, saver: RowCheckpointer, db_url: str
 ) -> None:
     started = await create_as_a(store)
     task_id = started.lease.task_id
@@ -154,7 +147,7 @@ async def test_running_zombie_stops_without_writing(running: RunningEngine, db_u
 
 
 async def test_the_same_holder_retaking_its_lease_fences_out_its_older_run(
-    store: WorkflowStore, saver: RowCheckpointSaver, db_url: str
+    store: WorkflowStore, saver: RowCheckpointer, db_url: str
 ) -> None:
     """Holder A re-takes its own expired lease (a restarted runner with the same holder id): the
     new epoch is what counts, so A's older run can no longer write, renew, change the status or

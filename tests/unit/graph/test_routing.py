@@ -103,37 +103,3 @@ def test_budget_reasons_name_the_limit() -> None:
     assert "deadline" in budget_exhausted(
         state("pending", budget={"deadline_seconds": 1}, started_at=NOW - 2), NOW
     )
-
-
-def test_the_graph_runs_one_node_per_superstep_and_a_fan_out_is_refused() -> None:
-    """The row checkpointer keeps no intermediate writes; a graph that could run two nodes at
-    once must not compile (it would lose a node's writes on resume)."""
-    from langgraph.graph import START, StateGraph
-
-    from workflow_engine.graph.builder import assert_one_node_per_step
-    from workflow_engine.graph.state import WorkflowState
-
-    async def noop(state: WorkflowState) -> WorkflowState:
-        return {}
-
-    fan_out: StateGraph = StateGraph(WorkflowState)  # type: ignore[type-arg]
-    for name in ("a", "b", "c"):
-        fan_out.add_node(name, noop)
-    fan_out.add_edge(START, "a")
-    fan_out.add_edge("a", "b")
-    fan_out.add_edge("a", "c")
-    with pytest.raises(ValueError, match="node 'a' leads to several nodes at once"):
-        assert_one_node_per_step(fan_out)
-
-
-async def test_the_checkpointer_refuses_a_second_nodes_writes_in_one_superstep() -> None:
-    from workflow_engine.storage.checkpointer import RowCheckpointSaver
-
-    saver = RowCheckpointSaver(None, state_keys=frozenset())  # type: ignore[arg-type]
-    config = {"configurable": {"thread_id": "t", "checkpoint_id": "c1"}}
-    await saver.aput_writes(config, [("x", 1)], "task-a")  # type: ignore[arg-type]
-    await saver.aput_writes(config, [("x", 2)], "task-a")  # the same node again: a retry
-    with pytest.raises(RuntimeError, match="two nodes wrote in one superstep"):
-        await saver.aput_writes(config, [("y", 1)], "task-b")  # type: ignore[arg-type]
-    next_step = {"configurable": {"thread_id": "t", "checkpoint_id": "c2"}}
-    await saver.aput_writes(next_step, [("y", 1)], "task-b")  # type: ignore[arg-type]

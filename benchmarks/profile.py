@@ -21,7 +21,7 @@ HERE = Path(__file__).resolve().parent
 # (layer, substrings of a frame's file path); the first layer found from the leaf up wins.
 LAYERS = [
     (
-        "checkpoint write (saver, group commit, psycopg)",
+        "checkpoint write (row checkpointer, group commit, psycopg)",
         ("checkpointer.py", "group_commit.py", "psycopg"),
     ),
     ("node bodies and capabilities", ("workflow_engine/graph/nodes.py", "capabilities/")),

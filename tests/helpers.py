@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import psycopg
@@ -53,11 +53,12 @@ async def wait_for_status(
     task_id: str,
     statuses: set[int] = TERMINAL,
     timeout: float = 60,
+    metadata: Sequence[tuple[str, str]] = (),
 ) -> pb.Workflow:
-    """Poll GetWorkflow until the status is one of `statuses`."""
+    """Poll GetWorkflow (with `metadata`: a token) until the status is one of `statuses`."""
     deadline = time.monotonic() + timeout
     while True:
-        wf = await stub.GetWorkflow(pb.GetWorkflowRequest(task_id=task_id))
+        wf = await stub.GetWorkflow(pb.GetWorkflowRequest(task_id=task_id), metadata=metadata)
         if wf.status in statuses:
             return wf
         if time.monotonic() > deadline:

@@ -12,6 +12,7 @@ import signal
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -24,6 +25,7 @@ from psycopg.types.json import set_json_dumps, set_json_loads
 from psycopg_pool import AsyncConnectionPool
 
 from workflow_engine import supervised as supervisor
+from workflow_engine.api.auth import AuthConfigError, Authenticator, AuthInterceptor, Callers
 from workflow_engine.api.decoding import generic_handler
 from workflow_engine.api.health import HealthServicer
 from workflow_engine.api.servicer import WorkflowEngineServicer
@@ -221,26 +223,45 @@ class GrpcServer:
 
     def __init__(self, engine: Engine, *, reuse_port: bool = False) -> None:
         self.engine = engine
-        limit = engine.settings.max_message_bytes
+        settings = engine.settings
+        settings.check_exposure()
+        limit = settings.max_message_bytes
+        authenticator = auth_of(settings)
+        # Only the engines of one supervisor share their ports (see `supervisor`).
+        shared = [("grpc.so_reuseport", int(reuse_port))]
         self.server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", limit),
                 ("grpc.max_send_message_length", 64 * 1024 * 1024),
-                # Only the engines of one supervisor share their port (see `supervisor`).
-                ("grpc.so_reuseport", int(reuse_port)),
-            ]
+                *shared,
+            ],
+            interceptors=[AuthInterceptor(authenticator, SERVICE_NAME)] if authenticator else [],
         )
         self.server.add_generic_rpc_handlers(
             (generic_handler(SERVICE, WorkflowEngineServicer(engine.service)),)
         )
         self.health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        reflection.enable_server_reflection(
-            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
-        )
-        self.port = self.server.add_insecure_port(engine.settings.listen)
+        # Plaintext health only, for probes that cannot speak TLS (Kubernetes' gRPC probes).
+        self.health_server: grpc.aio.Server | None = None
+        self.health_port = 0
+        if settings.health_listen:
+            self.health_server = grpc.aio.server(options=shared)
+            health_pb2_grpc.add_HealthServicer_to_server(self.health, self.health_server)
+            self.health_port = self.health_server.add_insecure_port(settings.health_listen)
+            if self.health_port == 0:
+                raise OSError(f"cannot listen on {settings.health_listen}")
+        if settings.reflection:
+            reflection.enable_server_reflection(
+                (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
+            )
+        credentials = server_credentials(settings)
+        if credentials is None:
+            self.port = self.server.add_insecure_port(settings.listen)
+        else:
+            self.port = self.server.add_secure_port(settings.listen, credentials)
         if self.port == 0:
-            raise OSError(f"cannot listen on {engine.settings.listen}")
+            raise OSError(f"cannot listen on {settings.listen}")
 
     @property
     def address(self) -> str:
@@ -249,6 +270,8 @@ class GrpcServer:
 
     async def start(self) -> None:
         await self.server.start()
+        if self.health_server is not None:
+            await self.health_server.start()
         for name in ("", SERVICE_NAME):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         # Under a supervisor, the supervisor says "serving" once every engine does.
@@ -261,7 +284,40 @@ class GrpcServer:
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         await self.engine.close(drain_timeout=drain_timeout)
         await self.server.stop(grace=5)
+        if self.health_server is not None:
+            await self.health_server.stop(grace=1)
         log.info("stopped")
+
+
+def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
+    """TLS credentials from the settings' PEM files (None: plaintext)."""
+    if not settings.tls_cert_file:
+        return None
+    files = {
+        "TLS_CERT_FILE": settings.tls_cert_file,
+        "TLS_KEY_FILE": settings.tls_key_file,
+        "TLS_CLIENT_CA_FILE": settings.tls_client_ca_file,
+    }
+    pem: dict[str, bytes | None] = {}
+    for name, path in files.items():
+        try:
+            pem[name] = Path(path).read_bytes() if path else None
+        except OSError as exc:
+            raise AuthConfigError(f"WORKFLOW_ENGINE_{name} ({path}): {exc.strerror}") from None
+    chain, key, client_ca = (pem[name] for name in files)
+    return grpc.ssl_server_credentials(
+        [(key or b"", chain or b"")],  # Settings checks both are given
+        root_certificates=client_ca,
+        require_client_auth=client_ca is not None,
+    )
+
+
+def auth_of(settings: Settings) -> Authenticator | None:
+    """Who may call, from the settings (None: everyone who reaches the port)."""
+    if not settings.authenticates:
+        return None
+    callers = Callers.load(settings.tokens_file) if settings.tokens_file else None
+    return Authenticator(callers, client_certificates=bool(settings.tls_client_ca_file))
 
 
 async def serve(settings: Settings) -> None:

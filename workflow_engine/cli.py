@@ -16,7 +16,14 @@ from typing import Any
 
 import structlog
 
-from workflow_engine.app import open_database, open_pool, run_migrations, serve
+from workflow_engine.app import (
+    auth_of,
+    open_database,
+    open_pool,
+    run_migrations,
+    serve,
+    server_credentials,
+)
 from workflow_engine.capabilities.base import CapabilityConfigError
 from workflow_engine.config import ENV_PREFIX, Settings, settings_from_env
 from workflow_engine.logs import configure_logging
@@ -120,6 +127,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = settings_from_args(args, settings_from_env())
         configure_logging(settings.log_level)
+        if args.command == "serve":
+            settings.check_exposure()
+            auth_of(settings)  # a tokens file that cannot be used stops the start here
+            server_credentials(settings)
     except ValueError as exc:
         print(f"workflow-engine: {exc}", file=sys.stderr)
         return 2

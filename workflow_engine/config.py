@@ -9,6 +9,7 @@ capability adds its section here and reads it in its factory entry.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 import uuid
@@ -276,6 +277,21 @@ class Settings:
     verifier_command: str = ""
     #: Log level for the JSON logs on stderr (debug, info, warning, error).
     log_level: str = "info"
+    #: TLS on the gRPC port: the server's certificate chain and key (PEM files; both or
+    #: neither), and a CA whose client certificates are required and name the caller (mutual
+    #: TLS; see `api.auth`).
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_client_ca_file: str = ""
+    #: The callers, their tokens and roles (JSON; see `api.auth`). Empty: no tokens.
+    tokens_file: str = ""
+    #: Serve on an address other than loopback without TLS and callers: refused unless set.
+    allow_insecure_remote: bool = False
+    #: gRPC server reflection (for grpcurl without the .proto).
+    reflection: bool = True
+    #: host:port of a second, plaintext listener serving only grpc.health.v1, for probes that
+    #: cannot speak TLS (Kubernetes' gRPC probes). Empty: none.
+    health_listen: str = ""
 
     def __post_init__(self) -> None:
         if self.database_prepare not in PREPARE_MODES:
@@ -292,10 +308,47 @@ class Settings:
         if not 0 < self.mcp.timeout_seconds <= 300:
             raise ValueError(f"{ENV_PREFIX}MCP_TIMEOUT_SECONDS: expected 0 < seconds <= 300")
         self._check_nodes()
+        self._check_tls()
         self.llm.check(self.planner, self.verifier)
         if self.verifier == "job" and not self.verifier_command.strip():
             raise ValueError(
                 f"{ENV_PREFIX}VERIFIER_COMMAND: required when {ENV_PREFIX}VERIFIER is job"
+            )
+
+    def _check_tls(self) -> None:
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ValueError(
+                f"{ENV_PREFIX}TLS_CERT_FILE and {ENV_PREFIX}TLS_KEY_FILE: give both or neither"
+            )
+        if self.tls_client_ca_file and not self.tls_cert_file:
+            raise ValueError(
+                f"{ENV_PREFIX}TLS_CLIENT_CA_FILE: needs {ENV_PREFIX}TLS_CERT_FILE and "
+                f"{ENV_PREFIX}TLS_KEY_FILE (client certificates are checked over TLS)"
+            )
+
+    @property
+    def authenticates(self) -> bool:
+        """Callers must prove who they are (tokens, or client certificates)."""
+        return bool(self.tokens_file or self.tls_client_ca_file)
+
+    def check_exposure(self) -> None:
+        """Refuse to serve an unauthenticated, unencrypted API beyond this host (it runs
+        commands), unless `allow_insecure_remote` says so."""
+        host = self.listen.rsplit(":", 1)[0].strip("[]")
+        if _is_loopback(host) or self.allow_insecure_remote:
+            return
+        missing = [
+            what
+            for what, given in (("TLS", self.tls_cert_file), ("callers", self.authenticates))
+            if not given
+        ]
+        if missing:
+            raise ValueError(
+                f"{ENV_PREFIX}LISTEN={self.listen} is reachable from other hosts, but there is "
+                f"no {' and no '.join(missing)} ({ENV_PREFIX}TLS_CERT_FILE/_KEY_FILE, "
+                f"{ENV_PREFIX}TOKENS_FILE or {ENV_PREFIX}TLS_CLIENT_CA_FILE): anyone who can "
+                "reach it could run commands on this host. Configure them, listen on "
+                f"127.0.0.1, or set {ENV_PREFIX}ALLOW_INSECURE_REMOTE=true to accept that."
             )
 
     def _check_nodes(self) -> None:
@@ -399,3 +452,12 @@ def _parse(variable: str, kind: str, raw: str) -> Any:
     except ValueError:
         raise ValueError(f"{variable}: expected {kind}, got {raw!r}") from None
     return raw
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name, or an unspecified address such as 0.0.0.0: not only this host

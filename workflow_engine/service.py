@@ -363,14 +363,14 @@ class WorkflowService:
         """The workflow and its events, oldest first (the newest `MAX_HISTORY_EVENTS` of them)."""
         return await self._store.get_with_history(task_id, MAX_HISTORY_EVENTS)
 
-    async def cancel(self, task_id: str, reason: str) -> WorkflowRecord:
+    async def cancel(self, task_id: str, reason: str, actor: str = "") -> WorkflowRecord:
         """Mark cancelled and revoke the lease; answers as soon as that is stored.
 
         Then, without making the caller wait: a run here is abandoned mid-node, and the jobs
         it had in flight are stopped (the replica running it elsewhere does the same when the
         cancel's notification reaches it).
         """
-        record, cancelled = await self._store.cancel(task_id, reason)
+        record, cancelled = await self._store.cancel(task_id, reason, actor)
         if cancelled:
             self._runs.cancel(task_id, jobs_in_flight(_state_of(record)))
             # An abandoned run ends within milliseconds; this bound is for one stuck on an

@@ -22,13 +22,28 @@ def test_every_engine_variable_in_deploy_is_a_setting() -> None:
     assert used <= KNOWN, f"unknown settings in deploy/: {sorted(used - KNOWN)}"
 
 
-def test_compose_and_kubernetes_parse_and_point_at_the_grpc_port() -> None:
+def test_compose_and_kubernetes_serve_tls_with_callers_and_probe_the_health_port() -> None:
     compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
     assert {"postgres", "engine-1", "engine-2"} <= set(compose["services"])
+    for name in ("engine-1", "engine-2"):
+        env = compose["services"][name]["environment"]
+        files = {
+            env[f"WORKFLOW_ENGINE_{k}"] for k in ("TLS_CERT_FILE", "TLS_KEY_FILE", "TOKENS_FILE")
+        }
+        assert files == {f"/run/secrets/{s}" for s in compose["secrets"]}
+        assert all(p.startswith("127.0.0.1:") for p in compose["services"][name]["ports"])
     docs = list(yaml.safe_load_all((DEPLOY / "kubernetes" / "workflow-engine.yaml").read_text()))
     deployment = next(d for d in docs if d["kind"] == "Deployment")
     container = deployment["spec"]["template"]["spec"]["containers"][0]
-    assert container["readinessProbe"]["grpc"]["port"] == 50051
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    health_port = int(env["WORKFLOW_ENGINE_HEALTH_LISTEN"].rsplit(":", 1)[1])
+    assert container["readinessProbe"]["grpc"]["port"] == health_port
+    assert container["livenessProbe"]["grpc"]["port"] == health_port
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    for key in ("TLS_CERT_FILE", "TLS_KEY_FILE", "TOKENS_FILE"):
+        assert env[f"WORKFLOW_ENGINE_{key}"].rsplit("/", 1)[0] in mounts
+    secrets = {v["secret"]["secretName"] for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    assert secrets == {"workflow-engine-tls", "workflow-engine-callers"}
     assert "EXPOSE 50051" in (DEPLOY / "Dockerfile").read_text()
 
 

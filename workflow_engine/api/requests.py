@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from google.protobuf import json_format
 from google.protobuf.descriptor import EnumDescriptor
 
+from workflow_engine.api.auth import recorded_actor
 from workflow_engine.domain.model import JsonObject, parse
 from workflow_engine.domain.task import (
     CHECK_KINDS_NEEDING_EQUALS,
@@ -231,7 +232,7 @@ def decision_from_proto(msg: pb.ApprovalDecision) -> Decision:
     reason = parse_text(
         msg.reason, "decision.reason", limit=MAX_REASON_CHARS, required=verdict == "reject"
     )
-    decided_by = parse_holder_id(msg.decided_by) if msg.decided_by else ""
+    decided_by = recorded_actor(parse_holder_id(msg.decided_by) if msg.decided_by else "")
     if verdict == "edit" and not msg.command and not msg.env:
         raise InvalidArgument("decision.command", "EDIT needs a new command or env")
     if verdict != "edit" and (msg.command or msg.env):
@@ -255,7 +256,7 @@ def decision_from_proto(msg: pb.ApprovalDecision) -> Decision:
 def update_from_proto(msg: pb.UpdateWorkflowRequest) -> commands.Override:
     """UpdateWorkflow's action: who, why, and the change of the current state it makes (see
     graph.commands)."""
-    operator = parse_text(msg.operator, "operator", limit=256, required=True)
+    operator = recorded_actor(parse_text(msg.operator, "operator", limit=256, required=True))
     reason = parse_text(msg.reason, "reason", limit=MAX_REASON_CHARS)
     action = msg.WhichOneof("action")
     if action == "set_state":

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import grpc
 
 from workflow_engine.api import convert, listing, requests
+from workflow_engine.api.auth import recorded_actor
 from workflow_engine.api.decoding import UndecodableRequest
 from workflow_engine.api.errors import status_for
 from workflow_engine.errors import RunControl
@@ -121,7 +122,8 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
     ) -> pb.Workflow:
         task_id = requests.parse_task_id(request.task_id)
         reason = requests.parse_reason(request.reason)
-        return convert.workflow_to_proto(await self._service.cancel(task_id, reason))
+        actor = recorded_actor("")
+        return convert.workflow_to_proto(await self._service.cancel(task_id, reason, actor))
 
     async def WatchWorkflow(
         self, request: pb.WatchWorkflowRequest, context: Context

@@ -104,8 +104,8 @@ RETURNING recovery_attempts
 """
 
 _INSERT_STATUS_EVENT = """
-INSERT INTO workflow_events (task_id, seq, run_id, kind, node_id, status)
-VALUES (%(task_id)s, %(seq)s, %(run_id)s, 'status', NULL, %(status)s)
+INSERT INTO workflow_events (task_id, seq, run_id, kind, node_id, status, actor)
+VALUES (%(task_id)s, %(seq)s, %(run_id)s, 'status', NULL, %(status)s, %(actor)s)
 """
 
 # The status column, and the state's status field with it, unless another writer changed the
@@ -443,8 +443,11 @@ async def orphans(pool: Pool, limit: int = 100) -> list[str]:
     return await on_connection(pool, read)
 
 
-async def cancel(pool: Pool, task_id: str, reason: str) -> tuple[WorkflowRecord, bool]:
+async def cancel(
+    pool: Pool, task_id: str, reason: str, actor: str = ""
+) -> tuple[WorkflowRecord, bool]:
     """Mark an unfinished workflow cancelled and revoke its lease; finished ones stay as is.
+    `actor` (who cancelled) is recorded with the status event.
 
     Returns the record after the call, and whether this call cancelled it. The same
     transaction notifies every replica (``workflow_control``), so the one running it stops
@@ -455,7 +458,7 @@ async def cancel(pool: Pool, task_id: str, reason: str) -> tuple[WorkflowRecord,
         record = await _lock_workflow(conn, task_id)
         if record.terminal:
             return record, False
-        await _set_status(conn, record, WorkflowStatus.CANCELLED, reason or "cancelled")
+        await _set_status(conn, record, WorkflowStatus.CANCELLED, reason or "cancelled", actor)
         await leases.revoke(conn, task_id)
         await conn.execute(_NOTIFY_CONTROL, {"task_id": task_id})
         updated = await select_workflow(conn, task_id)
@@ -535,7 +538,9 @@ async def _insert_event(
     )
 
 
-async def _set_status(conn: Connection, record: WorkflowRecord, status: str, error: str) -> None:
+async def _set_status(
+    conn: Connection, record: WorkflowRecord, status: str, error: str, actor: str = ""
+) -> None:
     cur = await conn.execute(
         _SET_STATUS,
         {
@@ -549,5 +554,11 @@ async def _set_status(conn: Connection, record: WorkflowRecord, status: str, err
     assert row is not None
     await conn.execute(
         _INSERT_STATUS_EVENT,
-        {"task_id": record.task_id, "seq": row[0], "run_id": record.run_id, "status": status},
+        {
+            "task_id": record.task_id,
+            "seq": row[0],
+            "run_id": record.run_id,
+            "status": status,
+            "actor": actor,
+        },
     )

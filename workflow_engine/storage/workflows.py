@@ -74,9 +74,11 @@ class WorkflowStore:
             max_recoveries=max_recoveries,
         )
 
-    async def cancel(self, task_id: str, reason: str) -> tuple[WorkflowRecord, bool]:
+    async def cancel(
+        self, task_id: str, reason: str, actor: str = ""
+    ) -> tuple[WorkflowRecord, bool]:
         """Cancel an unfinished workflow; the record after, and whether this call cancelled it."""
-        return await workflow_rows.cancel(self._pool, task_id, reason)
+        return await workflow_rows.cancel(self._pool, task_id, reason, actor)
 
     async def set_status(self, fence: Fence, status: str, error: str = "") -> bool:
         """Set a status from a runner that still holds its lease; False when it does not."""

@@ -1,0 +1,283 @@
+"""Who may call: callers named by a bearer token or a client certificate, each with a role.
+
+The tokens file (`WORKFLOW_ENGINE_TOKENS_FILE`) is JSON::
+
+    {"callers": [
+      {"identity": "orchestrator", "role": "orchestrator", "token_sha256": "<64 hex digits>"},
+      {"identity": "alice", "role": "operator", "token": "a-long-random-string"},
+      {"identity": "dashboard", "role": "reader", "certificate": "dashboard.example"}
+    ]}
+
+A caller is named by a token (``token``, or better its SHA-256 as ``token_sha256``: the file
+then holds nothing that opens the door) sent as ``authorization: Bearer <token>`` metadata, or
+by the common name of a client certificate the server verified against
+`WORKFLOW_ENGINE_TLS_CLIENT_CA_FILE` (``certificate``). A token is compared with every entry's
+hash in constant time. With a client CA and no tokens file, every verified certificate is an
+``orchestrator`` named by its common name.
+
+Roles: ``orchestrator`` may call everything; ``operator`` may read (get, list, watch), decide
+approvals (ResumeWorkflow with a decision), override (UpdateWorkflow) and cancel; ``reader``
+may only read. Missing or wrong credentials are UNAUTHENTICATED, a role that may not call a
+method PERMISSION_DENIED; neither reaches the service, so nothing changes. Health is always open;
+reflection is open while it is enabled (`WORKFLOW_ENGINE_REFLECTION`).
+
+The caller of the request being served is `caller()`; what a request says about who acts
+(``decided_by``, ``operator``) is recorded beside the authenticated name, never instead of it
+(`recorded_actor`).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import hashlib
+import hmac
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+#: What each role may call, by method name of `workflow_engine.v1.WorkflowEngine`.
+READ = frozenset({"GetWorkflow", "ListWorkflows", "WatchWorkflow"})
+ROLES: Mapping[str, frozenset[str]] = {
+    "orchestrator": READ | {"StartWorkflow", "ResumeWorkflow", "UpdateWorkflow", "CancelWorkflow"},
+    "operator": READ | {"ResumeWorkflow", "UpdateWorkflow", "CancelWorkflow"},
+    "reader": READ,
+}
+#: ResumeWorkflow for an operator: only with a decision (approve, reject or edit a step);
+#: taking the lease or raising a budget is the orchestrator's.
+DECISIONS_ONLY = "operator"
+
+_ENTRY_KEYS = {"identity", "role", "token", "token_sha256", "certificate"}
+
+
+class AuthConfigError(ValueError):
+    """The tokens file or the TLS files cannot be used; the message names the setting."""
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """An authenticated caller."""
+
+    name: str
+    role: str
+
+    def may_call(self, method: str) -> bool:
+        return method in ROLES[self.role]
+
+
+_CALLER: contextvars.ContextVar[Identity | None] = contextvars.ContextVar("caller", default=None)
+
+
+def caller() -> Identity | None:
+    """The authenticated caller of the request being served; None without authentication."""
+    return _CALLER.get()
+
+
+def recorded_actor(named: str) -> str:
+    """Who a change is recorded as: the authenticated caller, with the name the request gave
+    beside it when that differs; without authentication, the name the request gave."""
+    identity = caller()
+    if identity is None:
+        return named
+    if named and named != identity.name:
+        return f"{identity.name} (request says {named})"
+    return identity.name
+
+
+class Callers:
+    """The known callers, by token hash and by certificate name."""
+
+    def __init__(
+        self, tokens: Sequence[tuple[bytes, Identity]], certificates: Mapping[str, Identity]
+    ) -> None:
+        self._tokens = list(tokens)
+        self._certificates = dict(certificates)
+
+    @classmethod
+    def load(cls, path: str) -> Callers:
+        """Read the tokens file; refuse it, naming the entry and field, when malformed."""
+        where = f"WORKFLOW_ENGINE_TOKENS_FILE ({path})"
+        try:
+            doc = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise AuthConfigError(f"{where}: cannot read it as JSON: {exc}") from None
+        entries = doc.get("callers") if isinstance(doc, dict) else None
+        if not isinstance(entries, list) or not entries:
+            raise AuthConfigError(f'{where}: expected {{"callers": [...]}} with one or more')
+        tokens: list[tuple[bytes, Identity]] = []
+        certificates: dict[str, Identity] = {}
+        for i, entry in enumerate(entries):
+            at = f"{where}: callers[{i}]"
+            if not isinstance(entry, dict):
+                raise AuthConfigError(f"{at}: expected an object")
+            unknown = set(entry) - _ENTRY_KEYS
+            if unknown:
+                raise AuthConfigError(f"{at}: unknown field(s) {sorted(unknown)}")
+            name, role = entry.get("identity"), entry.get("role")
+            if not isinstance(name, str) or not name.strip():
+                raise AuthConfigError(f"{at}.identity: required")
+            if role not in ROLES:
+                raise AuthConfigError(f"{at}.role: expected one of {', '.join(ROLES)}")
+            identity = Identity(name.strip(), str(role))
+            given = [k for k in ("token", "token_sha256", "certificate") if k in entry]
+            if len(given) != 1:
+                raise AuthConfigError(f"{at}: give exactly one of token, token_sha256, certificate")
+            value = entry[given[0]]
+            if not isinstance(value, str) or not value:
+                raise AuthConfigError(f"{at}.{given[0]}: expected a non-empty string")
+            if given[0] == "token":
+                if len(value) < 16:
+                    raise AuthConfigError(f"{at}.token: use at least 16 characters")
+                tokens.append((_digest(value), identity))
+            elif given[0] == "token_sha256":
+                try:
+                    digest = bytes.fromhex(value)
+                except ValueError:
+                    digest = b""
+                if len(digest) != 32:
+                    raise AuthConfigError(f"{at}.token_sha256: expected 64 hex digits")
+                tokens.append((digest, identity))
+            else:
+                certificates[value] = identity
+        return cls(tokens, certificates)
+
+    def by_token(self, token: str) -> Identity | None:
+        """The caller `token` names; every entry is compared, in constant time each."""
+        digest = _digest(token)
+        found: Identity | None = None
+        for expected, identity in self._tokens:
+            if hmac.compare_digest(digest, expected) and found is None:
+                found = identity
+        return found
+
+    def by_certificate(self, name: str) -> Identity | None:
+        return self._certificates.get(name)
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
+
+
+class Unauthenticated(Exception):
+    """No credentials, or ones that name no caller."""
+
+
+@dataclass(frozen=True, slots=True)
+class Authenticator:
+    """Names the caller of each request (`identify`) from its metadata and TLS peer."""
+
+    callers: Callers | None  # None: only client certificates (every verified one)
+    client_certificates: bool  # the server verifies client certificates
+
+    def identify(self, context: grpc.aio.ServicerContext[Any, Any]) -> Identity:
+        header = [v for k, v in context.invocation_metadata() or () if k == "authorization"]
+        if len(header) > 1:
+            raise Unauthenticated("send one authorization header, not several")
+        if header:
+            value = header[0] if isinstance(header[0], str) else ""
+            scheme, _, token = value.partition(" ")
+            if scheme.lower() != "bearer" or not token.strip():
+                raise Unauthenticated("the authorization header must be 'Bearer <token>'")
+            identity = self.callers.by_token(token.strip()) if self.callers else None
+            if identity is None:
+                raise Unauthenticated("the bearer token names no caller")
+            return identity
+        name = self._certificate_name(context)
+        if name is not None:
+            if self.callers is None:
+                return Identity(name, "orchestrator")
+            identity = self.callers.by_certificate(name)
+            if identity is not None:
+                return identity
+            raise Unauthenticated(f"the client certificate {name!r} names no caller")
+        raise Unauthenticated("credentials required: an 'authorization: Bearer <token>' header")
+
+    def _certificate_name(self, context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
+        if not self.client_certificates:
+            return None
+        names = list(context.auth_context().get("x509_common_name") or [])
+        return names[0].decode("utf-8", "replace") if names else None
+
+
+Behavior = Callable[..., Any]
+
+
+class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
+    """Runs every call of `service` only for a caller whose role may call its method."""
+
+    def __init__(self, authenticator: Authenticator, service: str) -> None:
+        self._auth = authenticator
+        self._prefix = f"/{service}/"
+
+    async def intercept_service(
+        self,
+        continuation: Callable[
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]
+        ],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any]:
+        handler = await continuation(details)
+        method_path: str = details.method
+        if handler is None or not method_path.startswith(self._prefix):
+            return handler  # health, reflection, unknown methods
+        method = method_path[len(self._prefix) :]
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(
+                self._unary(method, handler.unary_unary),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(
+                self._stream(method, handler.unary_stream),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return handler
+
+    async def _admit(self, method: str, request: Any, context: Any) -> None:
+        try:
+            identity = self._auth.identify(context)
+        except Unauthenticated as exc:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
+            raise AssertionError("unreachable: abort raises") from None
+        if not identity.may_call(method):
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"{identity.name} ({identity.role}) may not call {method}",
+            )
+        if (
+            method == "ResumeWorkflow"
+            and identity.role == DECISIONS_ONLY
+            and not _has_decision(request)
+        ):
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"{identity.name} (operator) may call ResumeWorkflow only with a decision",
+            )
+        _CALLER.set(identity)  # each call runs in its own task: this is the call's caller
+
+    def _unary(self, method: str, inner: Behavior) -> Behavior:
+        async def behavior(request: Any, context: Any) -> Any:
+            await self._admit(method, request, context)
+            return await inner(request, context)
+
+        return behavior
+
+    def _stream(self, method: str, inner: Behavior) -> Behavior:
+        async def behavior(request: Any, context: Any) -> AsyncIterator[Any]:
+            await self._admit(method, request, context)
+            async for item in inner(request, context):
+                yield item
+
+        return behavior
+
+
+def _has_decision(request: Any) -> bool:
+    try:
+        return bool(request.HasField("decision"))
+    except (AttributeError, ValueError):
+        return False  # an undecodable request: the service refuses it anyway

@@ -35,6 +35,10 @@ class WorkflowNotFound(WorkflowEngineError):
         super().__init__(f"task_id: no workflow for task {task_id}", task_id=task_id)
 
 
+class OutOfScope(WorkflowEngineError):
+    """A caller scoped to some projects or users asked to start a workflow outside them."""
+
+
 class TaskNotFound(WorkflowEngineError):
     """The orchestrator has no such task (its `tasks` table, a foreign key to it, or its task
     source said so); `where` names what was asked."""

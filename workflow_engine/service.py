@@ -15,6 +15,7 @@ from workflow_engine.config import Settings
 from workflow_engine.domain.records import (
     Fence,
     Lease,
+    Scope,
     StartOutcome,
     WorkflowEventRecord,
     WorkflowPage,
@@ -25,10 +26,13 @@ from workflow_engine.domain.status import TERMINAL_STATUSES, WorkflowStatus
 from workflow_engine.domain.task import Budget, TaskSpec
 from workflow_engine.errors import (
     InvalidState,
+    LeaseHeld,
+    OutOfScope,
     ShuttingDown,
     TaskNotFound,
     TaskNotStartable,
     TaskSourceUnavailable,
+    WorkflowExists,
     WorkflowNotFound,
 )
 from workflow_engine.graph import commands, routing
@@ -112,6 +116,7 @@ class WorkflowService:
         idempotency_key: str | None,
         task: TaskSpec | None,
         lease_ttl_seconds: int = 0,
+        scope: Scope | None = None,
     ) -> StartOutcome:
         """Take the lease, store the task and the first checkpoint, and run in the background.
 
@@ -121,19 +126,31 @@ class WorkflowService:
         """
         if task is None:
             task = await self._task_by_id(task_id)
+        if scope is not None and not scope.admits(task.metadata.user_id, task.metadata.project_id):
+            raise OutOfScope(
+                "task.metadata: the caller may not start workflows of project "
+                f"{task.metadata.project_id!r}, user {task.metadata.user_id!r}",
+                task_id=task_id,
+            )
         self._check_plannable(task)
         ttl = self._ttl(lease_ttl_seconds)
         self._check_accepting()
         holder = holder_id or self._settings.holder_id
         state = initial_state(task_id)
-        outcome = await self._store.create(
-            task_id=task_id,
-            holder_id=holder,
-            idempotency_key=idempotency_key,
-            ttl_seconds=ttl,
-            spec=task.to_json(),
-            initial_state=dict(state),
-        )
+        try:
+            outcome = await self._store.create(
+                task_id=task_id,
+                holder_id=holder,
+                idempotency_key=idempotency_key,
+                ttl_seconds=ttl,
+                spec=task.to_json(),
+                initial_state=dict(state),
+            )
+        except (WorkflowExists, LeaseHeld):
+            await self._taken_in_scope(task_id, scope)
+            raise
+        if outcome.status != "STARTED":
+            await self._taken_in_scope(task_id, scope)
         if outcome.status == "STARTED":
             assert outcome.lease is not None  # a started workflow holds the lease it took
             assert outcome.started_at is not None
@@ -175,6 +192,7 @@ class WorkflowService:
         lease_ttl_seconds: int = 0,
         decision: Decision | None = None,
         budget: Budget | None = None,
+        scope: Scope | None = None,
     ) -> ResumeOutcome:
         """Continue an unfinished workflow from its checkpoint under a fresh lease.
 
@@ -186,7 +204,7 @@ class WorkflowService:
         """
         ttl = self._ttl(lease_ttl_seconds)
         holder = holder_id or self._settings.holder_id
-        record = await self._store.get(task_id)
+        record = _in_scope(await self._store.get(task_id), scope)
         _refuse_blocked(record)
         changes = _resume_changes(record, decision, budget, holder)
         if changes:
@@ -205,7 +223,7 @@ class WorkflowService:
         self._launch_resumed(claim.record, holder, claim.lease, ttl)
         return ResumeOutcome(claim.record, claim.lease, True, claim.record.status)
 
-    async def update(self, task_id: str, override: Override) -> Applied:
+    async def update(self, task_id: str, override: Override, scope: Scope | None = None) -> Applied:
         """Apply an operator's override under the lease.
 
         A change of the state (`override.change`): a run in this process applies it at once
@@ -214,7 +232,7 @@ class WorkflowService:
         anything is written when it does not fit. A blocked workflow (another writer changed
         its row) takes only a decision about that: accept their state, or fail it.
         """
-        record = await self._store.get(task_id)
+        record = _in_scope(await self._store.get(task_id), scope)
         if record.terminal:
             raise InvalidState(f"the workflow has ended ({record.status}); nothing to override")
         if override.accept_outside_state:
@@ -354,22 +372,41 @@ class WorkflowService:
             changes=changes,
         )
 
-    async def get(self, task_id: str) -> WorkflowRecord:
-        return await self._store.get(task_id)
+    async def get(self, task_id: str, scope: Scope | None = None) -> WorkflowRecord:
+        return _in_scope(await self._store.get(task_id), scope)
 
     async def get_with_history(
-        self, task_id: str
+        self, task_id: str, scope: Scope | None = None
     ) -> tuple[WorkflowRecord, Sequence[WorkflowEventRecord]]:
         """The workflow and its events, oldest first (the newest `MAX_HISTORY_EVENTS` of them)."""
-        return await self._store.get_with_history(task_id, MAX_HISTORY_EVENTS)
+        record, history = await self._store.get_with_history(task_id, MAX_HISTORY_EVENTS)
+        return _in_scope(record, scope), history
 
-    async def cancel(self, task_id: str, reason: str, actor: str = "") -> WorkflowRecord:
+    async def _taken_in_scope(self, task_id: str, scope: Scope | None) -> None:
+        """A start met an existing workflow: tell a scoped caller nothing about another
+        tenant's (its status, its lease holder), only that the task id is taken."""
+        if scope is None:
+            return
+        try:
+            await self._check_scope(task_id, scope)
+        except WorkflowNotFound:
+            raise WorkflowExists(task_id, "not shown") from None
+
+    async def _check_scope(self, task_id: str, scope: Scope | None) -> None:
+        """NOT_FOUND, as for a workflow that does not exist, unless `scope` admits it."""
+        if scope is not None:
+            _in_scope(await self._store.get(task_id), scope)
+
+    async def cancel(
+        self, task_id: str, reason: str, actor: str = "", scope: Scope | None = None
+    ) -> WorkflowRecord:
         """Mark cancelled and revoke the lease; answers as soon as that is stored.
 
         Then, without making the caller wait: a run here is abandoned mid-node, and the jobs
         it had in flight are stopped (the replica running it elsewhere does the same when the
         cancel's notification reaches it).
         """
+        await self._check_scope(task_id, scope)  # a workflow's owner never changes
         record, cancelled = await self._store.cancel(task_id, reason, actor)
         if cancelled:
             self._runs.cancel(task_id, jobs_in_flight(_state_of(record)))
@@ -378,13 +415,16 @@ class WorkflowService:
             await self._runs.wait(task_id, CANCEL_RUN_WAIT_SECONDS)
         return record
 
-    async def watch(self, task_id: str, from_sequence: int) -> AsyncIterator[WorkflowEventRecord]:
+    async def watch(
+        self, task_id: str, from_sequence: int, scope: Scope | None = None
+    ) -> AsyncIterator[WorkflowEventRecord]:
         """Yield the task's events from `from_sequence` on, ending after a terminal status.
 
         Events this process wrote come from its event feed; the table is read only for what
         the feed does not hold (see `runtime.events`).
         """
         next_seq = max(from_sequence, 1)
+        await self._check_scope(task_id, scope)
         with self._events.subscribe(task_id) as news:
             record: WorkflowRecord | None = None
             if not self._events.recent(task_id, next_seq):
@@ -415,6 +455,14 @@ class WorkflowService:
     async def list_workflows(self, query: WorkflowQuery) -> WorkflowPage:
         """One page of workflows matching `query`, newest update first (no state, no history)."""
         return await self._store.list_workflows(query)
+
+
+def _in_scope(record: WorkflowRecord, scope: Scope | None) -> WorkflowRecord:
+    """`record`, or the NOT_FOUND of a workflow that does not exist when `scope` does not
+    admit it: another tenant cannot tell that it exists."""
+    if scope is not None and not scope.admits(record.user_id, record.project_id):
+        raise WorkflowNotFound(record.task_id)
+    return record
 
 
 def _refuse_blocked(record: WorkflowRecord) -> None:

@@ -5,7 +5,8 @@ The tokens file (`WORKFLOW_ENGINE_TOKENS_FILE`) is JSON::
     {"callers": [
       {"identity": "orchestrator", "role": "orchestrator", "token_sha256": "<64 hex digits>"},
       {"identity": "alice", "role": "operator", "token": "a-long-random-string"},
-      {"identity": "dashboard", "role": "reader", "certificate": "dashboard.example"}
+      {"identity": "dashboard", "role": "reader", "certificate": "dashboard.example"},
+      {"identity": "team-a", "role": "operator", "token_sha256": "...", "projects": ["a"]}
     ]}
 
 A caller is named by a token (``token``, or better its SHA-256 as ``token_sha256``: the file
@@ -20,6 +21,11 @@ approvals (ResumeWorkflow with a decision), override (UpdateWorkflow) and cancel
 may only read. Missing or wrong credentials are UNAUTHENTICATED, a role that may not call a
 method PERMISSION_DENIED; neither reaches the service, so nothing changes. Health is always open;
 reflection is open while it is enabled (`WORKFLOW_ENGINE_REFLECTION`).
+
+A caller with ``projects`` and/or ``users`` is scoped to them (a tenant): it sees, lists,
+watches and changes only workflows whose task metadata has one of those projects and one of
+those users, and starts only such workflows. The service enforces that (`scope()`), answering
+another tenant's workflow exactly as one that does not exist.
 
 The caller of the request being served is `caller()`; what a request says about who acts
 (``decided_by``, ``operator``) is recorded beside the authenticated name, never instead of it
@@ -39,6 +45,8 @@ from typing import Any
 
 import grpc
 
+from workflow_engine.domain.records import Scope
+
 #: What each role may call, by method name of `workflow_engine.v1.WorkflowEngine`.
 READ = frozenset({"GetWorkflow", "ListWorkflows", "WatchWorkflow"})
 ROLES: Mapping[str, frozenset[str]] = {
@@ -50,7 +58,7 @@ ROLES: Mapping[str, frozenset[str]] = {
 #: taking the lease or raising a budget is the orchestrator's.
 DECISIONS_ONLY = "operator"
 
-_ENTRY_KEYS = {"identity", "role", "token", "token_sha256", "certificate"}
+_ENTRY_KEYS = {"identity", "role", "token", "token_sha256", "certificate", "projects", "users"}
 
 
 class AuthConfigError(ValueError):
@@ -59,10 +67,11 @@ class AuthConfigError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Identity:
-    """An authenticated caller."""
+    """An authenticated caller, and the workflows it may see (None: all of them)."""
 
     name: str
     role: str
+    scope: Scope | None = None
 
     def may_call(self, method: str) -> bool:
         return method in ROLES[self.role]
@@ -74,6 +83,12 @@ _CALLER: contextvars.ContextVar[Identity | None] = contextvars.ContextVar("calle
 def caller() -> Identity | None:
     """The authenticated caller of the request being served; None without authentication."""
     return _CALLER.get()
+
+
+def scope() -> Scope | None:
+    """The workflows the caller of the request being served may see (None: every one)."""
+    identity = _CALLER.get()
+    return identity.scope if identity is not None else None
 
 
 def recorded_actor(named: str) -> str:
@@ -121,7 +136,7 @@ class Callers:
                 raise AuthConfigError(f"{at}.identity: required")
             if role not in ROLES:
                 raise AuthConfigError(f"{at}.role: expected one of {', '.join(ROLES)}")
-            identity = Identity(name.strip(), str(role))
+            identity = Identity(name.strip(), str(role), _scope(entry, at))
             given = [k for k in ("token", "token_sha256", "certificate") if k in entry]
             if len(given) != 1:
                 raise AuthConfigError(f"{at}: give exactly one of token, token_sha256, certificate")
@@ -155,6 +170,21 @@ class Callers:
 
     def by_certificate(self, name: str) -> Identity | None:
         return self._certificates.get(name)
+
+
+def _scope(entry: Mapping[str, Any], at: str) -> Scope | None:
+    """The entry's `projects` and `users` (lists of names): whose workflows it may see."""
+    names: dict[str, frozenset[str]] = {}
+    for key in ("projects", "users"):
+        value = entry.get(key, [])
+        if key in entry and not value:
+            raise AuthConfigError(f"{at}.{key}: name one or more, or leave it out")
+        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+            raise AuthConfigError(f"{at}.{key}: expected a list of non-empty names")
+        names[key] = frozenset(value)
+    if not names["projects"] and not names["users"]:
+        return None
+    return Scope(projects=names["projects"], users=names["users"])
 
 
 def _digest(token: str) -> bytes:

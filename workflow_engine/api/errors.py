@@ -17,6 +17,7 @@ from workflow_engine.errors import (
     InvalidState,
     LeaseHeld,
     LeaseLost,
+    OutOfScope,
     RunControl,
     ShuttingDown,
     TaskNotFound,
@@ -33,6 +34,7 @@ log = structlog.get_logger(__name__)
 _CODES: list[tuple[type[WorkflowEngineError | RunControl], grpc.StatusCode]] = [
     (InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
     (WorkflowNotFound, grpc.StatusCode.NOT_FOUND),
+    (OutOfScope, grpc.StatusCode.PERMISSION_DENIED),
     (TaskNotFound, grpc.StatusCode.NOT_FOUND),
     (TaskNotStartable, grpc.StatusCode.FAILED_PRECONDITION),
     (TaskSourceUnavailable, grpc.StatusCode.UNAVAILABLE),

@@ -9,13 +9,14 @@ the boundary and nowhere else. Requests are decoded by `api.decoding`, which han
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from functools import wraps
 from typing import Any, TypeVar
 
 import grpc
 
 from workflow_engine.api import convert, listing, requests
-from workflow_engine.api.auth import recorded_actor
+from workflow_engine.api.auth import recorded_actor, scope
 from workflow_engine.api.decoding import UndecodableRequest
 from workflow_engine.api.errors import status_for
 from workflow_engine.errors import RunControl
@@ -64,6 +65,7 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
             idempotency_key=key,
             task=requests.optional_task(request),
             lease_ttl_seconds=requests.parse_lease_ttl(request.lease_ttl_seconds),
+            scope=scope(),
         )
         lease = outcome.lease
         return pb.StartWorkflowResponse(
@@ -93,6 +95,7 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
             budget=requests.budget_from_proto(request.budget)
             if request.HasField("budget")
             else None,
+            scope=scope(),
         )
         record = outcome.record
         return pb.ResumeWorkflowResponse(
@@ -111,7 +114,7 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
         """The workflow with its history: its events, oldest first, and at most the newest
         `MAX_HISTORY_EVENTS` (1000) of them; WatchWorkflow from sequence 1 has them all."""
         task_id = requests.parse_task_id(request.task_id)
-        record, history = await self._service.get_with_history(task_id)
+        record, history = await self._service.get_with_history(task_id, scope())
         workflow = convert.workflow_to_proto(record)
         workflow.history.extend(convert.event_to_proto(task_id, event) for event in history)
         return workflow
@@ -123,7 +126,8 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
         task_id = requests.parse_task_id(request.task_id)
         reason = requests.parse_reason(request.reason)
         actor = recorded_actor("")
-        return convert.workflow_to_proto(await self._service.cancel(task_id, reason, actor))
+        cancelled = await self._service.cancel(task_id, reason, actor, scope())
+        return convert.workflow_to_proto(cancelled)
 
     async def WatchWorkflow(
         self, request: pb.WatchWorkflowRequest, context: Context
@@ -132,7 +136,7 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
             if isinstance(request, UndecodableRequest):
                 raise request.error()
             task_id = requests.parse_task_id(request.task_id)
-            async for event in self._service.watch(task_id, request.from_sequence):
+            async for event in self._service.watch(task_id, request.from_sequence, scope()):
                 yield convert.event_to_proto(task_id, event)
         except (Exception, RunControl) as exc:
             code, message = status_for(exc)
@@ -143,7 +147,7 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
         self, request: pb.ListWorkflowsRequest, context: Context
     ) -> pb.ListWorkflowsResponse:
         """Workflows newest update first, without state or history; see `api.listing`."""
-        query = listing.parse_list_request(request)
+        query = replace(listing.parse_list_request(request), scope=scope())
         return listing.list_response(await self._service.list_workflows(query), query)
 
     @_unary
@@ -152,7 +156,7 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
     ) -> pb.Workflow:
         task_id = requests.parse_task_id(request.task_id)
         override = requests.update_from_proto(request)
-        applied = await self._service.update(task_id, override)
+        applied = await self._service.update(task_id, override, scope())
         workflow = convert.workflow_to_proto(applied.record)
         workflow.status = convert.status_to_proto(applied.status)
         return workflow

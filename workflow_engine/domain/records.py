@@ -56,6 +56,9 @@ class WorkflowRecord:
     #: Why the engine will not run this workflow until an operator decides ('' when it will):
     #: another writer changed its state or last_node_id.
     blocked_reason: str = ""
+    #: Whose it is: the task metadata's user and project.
+    user_id: str = ""
+    project_id: str = ""
 
     @property
     def terminal(self) -> bool:
@@ -100,6 +103,20 @@ class WorkflowEventRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class Scope:
+    """The workflows a caller may see and change: those whose task's project is one of
+    `projects` and whose user is one of `users` (an empty set does not limit)."""
+
+    projects: frozenset[str] = frozenset()
+    users: frozenset[str] = frozenset()
+
+    def admits(self, user_id: str, project_id: str) -> bool:
+        return (not self.projects or project_id in self.projects) and (
+            not self.users or user_id in self.users
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class WorkflowQuery:
     """What ListWorkflows asks for; empty filters match everything."""
 
@@ -111,6 +128,8 @@ class WorkflowQuery:
     limit: int = 50
     # Start after this (updated_at, task_id): the last row of the previous page.
     after: tuple[datetime, str] | None = None
+    #: Only the workflows the caller may see (None: every one).
+    scope: Scope | None = None
 
 
 @dataclass(frozen=True, slots=True)

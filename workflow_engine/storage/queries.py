@@ -33,7 +33,8 @@ SELECT c.task_id::text AS task_id, c.run_id::text AS run_id, c.status, c.last_no
        c.event_seq, c.checkpoint_id IS NOT NULL AS has_checkpoint,
        l.holder_id AS lease_holder_id, l.expires_at AS lease_expires_at,
        CASE WHEN c.blocked_reason <> '' THEN c.blocked_reason
-            WHEN c.changed_outside THEN %(outside_change)s ELSE '' END AS blocked_reason
+            WHEN c.changed_outside THEN %(outside_change)s ELSE '' END AS blocked_reason,
+       c.user_id, c.project_id
   FROM workflow_checkpoints c
   LEFT JOIN task_workflow_leases l ON l.task_id = c.task_id
  WHERE c.task_id = %(task_id)s AND c.engine_owned
@@ -135,6 +136,11 @@ def list_statement(query: WorkflowQuery) -> tuple[LiteralString, dict[str, Any]]
         where.append("c.user_id = %(user_id)s")
     if query.project_id:
         where.append("c.project_id = %(project_id)s")
+    scope = query.scope
+    if scope is not None and scope.projects:
+        where.append("c.project_id = ANY(%(scope_projects)s)")
+    if scope is not None and scope.users:
+        where.append("c.user_id = ANY(%(scope_users)s)")
     if query.updated_after is not None:
         where.append("c.updated_at >= %(updated_after)s")
     if query.updated_before is not None:
@@ -149,6 +155,8 @@ def list_statement(query: WorkflowQuery) -> tuple[LiteralString, dict[str, Any]]
         "statuses": list(query.statuses),
         "user_id": query.user_id,
         "project_id": query.project_id,
+        "scope_projects": sorted(scope.projects) if scope else [],
+        "scope_users": sorted(scope.users) if scope else [],
         "updated_after": query.updated_after,
         "updated_before": query.updated_before,
         "after_updated_at": query.after[0] if query.after else None,

@@ -39,8 +39,16 @@ def load(tmp_path: Path, doc: Any) -> Callers:
             "64 hex digits",
         ),
         (
+            {"callers": [{"identity": "a", "role": "reader", "token": TOKEN, "tenant": "x"}]},
+            r"unknown field\(s\) \['tenant'\]",
+        ),
+        (
             {"callers": [{"identity": "a", "role": "reader", "token": TOKEN, "projects": []}]},
-            r"unknown field\(s\) \['projects'\]",
+            r"\.projects: name one or more",
+        ),
+        (
+            {"callers": [{"identity": "a", "role": "reader", "token": TOKEN, "users": "bob"}]},
+            r"\.users: expected a list",
         ),
     ],
 )

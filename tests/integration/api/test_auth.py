@@ -5,7 +5,9 @@ Every refusal is checked against the stored rows: a refused call changes nothing
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
@@ -18,8 +20,8 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from tests.certificates import Authority
 from tests.conftest import RunningEngine, start_engine, stop_engine
+from tests.e2e.process import ENGINE
 from tests.helpers import new_task_id, snapshot, step, task, wait_for_status
-from workflow_engine.cli import main
 from workflow_engine.config import Settings
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
@@ -320,8 +322,6 @@ async def test_serving_beyond_loopback_needs_tls_and_callers(
     settings: Settings,
     tmp_path: Path,
     pki: tuple[Authority, Authority],
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
 ) -> None:
     exposed = replace(settings, listen="0.0.0.0:0")
     with pytest.raises(ValueError, match="ALLOW_INSECURE_REMOTE") as refused:
@@ -335,8 +335,15 @@ async def test_serving_beyond_loopback_needs_tls_and_callers(
     replace(exposed, allow_insecure_remote=True).check_exposure()
 
     # The command refuses before it starts anything (no database, no port).
-    monkeypatch.setenv("WORKFLOW_ENGINE_LISTEN", "0.0.0.0:50999")
-    monkeypatch.setenv("WORKFLOW_ENGINE_DATA_DIR", str(tmp_path / "never"))
-    assert main(["serve"]) == 2
-    assert "ALLOW_INSECURE_REMOTE" in capsys.readouterr().err
+    env = {
+        **os.environ,
+        "WORKFLOW_ENGINE_LISTEN": "0.0.0.0:50999",
+        "WORKFLOW_ENGINE_DATA_DIR": str(tmp_path / "never"),
+    }
+    proc = await asyncio.create_subprocess_exec(
+        str(ENGINE), "serve", env=env, stderr=asyncio.subprocess.PIPE
+    )
+    _, stderr = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 2
+    assert "ALLOW_INSECURE_REMOTE" in stderr.decode()
     assert not (tmp_path / "never").exists()

@@ -44,6 +44,7 @@ from workflow_engine.graph.state import STATE_KEYS
 from workflow_engine.runtime.events import EventHub
 from workflow_engine.runtime.manager import RunManager
 from workflow_engine.runtime.recovery import Recoverer
+from workflow_engine.secrets import SECRETS
 from workflow_engine.service import WorkflowService
 from workflow_engine.storage import orchestrator_nodes, orchestrator_tasks
 from workflow_engine.storage.checkpointer import RowCheckpointer
@@ -135,6 +136,7 @@ class Engine:
         embedded: EmbeddedPostgres | None,
         capabilities: Capabilities | None,
     ) -> Engine:
+        SECRETS.add([settings.mcp.bearer_token, settings.node.token])
         pool = await open_pool(url, settings)
         applied = await run_migrations(pool)
         log.info("schema_ready", migrations=applied)

@@ -12,6 +12,8 @@ import sys
 
 import structlog
 
+from workflow_engine.secrets import SECRETS
+
 
 def configure_logging(level: str = "info") -> None:
     numeric = logging.getLevelNamesMapping().get(level.upper())
@@ -23,6 +25,7 @@ def configure_logging(level: str = "info") -> None:
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.dict_tracebacks,
+            SECRETS.redact_event,  # last before rendering: sees every value as it is written
             structlog.processors.JSONRenderer(),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),

@@ -42,6 +42,7 @@ from workflow_engine.graph.state import WorkflowState, accepted_state, initial_s
 from workflow_engine.runtime.events import EventHub
 from workflow_engine.runtime.manager import RunManager
 from workflow_engine.runtime.run import Run, RunEnded
+from workflow_engine.secrets import SECRETS, state_secrets, step_secrets
 from workflow_engine.storage.queries import MAX_HISTORY_EVENTS
 from workflow_engine.storage.workflows import WorkflowStore
 
@@ -133,6 +134,7 @@ class WorkflowService:
                 task_id=task_id,
             )
         self._check_plannable(task)
+        SECRETS.add(step_secrets(task.steps))
         ttl = self._ttl(lease_ttl_seconds)
         self._check_accepting()
         holder = holder_id or self._settings.holder_id
@@ -430,6 +432,7 @@ class WorkflowService:
             if not self._events.recent(task_id, next_seq):
                 # NOT_FOUND before anything is streamed; and the table may be ahead of the feed.
                 record = await self._store.get(task_id)
+                SECRETS.add(state_secrets(record.state))  # it may run elsewhere
                 news.stale = True
             while True:
                 news.woken.clear()  # before reading, so a wake-up during the read is not lost

@@ -46,6 +46,7 @@ from typing import Any
 import grpc
 
 from workflow_engine.domain.records import Scope
+from workflow_engine.secrets import SECRETS
 
 #: What each role may call, by method name of `workflow_engine.v1.WorkflowEngine`.
 READ = frozenset({"GetWorkflow", "ListWorkflows", "WatchWorkflow"})
@@ -147,6 +148,7 @@ class Callers:
                 if len(value) < 16:
                     raise AuthConfigError(f"{at}.token: use at least 16 characters")
                 tokens.append((_digest(value), identity))
+                SECRETS.add([value])
             elif given[0] == "token_sha256":
                 try:
                     digest = bytes.fromhex(value)

@@ -10,7 +10,9 @@ from typing import Any
 
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
 
+from workflow_engine.domain.model import JsonObject
 from workflow_engine.domain.records import WorkflowEventRecord, WorkflowRecord
+from workflow_engine.secrets import SECRETS, redact, redact_json, state_secrets
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 
@@ -39,20 +41,29 @@ def status_to_proto(name: str) -> pb.WorkflowStatus.ValueType:
 
 
 def workflow_to_proto(record: WorkflowRecord) -> pb.Workflow:
+    secrets = state_secrets(record.state)
+    state = shown_state(record.state, secrets)
     return pb.Workflow(
         task_id=record.task_id,
         run_id=record.run_id or "",
         status=status_to_proto(record.status),
         last_node_id=record.last_node_id or "",
-        state=to_struct(record.state),
+        state=to_struct(state),
         updated_at=to_timestamp(record.updated_at),
         lease_holder_id=record.lease_holder_id or "",
         lease_expires_at=to_timestamp(record.lease_expires_at),
-        summary=record.summary,
-        error=record.error,
-        pending_approval=approval_to_proto(record.state),
+        summary=SECRETS.redact(redact(record.summary, secrets)),
+        error=SECRETS.redact(redact(record.error, secrets)),
+        pending_approval=approval_to_proto(state),
         blocked_reason=record.blocked_reason,
     )
+
+
+def shown_state(state: JsonObject, secrets: set[str] | None = None) -> JsonObject:
+    """A workflow's state as answers show it: its secrets masked (see `secrets`)."""
+    found = state_secrets(state) if secrets is None else secrets
+    shown: JsonObject = redact_json(state, found) if found else state
+    return shown
 
 
 # `workflow_events.kind` as stored -> the EventKind clients see; the one place that maps them.
@@ -79,7 +90,7 @@ def event_to_proto(task_id: str, event: WorkflowEventRecord) -> pb.WorkflowEvent
         status=status_to_proto(event.status),
         time=to_timestamp(event.created_at),
         run_id=event.run_id or "",
-        detail=event.detail,
+        detail=SECRETS.redact(event.detail),
         actor=event.actor,
     )
 

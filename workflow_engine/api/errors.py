@@ -27,6 +27,7 @@ from workflow_engine.errors import (
     WorkflowExists,
     WorkflowNotFound,
 )
+from workflow_engine.secrets import SECRETS
 from workflow_engine.storage.retry import is_transient
 
 log = structlog.get_logger(__name__)
@@ -51,7 +52,7 @@ def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     """The status code and message a client sees for `exc`."""
     for kind, code in _CODES:
         if isinstance(exc, kind):
-            return code, exc.message
+            return code, SECRETS.redact(exc.message)
     if is_transient(exc):
         return grpc.StatusCode.UNAVAILABLE, "database unavailable; retry"
     if isinstance(exc, psycopg.Error):

@@ -24,6 +24,7 @@ from google.protobuf import timestamp_pb2
 from workflow_engine.api import convert, requests
 from workflow_engine.domain.records import WorkflowListItem, WorkflowPage, WorkflowQuery
 from workflow_engine.errors import InvalidArgument
+from workflow_engine.secrets import SECRETS
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 DEFAULT_PAGE_SIZE = 50
@@ -110,8 +111,8 @@ def list_item_to_proto(item: WorkflowListItem) -> pb.Workflow:
         updated_at=convert.to_timestamp(item.updated_at),
         lease_holder_id=item.lease_holder_id or "",
         lease_expires_at=convert.to_timestamp(item.lease_expires_at),
-        summary=item.summary,
-        error=item.error,
+        summary=SECRETS.redact(item.summary),
+        error=SECRETS.redact(item.error),
     )
 
 

@@ -155,6 +155,7 @@ def _step(msg: pb.Step, index: int) -> JsonObject:
         "expect": [_check(c, f"task.steps[{index}].expect[{j}]") for j, c in enumerate(msg.expect)],
         "image": msg.image,
         "required_labels": list(msg.required_labels),
+        "secret_env": list(msg.secret_env),
     }
 
 

@@ -101,7 +101,7 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
         return pb.ResumeWorkflowResponse(
             task_id=record.task_id,
             run_id=record.run_id or "",
-            state=convert.to_struct(record.state),
+            state=convert.to_struct(convert.shown_state(record.state)),
             last_node_id=record.last_node_id or "",
             updated_at=convert.to_timestamp(record.updated_at),
             status=convert.status_to_proto(outcome.status),

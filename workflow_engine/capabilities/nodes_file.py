@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from workflow_engine.capabilities.base import CapabilityConfigError
+from workflow_engine.secrets import SECRETS
 
 DEFAULT_MAX_JOBS = 8
 MAX_NODES = 1000
@@ -103,7 +104,7 @@ def _node(entry: Any, environ: Mapping[str, str], base_dir: Path, at: str) -> Wo
     return WorkerNode(
         name=name,
         url=base_url(entry.get("url"), f"{at}.url"),
-        token=_token(entry, environ, base_dir, at),
+        token=_secret(_token(entry, environ, base_dir, at)),
         labels=_labels(entry.get("labels"), f"{at}.labels"),
         max_jobs=_max_jobs(entry.get("max_jobs", DEFAULT_MAX_JOBS), f"{at}.max_jobs"),
     )
@@ -186,3 +187,8 @@ def _max_jobs(value: Any, at: str) -> int:
 
 def _format(path: Path) -> str:
     return "JSON" if path.suffix == ".json" else "YAML"
+
+
+def _secret(token: str) -> str:
+    SECRETS.add([token])  # a node's token is never shown
+    return token

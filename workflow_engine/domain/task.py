@@ -127,6 +127,8 @@ class Step(DomainModel):
     #: Labels a worker node must have to run this step (capabilities, locality, models, as the
     #: node registry spells them); the local sandbox ignores them.
     required_labels: tuple[str, ...] = Field((), json_schema_extra={"maxItems": MAX_LABELS})
+    #: Names of `env` entries whose values are secret: shown nowhere (see `secrets`).
+    secret_env: tuple[str, ...] = ()
 
     @field_validator("id")
     @classmethod
@@ -168,6 +170,13 @@ class Step(DomainModel):
             if not label.strip() or "\x00" in label or len(label) > MAX_LABEL_CHARS:
                 raise invalid(f"[{k}]", f"must be 1-{MAX_LABEL_CHARS} characters, not blank")
         return labels
+
+    @model_validator(mode="after")
+    def _secrets_name_variables(self) -> Self:
+        for k, name in enumerate(self.secret_env):
+            if name not in self.env:
+                raise invalid(f".secret_env[{k}]", f"names no env variable ({name[:64]!r})")
+        return self
 
     @field_validator("expect")
     @classmethod

@@ -49,6 +49,7 @@ from workflow_engine.faults import FaultPlan
 from workflow_engine.graph.builder import FIRST, NODE_EVENT, NodeContext, WorkflowGraph
 from workflow_engine.graph.commands import CONTINUE_FROM, Change, apply_all
 from workflow_engine.graph.state import WorkflowState
+from workflow_engine.secrets import SECRETS, state_secrets
 from workflow_engine.storage.checkpointer import Checkpoint, RowCheckpointer
 from workflow_engine.storage.workflows import WorkflowStore
 
@@ -260,6 +261,7 @@ class Run:
                     task_id=self._fence.task_id,
                 )
             checkpoint = found
+            SECRETS.add(state_secrets(checkpoint.state))
         runtime: Runtime[NodeContext | None] = Runtime(context=NodeContext(self))
         while True:
             if self._batches and self._has_checkpoint:
@@ -283,6 +285,8 @@ class Run:
 
     def _advance(self, checkpoint: Checkpoint, node: str, update: Mapping[str, Any]) -> Checkpoint:
         state = {**checkpoint.state, **update}
+        if "plan" in update:  # its logs and errors must not show the plan's secrets
+            SECRETS.add(state_secrets(state))
         return checkpoint.after(
             node, state, update, self._graph.next_node(node, cast(WorkflowState, state))
         )

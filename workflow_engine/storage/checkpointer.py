@@ -33,6 +33,7 @@ from workflow_engine.domain.records import Fence, WorkflowEventRecord
 from workflow_engine.domain.status import FINAL_STATUSES, WorkflowStatus
 from workflow_engine.errors import CheckpointCorrupt, LeaseLost, OutsideWrite
 from workflow_engine.faults import FaultPlan
+from workflow_engine.secrets import SECRETS
 from workflow_engine.storage.group_commit import CheckpointRow, GroupCommitter, WriteOutcome
 from workflow_engine.storage.retry import with_retry
 
@@ -191,10 +192,10 @@ class RowCheckpointer:
             checkpoint_id=str(checkpoint.bookkeeping["id"]),
             checkpoint=checkpoint.stored(),
             metadata={"source": "loop", "step": checkpoint.step, "parents": {}},
-            summary=str(state.get("summary") or ""),
-            error=str(state.get("error") or ""),
+            summary=SECRETS.redact(str(state.get("summary") or "")),
+            error=SECRETS.redact(str(state.get("error") or "")),
             event_kind=str(event.get("kind") or "node"),
-            detail=str(event.get("detail") or ""),
+            detail=SECRETS.redact(str(event.get("detail") or "")),
             actor=str(event.get("actor") or ""),
             release=status in FINAL_STATUSES,
         )

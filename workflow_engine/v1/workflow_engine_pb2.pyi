@@ -967,6 +967,7 @@ class Step(_message.Message):
     EXPECT_FIELD_NUMBER: _builtins.int
     IMAGE_FIELD_NUMBER: _builtins.int
     REQUIRED_LABELS_FIELD_NUMBER: _builtins.int
+    SECRET_ENV_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """Unique within the task; letters, digits, '-', '_' and '.'. Defaults to step-<n>."""
     description: _builtins.str
@@ -999,6 +1000,12 @@ class Step(_message.Message):
         them. At most 64, each 1-256 characters.
         """
 
+    @_builtins.property
+    def secret_env(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Names of `env` entries whose values are secret: the job gets them, but the engine shows them
+        nowhere (answers, events, errors and logs show "[secret]"; see README, "Security").
+        """
+
     def __init__(
         self,
         *,
@@ -1012,10 +1019,11 @@ class Step(_message.Message):
         expect: _abc.Iterable[Global___Check] | None = ...,
         image: _builtins.str = ...,
         required_labels: _abc.Iterable[_builtins.str] | None = ...,
+        secret_env: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "depends_on", b"depends_on", "description", b"description", "env", b"env", "expect", b"expect", "id", b"id", "image", b"image", "required_labels", b"required_labels", "requires_approval", b"requires_approval", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "depends_on", b"depends_on", "description", b"description", "env", b"env", "expect", b"expect", "id", b"id", "image", b"image", "required_labels", b"required_labels", "requires_approval", b"requires_approval", "secret_env", b"secret_env", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -66,6 +66,7 @@ def test_the_stored_json_keeps_its_shape() -> None:
         "expect": [],
         "image": "",
         "required_labels": [],
+        "secret_env": [],
     }
     job = JobRequest(task_id="t", job_id="j", sandbox=Sandbox(command=("true",)))
     assert job.to_json() == {
@@ -218,3 +219,11 @@ def test_job_ids_are_deterministic_per_task_step_and_attempt() -> None:
     a = job_id_for("t", "s", 1)
     assert a == job_id_for("t", "s", 1)
     assert len({a, job_id_for("t", "s", 2), job_id_for("t", "s2", 1), job_id_for("u", "s", 1)}) == 4
+
+
+def test_secret_env_must_name_env_variables() -> None:
+    step = {"id": "a", "command": ["true"], "env": {"TOKEN": "x"}, "secret_env": ["TOKEN", "KEY"]}
+    error = refused({"steps": [step]})
+    assert error.field == "task.steps[0].secret_env[1]" and "'KEY'" in error.message
+    ok = parse(TaskSpec, {"steps": [{**step, "secret_env": ["TOKEN"]}]}, "task")
+    assert ok.steps[0].secret_env == ("TOKEN",)

@@ -1,0 +1,49 @@
+"""What the engine shows instead of a secret, in answers and in log lines."""
+
+from __future__ import annotations
+
+from workflow_engine.secrets import (
+    MASK,
+    Secrets,
+    redact,
+    redact_json,
+    state_secrets,
+    step_secrets,
+)
+
+SECRET = "hunter2-but-longer"
+
+
+def test_a_workflows_secrets_come_from_its_planned_steps() -> None:
+    steps = [
+        {"id": "a", "env": {"TOKEN": SECRET, "REGION": "eu"}, "secret_env": ["TOKEN"]},
+        {"id": "b", "env": {"TOKEN": "other"}},  # not marked: not a secret
+    ]
+    assert step_secrets(steps) == {SECRET}
+    assert state_secrets({"plan": {"steps": steps}}) == {SECRET}
+    assert state_secrets({}) == set()
+
+
+def test_answers_mask_whole_values_and_values_inside_text() -> None:
+    state = {
+        "plan": {"steps": [{"env": {"TOKEN": SECRET, "PIN": "12"}}]},
+        "steps": {"a": {"result": {"stdout": f"token={SECRET}\n", "exit_code": 0}}},
+        "pending_approval": {"env": {"PIN": "12"}},
+    }
+    shown = redact_json(state, {SECRET, "12"})
+    assert shown["plan"]["steps"][0]["env"] == {"TOKEN": MASK, "PIN": MASK}
+    assert shown["steps"]["a"]["result"] == {"stdout": f"token={MASK}\n", "exit_code": 0}
+    # A secret too short to look for inside text is masked only as a whole value.
+    assert redact("build 12 of 120", {"12"}) == "build 12 of 120"
+    assert redact_json(state, set()) is state
+
+
+def test_log_lines_are_masked_in_every_value() -> None:
+    secrets = Secrets()
+    line = {"event": "x", "detail": f"a {SECRET} b", "nested": {"k": [SECRET, 3]}}
+    assert secrets.redact_event(None, "info", dict(line)) == line  # nothing known yet
+    secrets.add([SECRET, "ab"])  # too short to mask inside text: not kept
+    masked = secrets.redact_event(None, "info", {**line, "error": ValueError(SECRET)})
+    assert masked["detail"] == f"a {MASK} b"
+    assert masked["nested"] == {"k": [MASK, 3]}
+    assert SECRET not in str(masked) and MASK in masked["error"]

@@ -22,9 +22,9 @@ from typing import Any
 
 #: What a secret is shown as.
 MASK = "[secret]"
-#: Shorter values are not masked inside other text (a one-letter secret would mask every such
-#: letter); an env value that short is masked only where it is the whole value.
-MIN_MASKED_CHARS = 4
+#: Shorter values are not masked inside other text (a short secret would mask that word
+#: everywhere); an env value that short is masked only where it is the whole value.
+MIN_MASKED_CHARS = 8
 #: Secrets the process remembers for its logs, newest kept.
 MAX_REMEMBERED = 50_000
 
@@ -41,8 +41,11 @@ def step_secrets(steps: Iterable[Any]) -> set[str]:
     return found
 
 
-def state_secrets(state: Mapping[str, Any]) -> set[str]:
-    """The secrets of a workflow, from its stored state's plan."""
+def state_secrets(state: Any) -> set[str]:
+    """The secrets of a workflow, from its stored state's plan (none in a state that is not a
+    JSON object: a row edited by hand is shown as it is, and refused when run)."""
+    if not isinstance(state, Mapping):
+        return set()
     plan = state.get("plan")
     steps = plan.get("steps") if isinstance(plan, Mapping) else None
     return step_secrets(steps) if isinstance(steps, list) else set()

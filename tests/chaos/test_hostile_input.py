@@ -314,3 +314,84 @@ def _varint(n: int) -> bytes:
         out.append(byte | (0x80 if n else 0))
         if not n:
             return bytes(out)
+
+
+CREDENTIALS = "orchestrator-token-for-the-fuzz-0123456789"
+
+
+@pytest.fixture
+def guarded_stub(db_url: str, tmp_path: Path) -> Iterator[Any]:
+    """An engine that knows one caller; the fuzz never has its token."""
+    tokens = tmp_path / "tokens.json"
+    caller = {"identity": "ci", "role": "orchestrator", "token": CREDENTIALS}
+    tokens.write_text(json.dumps({"callers": [caller]}))
+    proc = EngineProcess(
+        db_url=db_url,
+        data_dir=tmp_path / "data",
+        holder_id="fuzz-auth",
+        extra_env={"WORKFLOW_ENGINE_TOKENS_FILE": str(tokens)},
+    )
+    channel = grpc.insecure_channel(proc.address)
+    try:
+        yield pb_grpc.WorkflowEngineStub(channel), db_url
+    finally:
+        channel.close()
+        proc.kill()
+
+
+header_values = st.one_of(
+    st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=200),
+    st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=40).map(
+        lambda t: "Bearer " + t
+    ),
+    st.sampled_from(["Bearer", "Bearer ", "bearer  x", "Basic " + CREDENTIALS, CREDENTIALS]),
+)
+
+
+def test_hostile_credentials(guarded_stub: Any) -> None:
+    """Every method, with missing, malformed, repeated and huge `authorization` metadata:
+    always UNAUTHENTICATED, never anything stored."""
+    client, db_url = guarded_stub
+    seeded = str(uuid.uuid4())
+    spec = pb.TaskSpec(steps=[pb.Step(id="s", command=["true"])])
+    requests = {
+        "StartWorkflow": pb.StartWorkflowRequest(task_id=seeded, task=spec),
+        "ResumeWorkflow": pb.ResumeWorkflowRequest(task_id=seeded),
+        "GetWorkflow": pb.GetWorkflowRequest(task_id=seeded),
+        "CancelWorkflow": pb.CancelWorkflowRequest(task_id=seeded),
+        "WatchWorkflow": pb.WatchWorkflowRequest(task_id=seeded),
+        "ListWorkflows": pb.ListWorkflowsRequest(),
+    }
+    seen: Counter[str] = Counter()
+
+    def answer(method: str, metadata: list[tuple[str, str]]) -> grpc.StatusCode:
+        rpc = getattr(client, method)
+        return _answer(lambda: rpc(requests[method], metadata=metadata, timeout=30), method)
+
+    @FUZZ
+    @given(
+        method=st.sampled_from(sorted(requests)),
+        values=st.lists(header_values, max_size=4),
+    )
+    def fuzz_headers(method: str, values: list[str]) -> None:
+        code = answer(method, [("authorization", v) for v in values])
+        seen[code.name] += 1
+        assert code == grpc.StatusCode.UNAUTHENTICATED, (method, values, code)
+
+    fuzz_headers()
+    monsters = [
+        [("authorization", "Bearer " + "x" * 7000)],  # near gRPC's 8 KiB metadata limit
+        [("authorization", "Bearer " + CREDENTIALS[:-1])],  # one character short
+        [("authorization", f"Bearer {CREDENTIALS}x")],
+        [("authorization", "Bearer junk")] * 50,
+        [("authorization", f"Bearer {CREDENTIALS}"), ("authorization", "Bearer junk")],
+    ]
+    for metadata in monsters:
+        for method in requests:
+            code = answer(method, metadata)
+            seen[code.name] += 1
+            assert code == grpc.StatusCode.UNAUTHENTICATED, (method, metadata[0][1][:40], code)
+    with psycopg.connect(db_url) as conn:
+        rows = conn.execute("SELECT count(*) FROM workflow_checkpoints").fetchone()
+    assert rows is not None and rows[0] == 0  # no call got through
+    record("8b hostile credentials", requests=sum(seen.values()), codes=json.dumps(dict(seen)))

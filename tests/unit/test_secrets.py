@@ -22,6 +22,7 @@ def test_a_workflows_secrets_come_from_its_planned_steps() -> None:
     assert step_secrets(steps) == {SECRET}
     assert state_secrets({"plan": {"steps": steps}}) == {SECRET}
     assert state_secrets({}) == set()
+    assert state_secrets("a row edited by hand") == set()
 
 
 def test_answers_mask_whole_values_and_values_inside_text() -> None:
@@ -40,10 +41,10 @@ def test_answers_mask_whole_values_and_values_inside_text() -> None:
 
 def test_log_lines_are_masked_in_every_value() -> None:
     secrets = Secrets()
-    line = {"event": "x", "detail": f"a {SECRET} b", "nested": {"k": [SECRET, 3]}}
+    line = {"event": "x", "detail": f"a {SECRET} b, nope", "nested": {"k": [SECRET, 3]}}
     assert secrets.redact_event(None, "info", dict(line)) == line  # nothing known yet
-    secrets.add([SECRET, "ab"])  # too short to mask inside text: not kept
+    secrets.add([SECRET, "nope"])  # too short to mask inside text: not kept
     masked = secrets.redact_event(None, "info", {**line, "error": ValueError(SECRET)})
-    assert masked["detail"] == f"a {MASK} b"
+    assert masked["detail"] == f"a {MASK} b, nope"
     assert masked["nested"] == {"k": [MASK, 3]}
     assert SECRET not in str(masked) and MASK in masked["error"]

@@ -247,20 +247,23 @@ def tls_channel(address: str, ca: Authority, client: Any = None) -> grpc.aio.Cha
     return grpc.aio.secure_channel(address.replace("127.0.0.1", "localhost"), credentials)
 
 
+def with_tls(settings: Settings, ca: Authority, tmp_path: Path, **more: Any) -> Settings:
+    """`settings` serving TLS with a certificate of `ca`, to the callers of `TOKENS`."""
+    server = ca.server()
+    return replace(
+        settings,
+        tls_cert_file=str(server.cert),
+        tls_key_file=str(server.key),
+        tokens_file=str(write_tokens(tmp_path / "tokens.json")),
+        **more,
+    )
+
+
 async def test_tls_serves_only_tls_clients(
     settings: Settings, tmp_path: Path, pki: tuple[Authority, Authority]
 ) -> None:
     ours, _ = pki
-    server = ours.server()
-    running = await start_engine(
-        replace(
-            settings,
-            tls_cert_file=str(server.cert),
-            tls_key_file=str(server.key),
-            tokens_file=str(write_tokens(tmp_path / "tokens.json")),
-            health_listen="127.0.0.1:0",
-        )
-    )
+    running = await start_engine(with_tls(settings, ours, tmp_path, health_listen="127.0.0.1:0"))
     try:
         # Probes that cannot speak TLS get health, and nothing else, on a port of their own.
         async with grpc.aio.insecure_channel(f"127.0.0.1:{running.server.health_port}") as probe:
@@ -285,15 +288,8 @@ async def test_mutual_tls_names_the_caller_by_its_certificate(
     settings: Settings, tmp_path: Path, pki: tuple[Authority, Authority], db_url: str
 ) -> None:
     ours, other = pki
-    server = ours.server()
     running = await start_engine(
-        replace(
-            settings,
-            tls_cert_file=str(server.cert),
-            tls_key_file=str(server.key),
-            tls_client_ca_file=str(ours.issued.cert),
-            tokens_file=str(write_tokens(tmp_path / "tokens.json")),
-        )
+        with_tls(settings, ours, tmp_path, tls_client_ca_file=str(ours.issued.cert))
     )
     try:
         before = await snapshot(db_url)

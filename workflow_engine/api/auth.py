@@ -243,6 +243,9 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
     def __init__(self, authenticator: Authenticator, service: str) -> None:
         self._auth = authenticator
         self._prefix = f"/{service}/"
+        # Method path -> (the service's handler, its guarded copy): made once per method, not
+        # on every call (the service's handlers never change).
+        self._guarded: dict[str, tuple[Any, grpc.RpcMethodHandler[Any, Any]]] = {}
 
     async def intercept_service(
         self,
@@ -255,7 +258,15 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         method_path: str = details.method
         if handler is None or not method_path.startswith(self._prefix):
             return handler  # health, reflection, unknown methods
-        method = method_path[len(self._prefix) :]
+        known = self._guarded.get(method_path)
+        if known is None or known[0] is not handler:
+            known = (handler, self._guard(method_path[len(self._prefix) :], handler))
+            self._guarded[method_path] = known
+        return known[1]
+
+    def _guard(
+        self, method: str, handler: grpc.RpcMethodHandler[Any, Any]
+    ) -> grpc.RpcMethodHandler[Any, Any]:
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
                 self._unary(method, handler.unary_unary),

@@ -156,6 +156,13 @@ def _step(msg: pb.Step, index: int) -> JsonObject:
         "image": msg.image,
         "required_labels": list(msg.required_labels),
         "secret_env": list(msg.secret_env),
+        "limits": {
+            "cpu_seconds": msg.limits.cpu_seconds,
+            "memory_mb": msg.limits.memory_mb,
+            "open_files": msg.limits.open_files,
+            "processes": msg.limits.processes,
+            "output_mb": msg.limits.output_mb,
+        },
     }
 
 

@@ -72,6 +72,8 @@ def request_body(job: JobRequest, timeout_seconds: int) -> JsonObject:
             "env": env,
             "timeout_seconds": timeout_seconds,
             "network_policy": job.sandbox.network_policy,
+            # Ours honours them (within its own settings); the orchestrator's ignores them.
+            "limits": job.sandbox.limits.to_json(),
         },
         "attempt": job.attempt,
         "step_id": job.step_id,

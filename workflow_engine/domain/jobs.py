@@ -10,7 +10,7 @@ with.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -23,6 +23,26 @@ VerificationStatus = Literal["pass", "fail"]
 WORKER_API_VERSION = 1
 
 
+#: The largest value of any one limit (a 32-bit signed int: what the proto carries).
+MAX_LIMIT = 2**31 - 1
+LimitValue = Annotated[int, Field(ge=0, le=MAX_LIMIT)]
+
+
+class Limits(DomainModel):
+    """What a job may use; 0 leaves a limit to the worker, whose own settings cap each one.
+
+    `memory_mb` is the job's address space per process, `output_mb` the largest file it may
+    write (its stdout and stderr included), `processes` the processes and threads it may have
+    at once, `cpu_seconds` its CPU time per process.
+    """
+
+    cpu_seconds: LimitValue = 0
+    memory_mb: LimitValue = 0
+    open_files: LimitValue = 0
+    processes: LimitValue = 0
+    output_mb: LimitValue = 0
+
+
 class Sandbox(DomainModel):
     """Where and how a job's command runs."""
 
@@ -31,6 +51,7 @@ class Sandbox(DomainModel):
     env: dict[str, str] = Field(default_factory=dict)
     timeout_seconds: int = 0
     network_policy: str = "restricted"
+    limits: Limits = Field(default_factory=Limits)
 
 
 class JobRequest(DomainModel):

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Self
 
 from pydantic import AfterValidator, Field, TypeAdapter, field_validator, model_validator
 
+from workflow_engine.domain.jobs import Limits
 from workflow_engine.domain.model import DomainModel, JsonObject, invalid
 
 CHECK_KINDS = frozenset(
@@ -129,6 +130,8 @@ class Step(DomainModel):
     required_labels: tuple[str, ...] = Field((), json_schema_extra={"maxItems": MAX_LABELS})
     #: Names of `env` entries whose values are secret: shown nowhere (see `secrets`).
     secret_env: tuple[str, ...] = ()
+    #: What its job may use (CPU time, memory, open files, processes, output); 0: the worker's.
+    limits: Limits = Field(default_factory=Limits)
 
     @field_validator("id")
     @classmethod

@@ -157,6 +157,7 @@ class Nodes:
                 env=step.env,
                 timeout_seconds=step.timeout_seconds,
                 image=step.image,
+                limits=step.limits,
             ),
             attempt=attempt,
             step_id=step.id,

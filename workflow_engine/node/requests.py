@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, Strict, ValidationError
 
-from workflow_engine.domain.jobs import WORKER_API_VERSION, JobRequest, JobResult, Sandbox
+from workflow_engine.domain.jobs import WORKER_API_VERSION, JobRequest, JobResult, Limits, Sandbox
 from workflow_engine.domain.model import DomainModel, JsonObject, as_invalid_argument, invalid
 from workflow_engine.domain.task import Text, check_argv
 from workflow_engine.errors import InvalidArgument
@@ -73,6 +73,8 @@ class RunSandbox(DomainModel):
     #: 0 or absent: the node's default; above the node's maximum: capped to it.
     timeout_seconds: Annotated[int, Strict(), Field(ge=0)] = 0
     network_policy: Annotated[str, AfterValidator(_network_policy)] = "restricted"
+    #: Our engine's extra: what the job may use, within the node's own limits (0: the node's).
+    limits: Limits = Field(default_factory=Limits)
 
 
 class RunRequest(DomainModel):
@@ -97,6 +99,7 @@ class RunRequest(DomainModel):
             env=self.sandbox.env,
             timeout_seconds=timeout,
             network_policy=self.sandbox.network_policy,
+            limits=self.sandbox.limits,
         )
         return JobRequest(
             task_id=self.task_id,

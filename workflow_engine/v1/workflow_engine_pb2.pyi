@@ -968,6 +968,7 @@ class Step(_message.Message):
     IMAGE_FIELD_NUMBER: _builtins.int
     REQUIRED_LABELS_FIELD_NUMBER: _builtins.int
     SECRET_ENV_FIELD_NUMBER: _builtins.int
+    LIMITS_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """Unique within the task; letters, digits, '-', '_' and '.'. Defaults to step-<n>."""
     description: _builtins.str
@@ -976,7 +977,9 @@ class Step(_message.Message):
     requires_approval: _builtins.bool
     """Pause before dispatch, WAITING_FOR_APPROVAL, until ResumeWorkflow brings a decision."""
     image: _builtins.str
-    """OCI image for a container worker; the local sandbox ignores it."""
+    """OCI image for a worker node that runs images. The local sandbox runs commands on its own
+    host and refuses a step that names one (the attempt fails with a finding saying so).
+    """
     @_builtins.property
     def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """argv; never run through a shell. Required, non-empty."""
@@ -1006,6 +1009,12 @@ class Step(_message.Message):
         nowhere (answers, events, errors and logs show "[secret]"; see README, "Security").
         """
 
+    @_builtins.property
+    def limits(self) -> Global___ResourceLimits:
+        """What the step's job may use; unset or 0 leaves a limit to the worker's settings, which cap
+        every value (README, "Security").
+        """
+
     def __init__(
         self,
         *,
@@ -1020,14 +1029,53 @@ class Step(_message.Message):
         image: _builtins.str = ...,
         required_labels: _abc.Iterable[_builtins.str] | None = ...,
         secret_env: _abc.Iterable[_builtins.str] | None = ...,
+        limits: Global___ResourceLimits | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["limits", b"limits"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "depends_on", b"depends_on", "description", b"description", "env", b"env", "expect", b"expect", "id", b"id", "image", b"image", "required_labels", b"required_labels", "requires_approval", b"requires_approval", "secret_env", b"secret_env", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "depends_on", b"depends_on", "description", b"description", "env", b"env", "expect", b"expect", "id", b"id", "image", b"image", "limits", b"limits", "required_labels", b"required_labels", "requires_approval", b"requires_approval", "secret_env", b"secret_env", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Step: _TypeAlias = Step  # noqa: Y015
+
+@_typing.final
+class ResourceLimits(_message.Message):
+    """A job's resource limits; 0 means the worker's default. All are per job except as noted."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CPU_SECONDS_FIELD_NUMBER: _builtins.int
+    MEMORY_MB_FIELD_NUMBER: _builtins.int
+    OPEN_FILES_FIELD_NUMBER: _builtins.int
+    PROCESSES_FIELD_NUMBER: _builtins.int
+    OUTPUT_MB_FIELD_NUMBER: _builtins.int
+    cpu_seconds: _builtins.int
+    """CPU time of each of its processes, in seconds (then SIGXCPU, then SIGKILL)."""
+    memory_mb: _builtins.int
+    """Address space of each of its processes, in MiB (allocations beyond it fail)."""
+    open_files: _builtins.int
+    """Open files of each of its processes."""
+    processes: _builtins.int
+    """Processes and threads it may have at once (enforced where jobs run as their own user)."""
+    output_mb: _builtins.int
+    """The largest file it may write, stdout and stderr included, in MiB (then SIGXFSZ)."""
+    def __init__(
+        self,
+        *,
+        cpu_seconds: _builtins.int = ...,
+        memory_mb: _builtins.int = ...,
+        open_files: _builtins.int = ...,
+        processes: _builtins.int = ...,
+        output_mb: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpu_seconds", b"cpu_seconds", "memory_mb", b"memory_mb", "open_files", b"open_files", "output_mb", b"output_mb", "processes", b"processes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResourceLimits: _TypeAlias = ResourceLimits  # noqa: Y015
 
 @_typing.final
 class Check(_message.Message):

@@ -125,6 +125,10 @@ BAD_STARTS = [
     (start(task=task(step("a", "echo", env={"BAD NAME": "x"}))), "task.steps[0].env"),
     (start(task=task(step("a", "echo", timeout_seconds=999_999))), "task.steps[0].timeout_seconds"),
     (start(task=task(step("a", "echo"), max_attempts_per_step=1000)), "task.max_attempts_per_step"),
+    (
+        start(task=task(step("a", "echo", limits=pb.ResourceLimits(memory_mb=2**31)))),
+        "task.steps[0].limits.memory_mb",
+    ),
     (start(lease_ttl_seconds=1), "lease_ttl_seconds"),
     # Nothing the planner can plan: refused at start, not FAILED by plan_steps later.
     (start(task=pb.TaskSpec()), "task.steps"),

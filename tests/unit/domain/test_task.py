@@ -52,6 +52,9 @@ def test_round_trip_keeps_everything() -> None:
     assert parse(TaskSpec, spec.to_json(), "task") == spec
 
 
+NO_LIMITS = dict.fromkeys(("cpu_seconds", "memory_mb", "open_files", "processes", "output_mb"), 0)
+
+
 def test_the_stored_json_keeps_its_shape() -> None:
     """The keys rows written before the domain model hold; a resumed workflow reads them."""
     step = Step(id="a", command=("true",))
@@ -67,6 +70,7 @@ def test_the_stored_json_keeps_its_shape() -> None:
         "image": "",
         "required_labels": [],
         "secret_env": [],
+        "limits": NO_LIMITS,
     }
     job = JobRequest(task_id="t", job_id="j", sandbox=Sandbox(command=("true",)))
     assert job.to_json() == {
@@ -79,6 +83,7 @@ def test_the_stored_json_keeps_its_shape() -> None:
             "env": {},
             "timeout_seconds": 0,
             "network_policy": "restricted",
+            "limits": NO_LIMITS,
         },
         "attempt": 1,
         "step_id": "",

@@ -21,6 +21,7 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 from tests import database
+from tests.helpers import open_to_jobs
 from tests.pgbouncer import PgBouncer
 from workflow_engine.app import Engine, GrpcServer, run_migrations
 from workflow_engine.capabilities.factory import Capabilities
@@ -34,6 +35,12 @@ TEMPLATE_DB = f"workflow_engine_template_{os.getpid()}"
 # Outside pytest's temporary directories: pytest deletes old ones, which would pull the data
 # directory from under a server that another pytest run on this machine is still using.
 EMBEDDED_PGDATA = Path(__file__).resolve().parent.parent / ".data" / "test-pgdata"
+
+
+@pytest.fixture
+def tmp_path(tmp_path: Path) -> Path:
+    """pytest's `tmp_path`, where local jobs may write too (`helpers.open_to_jobs`)."""
+    return open_to_jobs(tmp_path)
 
 
 @pytest.fixture(scope="session")

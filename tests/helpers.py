@@ -3,19 +3,42 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
 import uuid
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import psycopg
 from google.protobuf import json_format, struct_pb2
 
+from workflow_engine.capabilities.job_files import SAFE_PATH
 from workflow_engine.domain.task import TaskSpec
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
 
+#: A Python that local jobs can run: under root, a job runs as its own user, which cannot enter
+#: /root, where the test environment's interpreter may live.
+JOB_PYTHON = shutil.which("python3", path=SAFE_PATH) or "python3"
+
 TERMINAL = {pb.SUCCEEDED, pb.FAILED, pb.CANCELLED}
+
+
+def open_to_jobs(path: Path) -> Path:
+    """Let local jobs write in `path`, a directory of pytest's (made if missing).
+
+    Run as root, the local sandbox runs each job as a user of its own (README, "Security"),
+    which may not enter pytest's 0700 directories. Tests whose jobs leave marks (a line per
+    run, the remediation they saw) leave them in such a directory, as a deployment grants its
+    jobs a shared one; the ancestors become enter-only, and what the engine keeps to itself
+    (job directories, the files a test makes 0600) stays closed.
+    """
+    path.mkdir(parents=True, exist_ok=True)
+    for ancestor in (path.parent.parent, path.parent):
+        ancestor.chmod(ancestor.stat().st_mode & 0o777 | 0o111)  # enter, not list
+    path.chmod(0o777)
+    return path
 
 
 def new_task_id() -> str:

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, get_type_hints
 
+from workflow_engine.domain.jobs import MAX_LIMIT
+
 # The Worker API's largest job timeout: a node's own cap may be lower, never higher.
 from workflow_engine.domain.task import MAX_TIMEOUT_SECONDS
 
@@ -29,12 +31,35 @@ MAX_PROCESSES = 64
 LISTEN_NONE = "none"
 #: Where the ``nodes`` worker finds its nodes (`NodesSettings.source`).
 NODE_SOURCES = ("file", "orchestrator")
+#: The user ids of local jobs when the engine runs as root: above any a system gives its own
+#: users (and below 2**31, which some tools take for negative).
+JOB_UID_BASE = 2_000_000_000
+JOB_UID_COUNT = 1 << 24
 
 
 def _default_holder_id() -> str:
     # Unique per process: a restarted process is a new holder and must wait for its old lease
     # to expire unless the orchestrator resumes with an explicit, stable holder_id.
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobLimits:
+    """The most each local job may use (``..._LIMITS_*``); 0: no limit. A step may ask for less.
+
+    See `domain.jobs.Limits` for what each one counts.
+    """
+
+    cpu_seconds: int = 3600
+    memory_mb: int = 8192
+    open_files: int = 1024
+    processes: int = 512
+    output_mb: int = 1024
+
+    def __post_init__(self) -> None:
+        for name in ("cpu_seconds", "memory_mb", "open_files", "processes", "output_mb"):
+            if not 0 <= getattr(self, name) <= MAX_LIMIT:
+                raise ValueError(f"{name.upper()}: expected 0 (none) to {MAX_LIMIT}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -45,6 +70,12 @@ class JobSettings:
     timeout_seconds: int = 3600
     #: Output of each stream a result keeps.
     output_bytes: int = 64 * 1024
+    #: The most each job may use.
+    limits: JobLimits = field(default_factory=JobLimits)
+    #: When the engine runs as root, each job runs as its own user id, picked from `uid_count`
+    #: ids starting at `uid_base` by a digest of its task id (no passwd entry needed).
+    uid_base: int = JOB_UID_BASE
+    uid_count: int = JOB_UID_COUNT
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -85,6 +116,11 @@ class NodeSettings:
     max_timeout_seconds: int = 3600
     #: Output of each stream a result keeps.
     output_bytes: int = 64 * 1024
+    #: The most each job may use (``WORKFLOW_ENGINE_NODE_LIMITS_*``), and the user ids of its
+    #: jobs when the node runs as root: as the engine's ``WORKFLOW_ENGINE_JOB_*`` ones.
+    limits: JobLimits = field(default_factory=JobLimits)
+    job_uid_base: int = JOB_UID_BASE
+    job_uid_count: int = JOB_UID_COUNT
     #: How long SIGTERM lets running jobs finish before the node exits.
     drain_seconds: float = 30.0
     #: While a file exists at this path, /readyz answers 503 (take a node out of rotation by
@@ -428,7 +464,13 @@ def _from_env(kind: type, environ: Mapping[str, str], prefix: str) -> Any:
         if raw is None or raw == "":
             continue
         values[name] = _parse(prefix + name.upper(), hint.__name__, raw)
-    return kind(**values)
+    try:
+        return kind(**values)
+    except ValueError as exc:
+        if str(exc).startswith(ENV_PREFIX):
+            raise
+        # A settings group used under several prefixes names its fields alone (`JobLimits`).
+        raise ValueError(f"{prefix}{exc}") from None
 
 
 def _fields(kind: type) -> dict[str, Any]:

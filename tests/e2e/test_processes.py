@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 from tests.e2e.process import EngineProcess
-from tests.helpers import new_task_id, shell_step, task, watch_until_end
+from tests.helpers import new_task_id, open_to_jobs, shell_step, task, watch_until_end
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
 
@@ -116,8 +116,7 @@ async def test_a_killed_engine_is_replaced_and_its_workflows_adopted_each_step_o
     )
     processes.append(supervisor)
     victim = engine_pids(supervisor)[0]
-    marks = tmp_path / "marks"
-    marks.mkdir()
+    marks = open_to_jobs(tmp_path / "marks")
     async with connections(supervisor.address, 8) as stubs:
         ids = [new_task_id() for _ in stubs]
         for stub, task_id in zip(stubs, ids, strict=True):

@@ -81,6 +81,23 @@ def test_a_capability_section_reads_its_own_prefixed_variables() -> None:
         settings_from_env({"WORKFLOW_ENGINE_JOB_OUTPUT_BYTES": "lots"})
 
 
+def test_job_limits_and_user_ids_come_from_the_engines_and_the_nodes_own_variables() -> None:
+    settings = settings_from_env(
+        {
+            "WORKFLOW_ENGINE_JOB_LIMITS_MEMORY_MB": "256",
+            "WORKFLOW_ENGINE_JOB_UID_BASE": "3000000000",
+            "WORKFLOW_ENGINE_NODE_LIMITS_PROCESSES": "0",
+            "WORKFLOW_ENGINE_NODE_JOB_UID_COUNT": "100",
+        }
+    )
+    assert (settings.job.limits.memory_mb, settings.job.limits.processes) == (256, 512)
+    assert (settings.job.uid_base, settings.node.job_uid_count) == (3_000_000_000, 100)
+    assert (settings.node.limits.processes, settings.node.limits.memory_mb) == (0, 8192)
+    for name in ("JOB_LIMITS_MEMORY_MB", "NODE_LIMITS_CPU_SECONDS"):
+        with pytest.raises(ValueError, match=rf"^WORKFLOW_ENGINE_{name}: expected 0 \(none\) to"):
+            settings_from_env({f"WORKFLOW_ENGINE_{name}": "-1"})
+
+
 def test_the_mcp_section_reads_its_variables_and_keeps_the_token_out_of_its_repr() -> None:
     settings = settings_from_env(
         {

@@ -35,6 +35,7 @@ from workflow_engine.capabilities.command_policy import load_policy
 from workflow_engine.capabilities.context import TruncatingCompressor
 from workflow_engine.capabilities.http_worker import HttpWorker
 from workflow_engine.capabilities.inline_tasks import InlineTaskSource
+from workflow_engine.capabilities.job_grant import Confinement
 from workflow_engine.capabilities.job_verifier import JobVerifier
 from workflow_engine.capabilities.jobs import JobTracker
 from workflow_engine.capabilities.llm_planner import LlmPlanner, describe_workers
@@ -190,6 +191,7 @@ WORKERS: Mapping[str, Builder[Worker]] = {
         jobs_dir=s.jobs_dir,
         default_timeout_seconds=s.job.timeout_seconds,
         max_output_bytes=s.job.output_bytes,
+        confinement=Confinement(s.job.limits, uid_base=s.job.uid_base, uid_count=s.job.uid_count),
     ),
     "nodes": _worker_nodes,
     "simulated": lambda s, lent: SimulatedWorker(),

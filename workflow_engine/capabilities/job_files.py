@@ -55,7 +55,8 @@ TARGET = "local"
 #: Exit statuses of a command killed at its deadline: SIGKILL (137), or coreutils `timeout`'s
 #: own (124), which the wrapper of earlier versions ran.
 TIMEOUT_EXIT_STATUSES = (124, 128 + signal.SIGKILL)
-_NOTE = "[workflow-engine] "
+#: How a note of the worker's own begins, on a line of a job's stderr.
+WORKER_NOTE = "[workflow-engine] "
 _LOG_TAIL_BYTES = 2048
 _temp_names = itertools.count()
 
@@ -70,7 +71,8 @@ def write_atomic(path: Path, data: bytes, *, exclusive: bool = False) -> bool:
     the result, is in the engine's checkpoint.
     """
     tmp = path.parent / f".tmp-{os.getpid()}-{next(_temp_names)}"
-    with open(tmp, "wb") as handle:
+    # Readable by its writer only: a job's user must not read another job's files.
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as handle:
         handle.write(data)
     try:
         if not exclusive:
@@ -205,10 +207,10 @@ def build_result(
 ) -> JobResult:
     """The result of a job that ran (or was stopped), from its output files."""
     status, exit_code, note = ended
-    stdout, stdout_truncated = _read_head(job_dir / STDOUT_FILE, max_output_bytes)
-    stderr, stderr_truncated = _read_head(job_dir / STDERR_FILE, max_output_bytes)
+    stdout, stdout_truncated = read_head(job_dir / STDOUT_FILE, max_output_bytes)
+    stderr, stderr_truncated = read_head(job_dir / STDERR_FILE, max_output_bytes)
     if note:
-        stderr = f"{stderr}\n{_NOTE}{note}" if stderr else f"{_NOTE}{note}"
+        stderr = f"{stderr}\n{WORKER_NOTE}{note}" if stderr else f"{WORKER_NOTE}{note}"
     return JobResult(
         task_id=job.task_id,
         job_id=job.job_id,
@@ -252,7 +254,7 @@ def lost_stderr(job: JobRequest, job_dir: Path, reason: str) -> str:
     )
 
 
-def _read_head(path: Path, limit: int) -> tuple[str, bool]:
+def read_head(path: Path, limit: int) -> tuple[str, bool]:
     """The first `limit` bytes of `path` as text, and whether there was more."""
     try:
         with path.open("rb") as handle:

@@ -59,18 +59,23 @@ from pathlib import Path
 import structlog
 
 from workflow_engine.capabilities import job_files as files
+from workflow_engine.capabilities.job_grant import Confinement, Grant
 from workflow_engine.domain.jobs import JobRequest, JobResult, rfc3339
 
 log = structlog.get_logger(__name__)
 
-#: The wrapper: ``sh -c WRAPPER JOB_DIR DEADLINE GRACE SLEEP COMMAND...``, its stdout and stderr on
-#: ``supervisor.log``, fd 3 the read end of the engine's pipe; ``$REQUEST_ENV`` holds the
-#: request, which it writes to ``request.json``. ``$0`` is the job dir so that a re-attaching
-#: engine can tell the wrapper's pid from a reused one (/proc/PID/cmdline). DEADLINE is in
-#: whole seconds of /proc/uptime. The watchdog ignores a cancel's SIGTERM (it is what stops a
-#: cancelled job after GRACE when the engine is gone); the wrapper's trap runs once the command
-#: has ended.
+#: The wrapper: ``sh -c WRAPPER JOB_DIR DEADLINE GRACE SLEEP ULIMITS... -- COMMAND...``, where
+#: ULIMITS are ``OPTION VALUE`` pairs ("-" for none) and COMMAND begins with the grant's prefix
+#: (`job_grant`: no network, the job's own user). Its files are its engine's alone (umask 077;
+#: the command gets the usual 022), and the limits hold from just before the command on. Its
+#: stdout and stderr are on ``supervisor.log``, fd 3 the read end of the engine's pipe;
+#: ``$REQUEST_ENV`` holds the request, which it writes to ``request.json``. ``$0`` is the job
+#: dir so that a re-attaching engine can tell the wrapper's pid from a reused one
+#: (/proc/PID/cmdline). DEADLINE is in whole seconds of /proc/uptime. The watchdog ignores a
+#: cancel's SIGTERM (it is what stops a cancelled job after GRACE when the engine is gone); the
+#: wrapper's trap runs once the command has ended.
 WRAPPER = """cd "$0" || exit 96
+umask 077
 set -C
 echo "$$" >supervisor.pid || exit 97
 set +C
@@ -94,6 +99,14 @@ shift 3
   fi
   kill -9 0
 } &
+while [ "$1" != -- ]; do
+  [ "$2" = - ] || ulimit $1 "$2" || exit 95
+  shift 2
+done
+shift
+: >../stdout.log
+: >../stderr.log
+umask 022
 "$@" 3<&- >../stdout.log 2>../stderr.log
 echo "$?" >../exit_status
 kill -9 0
@@ -129,8 +142,10 @@ class JobRunner:
         poll_interval: float = 0.05,
         cancel_grace_seconds: float = 2.0,
         claim_grace_seconds: float = 10.0,
+        confinement: Confinement | None = None,
     ) -> None:
         self._jobs_dir = jobs_dir.resolve()
+        self._confinement = confinement or Confinement()
         self._jobs_dir_made = False
         self._default_timeout_seconds = default_timeout_seconds
         self._max_output_bytes = max_output_bytes
@@ -158,7 +173,11 @@ class JobRunner:
                 _warn_if_request_differs(job, job_dir)
                 watch = self._watch(job_dir, self._follow(job, job_dir))
             else:
-                watch = self._watch(job_dir, self._start(job, job_dir))
+                grant = self._confinement.grant(job)
+                if isinstance(grant, str):
+                    log.warning("sandbox_job_refused", job_id=job.job_id, reason=grant)
+                    return files.record_unrun(job, job_dir, "failed", grant)
+                watch = self._watch(job_dir, self._start(job, job_dir, grant))
         # Shielded: a caller that stops waiting (an interrupted node) leaves the job running,
         # and its watch still reaps it and records its result.
         return await asyncio.shield(watch)
@@ -207,14 +226,15 @@ class JobRunner:
 
     def _mkdir(self, job_dir: Path) -> None:
         """Create `job_dir` (FileExistsError if it exists): the claim on its job id."""
+        # Both may be entered (a job's user reaches its work dir), neither listed.
         if not self._jobs_dir_made:
-            self._jobs_dir.mkdir(parents=True, exist_ok=True)
+            self._jobs_dir.mkdir(mode=0o711, parents=True, exist_ok=True)
             self._jobs_dir_made = True
         try:
-            os.mkdir(job_dir)
+            os.mkdir(job_dir, 0o711)
         except FileNotFoundError:  # the jobs dir was removed under us
-            self._jobs_dir.mkdir(parents=True, exist_ok=True)
-            os.mkdir(job_dir)
+            self._jobs_dir.mkdir(mode=0o711, parents=True, exist_ok=True)
+            os.mkdir(job_dir, 0o711)
 
     def _engine_pipe(self) -> int:
         """The read end of this runner's pipe, made in this process."""
@@ -238,12 +258,12 @@ class JobRunner:
         timer = asyncio.get_running_loop().call_later(delay, fire)
         self._timers.add(timer)
 
-    async def _start(self, job: JobRequest, job_dir: Path) -> JobResult:
+    async def _start(self, job: JobRequest, job_dir: Path, grant: Grant) -> JobResult:
         """Run the job whose directory this process just created, and record its result."""
         timeout = job.sandbox.timeout_seconds or self._default_timeout_seconds
         started = time.time()
         try:
-            pid = self._spawn(job, job_dir, timeout)
+            pid = self._spawn(job, job_dir, timeout, grant)
         except OSError as exc:
             log.error("sandbox_launch_failed", job_id=job.job_id, error=str(exc))
             return _declare_lost(job, job_dir, f"its wrapper did not start ({exc})")
@@ -255,6 +275,7 @@ class JobRunner:
             attempt=job.attempt,
             pid=pid,
             timeout_seconds=timeout,
+            uid=grant.uid,
         )
         loop = asyncio.get_running_loop()
         deadline = loop.call_later(timeout, _deadline_passed, pid, job_dir)
@@ -270,13 +291,15 @@ class JobRunner:
         _reap(pid)
         return self._finish(job, job_dir, pid, started, timeout)
 
-    def _spawn(self, job: JobRequest, job_dir: Path, timeout: int) -> int:
+    def _spawn(self, job: JobRequest, job_dir: Path, timeout: int, grant: Grant) -> int:
         """Start the job's wrapper, which claims the job unless it was declared lost first."""
         if self._sleep_bin is None:
             raise OSError(f"coreutils `sleep` is not on {files.SAFE_PATH}")
         request = job.to_json()
         work_dir = job_dir / files.WORK_DIR
-        os.mkdir(work_dir)
+        os.mkdir(work_dir, 0o700)
+        if grant.uid is not None:
+            os.chown(work_dir, grant.uid, grant.uid)
         env = files.job_env(request, work_dir)
         env[REQUEST_ENV] = json.dumps(request)
         deadline = math.ceil(time.clock_gettime(time.CLOCK_BOOTTIME) + timeout)
@@ -292,6 +315,9 @@ class JobRunner:
                 str(deadline),
                 str(grace),
                 self._sleep_bin,
+                *grant.ulimit_args(),
+                "--",
+                *grant.prefix,
                 *job.sandbox.command,
             ],
             env,
@@ -303,6 +329,8 @@ class JobRunner:
             ],
             # Its own session: signals to the engine's process group do not reach it.
             setsid=True,
+            # Python ignores these; a command gets them as a shell would give them.
+            setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
         )
 
     async def _follow(self, job: JobRequest, job_dir: Path) -> JobResult:
@@ -363,6 +391,11 @@ class JobRunner:
         if ended_as is None:
             reason = f"its wrapper (pid {pid}) ended without recording the command's exit status"
             return _declare_lost(job, job_dir, reason)
+        if ended_as[0] == "failed" and exit_status is not None:
+            grant = self._confinement.grant(job)
+            if isinstance(grant, Grant):
+                stderr = files.read_head(job_dir / files.STDERR_FILE, self._max_output_bytes)[0]
+                ended_as = (ended_as[0], ended_as[1], grant.explain(exit_status, stderr))
         result = files.build_result(
             job,
             job_dir,

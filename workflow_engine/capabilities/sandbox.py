@@ -12,8 +12,10 @@ never will, and a later `run` of that id reads the cancelled result), or marks a
 cancelled and stops the command's whole process group (SIGTERM, then SIGKILL after a grace
 period), recording the result as cancelled.
 
-This isolates environment and working directory only: `image` and `network_policy` are not
-enforced locally. Use a remote worker where a real sandbox is needed.
+A job runs with only what it was granted (`job_grant`): no network, its own user when the
+engine is root, resource limits from the settings and the step; a job that asks for what this
+host cannot enforce (an image, or no network where namespaces are not allowed) is refused with
+a finding.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 from types import TracebackType
 
 from workflow_engine.capabilities.job_files import TARGET
+from workflow_engine.capabilities.job_grant import Confinement
 from workflow_engine.capabilities.job_runner import JobRunner
 from workflow_engine.domain.jobs import JobRequest, JobResult
 
@@ -38,12 +41,14 @@ class LocalSandboxWorker:
         default_timeout_seconds: int = 3600,
         max_output_bytes: int = 64 * 1024,
         poll_interval: float = 0.05,
+        confinement: Confinement | None = None,
     ) -> None:
         self._runner = JobRunner(
             jobs_dir=jobs_dir,
             default_timeout_seconds=default_timeout_seconds,
             max_output_bytes=max_output_bytes,
             poll_interval=poll_interval,
+            confinement=confinement,
         )
 
     async def __aenter__(self) -> LocalSandboxWorker:

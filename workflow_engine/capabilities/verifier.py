@@ -15,6 +15,7 @@ from typing import Any
 
 import structlog
 
+from workflow_engine.capabilities.job_files import WORKER_NOTE
 from workflow_engine.domain.jobs import Finding, JobResult, Verification
 from workflow_engine.domain.task import AcceptanceCriterion, Check, Step
 
@@ -89,6 +90,14 @@ class MachineVerifier:
         return verification
 
 
+def _worker_note(stderr: str) -> str:
+    """The local worker's last note on how the job ended (e.g. the limit it hit), if any."""
+    for line in reversed(stderr.splitlines()[-5:]):
+        if line.startswith(WORKER_NOTE):
+            return "the worker says: " + line.removeprefix(WORKER_NOTE)
+    return ""
+
+
 def _evaluate(name: str, check: Check, result: JobResult) -> Finding:
     try:
         passed, detail = _run_check(check, result)
@@ -101,10 +110,9 @@ def _run_check(check: Check, result: JobResult) -> tuple[bool, str]:
     kind = check.kind
     if kind == "exit_code":
         expected = 0 if check.equals is None else int(check.equals)
-        return (
-            result.exit_code == expected,
-            f"expected exit code {expected}, got {result.exit_code} (status {result.status})",
-        )
+        detail = f"expected exit code {expected}, got {result.exit_code} (status {result.status})"
+        note = _worker_note(result.stderr)
+        return result.exit_code == expected, f"{detail}; {note}" if note else detail
     if kind in ("stdout_contains", "stderr_contains"):
         stream = "stdout" if kind == "stdout_contains" else "stderr"
         text = result.stdout if stream == "stdout" else result.stderr

@@ -24,6 +24,7 @@ from pathlib import Path
 import structlog
 import uvicorn
 
+from workflow_engine.capabilities.job_grant import Confinement
 from workflow_engine.capabilities.sandbox import LocalSandboxWorker
 from workflow_engine.config import NodeSettings
 from workflow_engine.node.app import create_app
@@ -141,6 +142,11 @@ async def serve_node(settings: NodeSettings) -> None:
             jobs_dir=settings.data_dir / "jobs",
             default_timeout_seconds=settings.default_timeout_seconds,
             max_output_bytes=settings.output_bytes,
+            confinement=Confinement(
+                settings.limits,
+                uid_base=settings.job_uid_base,
+                uid_count=settings.job_uid_count,
+            ),
         )
         jobs = NodeJobs(runner)
         config = uvicorn.Config(

@@ -7,6 +7,7 @@ job ids); a test that needs other flags starts its own.
 from __future__ import annotations
 
 import re
+import socket
 import statistics
 import time
 import uuid
@@ -18,6 +19,7 @@ import httpx
 import pytest
 
 from tests.e2e.node.bodies import new_id, run_body
+from tests.helpers import JOB_PYTHON
 from tests.node_process import NodeProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
@@ -91,6 +93,35 @@ async def test_the_engine_extras_reach_the_job(client: httpx.AsyncClient) -> Non
     body |= {"attempt": 2, "remediation": ["exit code was 1"]}
     result = (await client.post("/v1/worker/jobs:run", json=body)).json()
     assert result["stdout"] == '2 ["exit code was 1"]\n'
+
+
+async def test_a_job_runs_within_its_limits_and_without_network(
+    client: httpx.AsyncClient,
+) -> None:
+    grab = f"x = bytearray({300 * 1024 * 1024})"
+    body = run_body(JOB_PYTHON, "-c", grab, limits={"memory_mb": 100})
+    result = (await client.post("/v1/worker/jobs:run", json=body)).json()
+    assert (result["status"], result["exit_code"]) == ("failed", 1)
+    assert "MemoryError" in result["stderr"]
+    assert "refused more memory than its limits allow" in result["stderr"]  # the node's note
+    listener = socket.create_server(("127.0.0.1", 0))
+    with listener:
+        port = listener.getsockname()[1]
+        connect = f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=3)"
+        body = run_body(JOB_PYTHON, "-c", connect, network_policy="none")
+        result = (await client.post("/v1/worker/jobs:run", json=body)).json()
+    assert result["status"] == "failed" and "Network is unreachable" in result["stderr"]
+
+
+async def test_an_image_is_refused_with_the_reason_and_nothing_runs(
+    client: httpx.AsyncClient, tmp_path: Path
+) -> None:
+    marker = tmp_path / "ran"
+    body = run_body("touch", str(marker), image="python:3.11")
+    result = (await client.post("/v1/worker/jobs:run", json=body)).json()
+    assert result["status"] == "failed" and result.get("exit_code") is None
+    assert "cannot run the image 'python:3.11'" in result["stderr"]
+    assert not marker.exists()
 
 
 @pytest.mark.parametrize(
@@ -167,6 +198,7 @@ _ABSENT = object()
         (_bad(sandbox__timeout_seconds=-1), "sandbox.timeout_seconds"),
         (_bad(sandbox__timeout_seconds="60"), "sandbox.timeout_seconds"),
         (_bad(sandbox__network_policy="open"), "sandbox.network_policy"),
+        (_bad(sandbox__limits={"memory_mb": -1}), "sandbox.limits.memory_mb"),
         ([1, 2], "body"),
     ],
 )

@@ -4,7 +4,6 @@ sub-agent in a sandbox), and its verdict is read from the job's result."""
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
@@ -14,7 +13,7 @@ import pytest
 from google.protobuf import json_format
 
 from tests.conftest import RunningEngine, start_engine, stop_engine
-from tests.helpers import check, new_task_id, step, task, wait_for_status
+from tests.helpers import JOB_PYTHON, check, new_task_id, step, task, wait_for_status
 from workflow_engine.config import Settings
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
@@ -38,7 +37,7 @@ print(json.dumps({
 async def analysed(settings: Settings, tmp_path: Path) -> AsyncIterator[RunningEngine]:
     script = tmp_path / "analyst.py"
     script.write_text(ANALYST)
-    command = f"{sys.executable} {script} {tmp_path / 'seen.txt'}"
+    command = f"{JOB_PYTHON} {script} {tmp_path / 'seen.txt'}"
     running = await start_engine(replace(settings, verifier="job", verifier_command=command))
     yield running
     await stop_engine(running)

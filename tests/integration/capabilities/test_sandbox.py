@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from workflow_engine.capabilities import job_files
+from workflow_engine.capabilities.job_grant import Confinement, Grant
 from workflow_engine.capabilities.job_runner import JobRunner
 from workflow_engine.capabilities.sandbox import LocalSandboxWorker
 from workflow_engine.domain.jobs import JobRequest, Sandbox
@@ -482,7 +483,9 @@ async def test_launcher_that_died_before_spawning_is_lost(tmp_path: Path) -> Non
     assert "no wrapper claimed it" in result.stderr
     # The claim is taken, so a launch that comes late never runs the job.
     assert (job_dir / "supervisor.pid").read_text() == job_files.LOST_MARKER
-    late = JobRunner(jobs_dir=tmp_path / "jobs")._spawn(request, job_dir, 10)
+    grant = Confinement().grant(request)
+    assert isinstance(grant, Grant)
+    late = JobRunner(jobs_dir=tmp_path / "jobs")._spawn(request, job_dir, 10, grant)
     _, status = await asyncio.to_thread(os.waitpid, late, 0)
     assert os.waitstatus_to_exitcode(status) == 97  # could not claim it
     assert not marker.exists()

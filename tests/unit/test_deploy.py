@@ -47,6 +47,20 @@ def test_compose_and_kubernetes_serve_tls_with_callers_and_probe_the_health_port
     assert "EXPOSE 50051" in (DEPLOY / "Dockerfile").read_text()
 
 
+def test_every_container_that_runs_jobs_may_make_their_network_namespaces() -> None:
+    # The image's unprivileged user isolates each job with `unshare --user --net`, which the
+    # container runtimes' default seccomp profiles forbid (README, "Security").
+    services = yaml.safe_load((DEPLOY / "compose.yaml").read_text())["services"]
+    for name in ("engine-1", "engine-2", "worker-node-1"):
+        assert services[name]["security_opt"] == ["seccomp=unconfined"], name
+    for manifest in ("workflow-engine.yaml", "worker-node.yaml"):
+        docs = yaml.safe_load_all((DEPLOY / "kubernetes" / manifest).read_text())
+        workload = next(d for d in docs if d["kind"] in ("Deployment", "StatefulSet"))
+        context = workload["spec"]["template"]["spec"]["containers"][0]["securityContext"]
+        assert context["seccompProfile"] == {"type": "Unconfined"}, manifest
+        assert context["runAsNonRoot"] and context["capabilities"] == {"drop": ["ALL"]}
+
+
 def test_the_worker_node_is_deployed_with_its_probes_and_own_volume() -> None:
     compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
     node = compose["services"]["worker-node-1"]

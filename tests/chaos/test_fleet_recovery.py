@@ -24,6 +24,8 @@ async def test_survivor_finishes_every_workflow_of_a_killed_replica(
 ) -> None:
     count = scale(10, 50)
     jobs = tmp_path / "jobs.txt"
+    jobs.touch()
+    jobs.chmod(0o666)  # every task's jobs append here, each task's as a user of its own
     spec = task(
         *(shell_step(f"s{i}", f'echo "$WORKFLOW_ENGINE_JOB_ID" >> {jobs}; sleep 1') for i in (1, 2))
     )

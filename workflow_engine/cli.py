@@ -1,4 +1,5 @@
-"""The `workflow-engine` command: `serve` (the default), `migrate` and `worker-node`.
+"""The `workflow-engine` command: `serve` (the default), `migrate` and `worker-node`, and the
+client commands for people (`start`, `get`, `watch`, `list`, ...: `client.commands`).
 
 Settings come from ``WORKFLOW_ENGINE_*`` environment variables; flags override them. For
 `worker-node`, `--listen` and `--data-dir` are the node's own (``WORKFLOW_ENGINE_NODE_*``), and
@@ -25,6 +26,7 @@ from workflow_engine.app import (
     server_credentials,
 )
 from workflow_engine.capabilities.base import CapabilityConfigError
+from workflow_engine.client import commands as client_commands
 from workflow_engine.config import ENV_PREFIX, Settings, settings_from_env
 from workflow_engine.logs import configure_logging
 from workflow_engine.node import NodeInUse, serve_node
@@ -38,7 +40,9 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="workflow-engine",
         description="Durable LangGraph workflow worker, driven over gRPC.",
-        epilog="Every flag has a WORKFLOW_ENGINE_<NAME> environment variable; flags win.",
+        epilog="Every flag has a WORKFLOW_ENGINE_<NAME> environment variable; flags win. "
+        "To call a running engine: workflow-engine {start,get,watch,list,cancel,approve,"
+        "reject,update} --help.",
     )
     parser.add_argument(
         "command", nargs="?", default="serve", choices=["serve", "migrate", "worker-node"]
@@ -123,6 +127,9 @@ async def _migrate(settings: Settings) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in client_commands.COMMANDS:
+        return client_commands.main(argv)
     args = _parser().parse_args(argv)
     try:
         settings = settings_from_args(args, settings_from_env())

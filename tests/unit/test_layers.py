@@ -19,6 +19,9 @@ FORBIDDEN = {
     "api": {"storage.records", "storage.leases", "runtime", "app", "node"},
     # The worker node is a process of its own: the sandbox and the domain, no engine, no database.
     "node": {"storage", "runtime", "api", "graph", "service", "app"},
+    # The command line for people is a gRPC client like any other: the contract, no insides.
+    "client": {"domain", "storage", "runtime", "api", "graph", "capabilities", "service", "app"}
+    | {"node"},
 }
 
 

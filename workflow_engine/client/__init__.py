@@ -1,0 +1,7 @@
+"""The engine for people at a terminal: ``workflow-engine start|get|watch|list|cancel|...``.
+
+A gRPC client of a running engine, as any other (it imports the contract, nothing of the
+engine's insides): `connection` opens the channel (address, TLS, token), `taskfile` reads a
+task from YAML or JSON, `render` turns answers into text for people, and `commands` holds
+the command line itself and the exit codes scripts rely on.
+"""

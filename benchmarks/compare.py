@@ -42,6 +42,7 @@ from contenders import (
     EngineGrpcCommandProcesses,
     EngineGrpcNode,
     EngineGrpcProcesses,
+    EngineGrpcTelemetry,
     EngineInProcess,
     LangGraphInMemorySaver,
     LangGraphNoPersistence,
@@ -63,6 +64,8 @@ PAIRS = [
     (EngineGrpcProcesses.name, EngineGrpc.name),
     (EngineGrpc.name, EngineInProcess.name),
     (EngineGrpcProcesses.name, EngineInProcess.name),
+    # What metrics and traces cost when on (off, the default, is contender 4 itself).
+    (EngineGrpcTelemetry.name, EngineGrpc.name),
 ]
 ROOT = Path(__file__).resolve().parent.parent
 PGDATA = ROOT / ".data" / "bench-pgdata"
@@ -141,6 +144,7 @@ def contenders(data_dir: Path) -> list[Any]:
         EngineInProcess(data_dir),
         EngineGrpc(data_dir),
         EngineGrpcProcesses(data_dir),
+        EngineGrpcTelemetry(data_dir),
         LangGraphPostgresCommand(),
         EngineGrpcCommand(data_dir),
         EngineGrpcCommandProcesses(data_dir),

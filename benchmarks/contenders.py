@@ -42,6 +42,9 @@ ON CONFLICT (task_id) DO UPDATE
    SET state = EXCLUDED.state, last_node_id = EXCLUDED.last_node_id, updated_at = now()
 """
 
+#: The repository, for the test helpers a contender reuses.
+REPOSITORY = str(Path(__file__).resolve().parent.parent)
+
 
 class BareState(TypedDict, total=False):
     task_id: str
@@ -440,6 +443,28 @@ class EngineGrpcCommandProcesses(EngineGrpcCommand):
 
     name = "engine via gRPC, real `true`, 2 processes"
     processes = 2
+
+
+class EngineGrpcTelemetry(EngineGrpc):
+    """Contender 4 with metrics and traces on: Prometheus metrics recorded (and served), and
+    every RPC, run, node and job a span exported over OTLP to a receiver in this process.
+    Beside contender 4 (both off, the default) it shows what they cost."""
+
+    name = "engine via gRPC, metrics and traces on"
+
+    async def worker_env(self, concurrency: int) -> dict[str, str]:
+        sys.path.insert(0, REPOSITORY)
+        from tests.otlp_receiver import OtlpReceiver  # the receiver the tests read spans from
+
+        self.receiver = OtlpReceiver()
+        return {
+            "WORKFLOW_ENGINE_METRICS_LISTEN": "127.0.0.1:0",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": self.receiver.endpoint,
+        }
+
+    async def close(self) -> None:
+        await super().close()
+        self.receiver.stop()
 
 
 class EngineGrpcNode(EngineGrpcCommand):

@@ -29,6 +29,7 @@ from workflow_engine.api.auth import AuthConfigError, Authenticator, AuthInterce
 from workflow_engine.api.decoding import generic_handler
 from workflow_engine.api.health import HealthServicer
 from workflow_engine.api.servicer import WorkflowEngineServicer
+from workflow_engine.api.telemetry import TelemetryInterceptor
 from workflow_engine.capabilities.factory import (
     Capabilities,
     Lent,
@@ -51,6 +52,8 @@ from workflow_engine.storage.checkpointer import RowCheckpointer
 from workflow_engine.storage.embedded import EmbeddedPostgres, start_embedded_postgres
 from workflow_engine.storage.migrations import migrate
 from workflow_engine.storage.workflows import WorkflowStore
+from workflow_engine.telemetry import tracing
+from workflow_engine.telemetry.metrics import METRICS, serve_metrics
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 log = structlog.get_logger(__name__)
@@ -231,13 +234,18 @@ class GrpcServer:
         authenticator = auth_of(settings)
         # Only the engines of one supervisor share their ports (see `supervisor`).
         shared = [("grpc.so_reuseport", int(reuse_port))]
+        interceptors: list[grpc.aio.ServerInterceptor] = []  # type: ignore[type-arg]
+        if METRICS.enabled or tracing.enabled():  # outermost: it sees refused calls too
+            interceptors.append(TelemetryInterceptor(SERVICE_NAME))
+        if authenticator:
+            interceptors.append(AuthInterceptor(authenticator, SERVICE_NAME))
         self.server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", limit),
                 ("grpc.max_send_message_length", 64 * 1024 * 1024),
                 *shared,
             ],
-            interceptors=[AuthInterceptor(authenticator, SERVICE_NAME)] if authenticator else [],
+            interceptors=interceptors,
         )
         self.server.add_generic_rpc_handlers(
             (generic_handler(SERVICE, WorkflowEngineServicer(engine.service)),)
@@ -332,15 +340,39 @@ async def serve(settings: Settings) -> None:
         loop.add_signal_handler(sig, stop.set)
     if supervisor.supervised():
         supervisor.die_with_parent()
-    engine = await Engine.start(settings)
+    metrics_server = start_metrics(settings)
+    tracing.enable_tracing()
     try:
-        server = GrpcServer(engine, reuse_port=supervisor.supervised())
-        await server.start()
-    except BaseException:
-        await engine.close(drain_timeout=0)
-        raise
+        engine = await Engine.start(settings)
+        try:
+            server = GrpcServer(engine, reuse_port=supervisor.supervised())
+            await server.start()
+        except BaseException:
+            await engine.close(drain_timeout=0)
+            raise
+        if supervisor.supervised():
+            supervisor.report_serving()
+        await stop.wait()
+        log.info("shutdown_requested")
+        await server.stop()
+    finally:
+        tracing.shutdown_tracing()
+        if metrics_server is not None:
+            metrics_server.shutdown()
+
+
+def start_metrics(settings: Settings) -> Any:
+    """Turn metrics on when `metrics_listen` is set, and serve them (its server, or None).
+
+    An engine under a supervisor only records them (into the supervisor's multiprocess
+    directory): the supervisor serves every process's sum on the one address.
+    """
+    if not settings.metrics_listen:
+        return None
+    registry = METRICS.enable()
     if supervisor.supervised():
-        supervisor.report_serving()
-    await stop.wait()
-    log.info("shutdown_requested")
-    await server.stop()
+        return None
+    server, port = serve_metrics(settings.metrics_listen, registry)
+    host = settings.metrics_listen.rpartition(":")[0]
+    log.info("metrics_serving", address=f"{host}:{port}", path="/metrics")
+    return server

@@ -328,6 +328,9 @@ class Settings:
     #: host:port of a second, plaintext listener serving only grpc.health.v1, for probes that
     #: cannot speak TLS (Kubernetes' gRPC probes). Empty: none.
     health_listen: str = ""
+    #: host:port serving Prometheus metrics at /metrics (plain HTTP; port 0 picks one, logged).
+    #: Empty: metrics are off.
+    metrics_listen: str = ""
 
     def __post_init__(self) -> None:
         if self.database_prepare not in PREPARE_MODES:
@@ -345,6 +348,11 @@ class Settings:
             raise ValueError(f"{ENV_PREFIX}MCP_TIMEOUT_SECONDS: expected 0 < seconds <= 300")
         self._check_nodes()
         self._check_tls()
+        metrics_host, _, metrics_port = self.metrics_listen.rpartition(":")
+        if self.metrics_listen and not (metrics_host and metrics_port.isdigit()):
+            raise ValueError(
+                f"{ENV_PREFIX}METRICS_LISTEN: expected HOST:PORT, got {self.metrics_listen!r}"
+            )
         self.llm.check(self.planner, self.verifier)
         if self.verifier == "job" and not self.verifier_command.strip():
             raise ValueError(

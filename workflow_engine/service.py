@@ -45,6 +45,7 @@ from workflow_engine.runtime.run import Run, RunEnded
 from workflow_engine.secrets import SECRETS, state_secrets, step_secrets
 from workflow_engine.storage.queries import MAX_HISTORY_EVENTS
 from workflow_engine.storage.workflows import WorkflowStore
+from workflow_engine.telemetry.metrics import METRICS
 
 #: How long a change waits for a closing run of its workflow (one that wrote its last
 #: checkpoint, or was told to stop) to end before claiming the workflow itself. Such a run has
@@ -160,6 +161,7 @@ class WorkflowService:
                 1, "status", None, WorkflowStatus.RUNNING, outcome.started_at, outcome.run_id
             )
             self._events.started(task_id, first)
+            METRICS.workflow_started()
             if self._on_task_stored is not None:
                 self._on_task_stored(task_id, task)
             self._runs.launch(
@@ -355,6 +357,7 @@ class WorkflowService:
         if claim.lease is None:
             return False
         self._launch_resumed(claim.record, holder, claim.lease, ttl)
+        METRICS.recovery_adopted()
         return True
 
     def _launch_resumed(
@@ -411,6 +414,7 @@ class WorkflowService:
         await self._check_scope(task_id, scope)  # a workflow's owner never changes
         record, cancelled = await self._store.cancel(task_id, reason, actor)
         if cancelled:
+            METRICS.workflow_finished(WorkflowStatus.CANCELLED, record.state.get("started_at"))
             self._runs.cancel(task_id, jobs_in_flight(_state_of(record)))
             # An abandoned run ends within milliseconds; this bound is for one stuck on an
             # unreachable database, which the answer does not wait for.

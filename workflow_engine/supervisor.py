@@ -25,17 +25,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import structlog
+from prometheus_client import multiprocess
 
 from workflow_engine.app import open_database, open_pool, run_migrations
 from workflow_engine.capabilities.factory import check_choices
 from workflow_engine.config import Settings
 from workflow_engine.supervised import PARENT_ENV, READY_FD_ENV
+from workflow_engine.telemetry.metrics import MULTIPROC_ENV, serve_metrics, summed_registry
 
 log = structlog.get_logger(__name__)
 
@@ -70,10 +75,14 @@ class _Engine:
 class Supervisor:
     """Starts, restarts and stops the engine processes (see the module docstring)."""
 
-    def __init__(self, settings: Settings, database_url: str, address: str) -> None:
+    def __init__(
+        self, settings: Settings, database_url: str, address: str, metrics_dir: str = ""
+    ) -> None:
         self._settings = settings
         self._database_url = database_url
         self._address = address
+        # Where the engines record their metrics for the supervisor to sum ("": metrics off).
+        self._metrics_dir = metrics_dir
         self._started = 0  # engines started so far; each one's number names its holder id
         self._engines: dict[int, _Engine] = {}  # by slot
         self._stopping = False
@@ -101,6 +110,8 @@ class Supervisor:
             READY_FD_ENV: str(write_fd),
             PARENT_ENV: str(os.getpid()),
         }
+        if self._metrics_dir:
+            env[MULTIPROC_ENV] = self._metrics_dir
         try:
             process = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "workflow_engine.cli", "serve", env=env, pass_fds=(write_fd,)
@@ -127,6 +138,8 @@ class Supervisor:
             engine = self._engines[slot]
             started = asyncio.get_running_loop().time()
             code = await engine.process.wait()
+            if self._metrics_dir:  # its gauges (jobs in flight) no longer count
+                multiprocess.mark_process_dead(engine.process.pid, self._metrics_dir)  # type: ignore[no-untyped-call]
             if self._stopping:
                 return
             if asyncio.get_running_loop().time() - started > STABLE_SECONDS:
@@ -189,8 +202,8 @@ async def supervise(settings: Settings) -> None:
             await pool.close()
         log.info("schema_ready", migrations=applied)
         reservation, address = reserve(settings.listen)
-        with reservation:
-            supervisor = Supervisor(settings, url, address)
+        with reservation, _summed_metrics(settings) as metrics_dir:
+            supervisor = Supervisor(settings, url, address, metrics_dir)
             try:
                 await _serve_until(stop, supervisor, address)
             finally:
@@ -199,6 +212,24 @@ async def supervise(settings: Settings) -> None:
     finally:
         if embedded is not None:
             await asyncio.to_thread(embedded.close)
+
+
+@contextlib.contextmanager
+def _summed_metrics(settings: Settings) -> Iterator[str]:
+    """With metrics on: a directory the engines record into, and the sum of it served on
+    `metrics_listen` (see `telemetry.metrics`); the directory, or "" with metrics off."""
+    if not settings.metrics_listen:
+        yield ""
+        return
+    directory = tempfile.mkdtemp(prefix="workflow-engine-metrics-")
+    server, port = serve_metrics(settings.metrics_listen, summed_registry(directory))
+    host = settings.metrics_listen.rpartition(":")[0]
+    log.info("metrics_serving", address=f"{host}:{port}", path="/metrics", processes="summed")
+    try:
+        yield directory
+    finally:
+        server.shutdown()
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 async def _serve_until(stop: asyncio.Event, supervisor: Supervisor, address: str) -> None:

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.e2e.process import EngineProcess
+from tests.model_server import ModelServer
 
 
 @pytest.fixture
@@ -17,3 +18,13 @@ def processes() -> Iterator[list[EngineProcess]]:
     for p in started:
         if p.proc.poll() is None:
             p.kill()
+
+
+@pytest.fixture
+def model() -> Iterator[ModelServer]:
+    """A model server speaking the Chat Completions API (see `tests.model_server`); every
+    request it refused fails the test."""
+    server = ModelServer()
+    yield server
+    server.stop()
+    assert server.problems == []

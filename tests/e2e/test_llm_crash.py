@@ -3,7 +3,6 @@ engine died holding (before its checkpoint) is asked for once more."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -28,14 +27,6 @@ PLAN = {
     ],
     "assumptions": [],
 }
-
-
-@pytest.fixture
-def model() -> Iterator[ModelServer]:
-    server = ModelServer()
-    yield server
-    server.stop()
-    assert server.problems == []
 
 
 def llm_env(model: ModelServer, tmp_path: Path) -> dict[str, str]:

@@ -98,6 +98,14 @@ def test_job_limits_and_user_ids_come_from_the_engines_and_the_nodes_own_variabl
             settings_from_env({f"WORKFLOW_ENGINE_{name}": "-1"})
 
 
+@pytest.mark.parametrize("listen", ["9464", ":9464", "localhost:", "localhost:http"])
+def test_a_metrics_address_without_host_and_port_is_refused(listen: str) -> None:
+    assert settings_from_env({}).metrics_listen == ""  # off unless asked for
+    assert settings_from_env({"WORKFLOW_ENGINE_METRICS_LISTEN": "0.0.0.0:9464"}).metrics_listen
+    with pytest.raises(ValueError, match=r"^WORKFLOW_ENGINE_METRICS_LISTEN: expected HOST:PORT"):
+        settings_from_env({"WORKFLOW_ENGINE_METRICS_LISTEN": listen})
+
+
 def test_the_mcp_section_reads_its_variables_and_keeps_the_token_out_of_its_repr() -> None:
     settings = settings_from_env(
         {

@@ -22,6 +22,9 @@ FORBIDDEN = {
     # The command line for people is a gRPC client like any other: the contract, no insides.
     "client": {"domain", "storage", "runtime", "api", "graph", "capabilities", "service", "app"}
     | {"node"},
+    # Metrics and traces serve every layer, so they may import none of them.
+    "telemetry": {"domain", "storage", "runtime", "api", "graph", "capabilities", "service"}
+    | {"app", "node", "client", "config"},
 }
 
 

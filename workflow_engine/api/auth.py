@@ -38,13 +38,14 @@ import contextvars
 import hashlib
 import hmac
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
 
+from workflow_engine.api.interceptors import Behavior, MethodInterceptor
 from workflow_engine.domain.records import Scope
 from workflow_engine.secrets import SECRETS
 
@@ -234,52 +235,12 @@ class Authenticator:
         return names[0].decode("utf-8", "replace") if names else None
 
 
-Behavior = Callable[..., Any]
-
-
-class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
+class AuthInterceptor(MethodInterceptor):
     """Runs every call of `service` only for a caller whose role may call its method."""
 
     def __init__(self, authenticator: Authenticator, service: str) -> None:
+        super().__init__(service)
         self._auth = authenticator
-        self._prefix = f"/{service}/"
-        # Method path -> (the service's handler, its guarded copy): made once per method, not
-        # on every call (the service's handlers never change).
-        self._guarded: dict[str, tuple[Any, grpc.RpcMethodHandler[Any, Any]]] = {}
-
-    async def intercept_service(
-        self,
-        continuation: Callable[
-            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]
-        ],
-        details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any]:
-        handler = await continuation(details)
-        method_path: str = details.method
-        if handler is None or not method_path.startswith(self._prefix):
-            return handler  # health, reflection, unknown methods
-        known = self._guarded.get(method_path)
-        if known is None or known[0] is not handler:
-            known = (handler, self._guard(method_path[len(self._prefix) :], handler))
-            self._guarded[method_path] = known
-        return known[1]
-
-    def _guard(
-        self, method: str, handler: grpc.RpcMethodHandler[Any, Any]
-    ) -> grpc.RpcMethodHandler[Any, Any]:
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(
-                self._unary(method, handler.unary_unary),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(
-                self._stream(method, handler.unary_stream),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        return handler
 
     async def _admit(self, method: str, request: Any, context: Any) -> None:
         try:
@@ -303,14 +264,14 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
             )
         _CALLER.set(identity)  # each call runs in its own task: this is the call's caller
 
-    def _unary(self, method: str, inner: Behavior) -> Behavior:
+    def wrap_unary(self, method: str, inner: Behavior) -> Behavior:
         async def behavior(request: Any, context: Any) -> Any:
             await self._admit(method, request, context)
             return await inner(request, context)
 
         return behavior
 
-    def _stream(self, method: str, inner: Behavior) -> Behavior:
+    def wrap_stream(self, method: str, inner: Behavior) -> Behavior:
         async def behavior(request: Any, context: Any) -> AsyncIterator[Any]:
             await self._admit(method, request, context)
             async for item in inner(request, context):

@@ -19,12 +19,15 @@ a slot is dispatched (recorded in the checkpoint) but not yet started.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 import structlog
 
 from workflow_engine.capabilities.base import Worker
 from workflow_engine.domain.jobs import JobRequest, JobResult
+from workflow_engine.telemetry import tracing
+from workflow_engine.telemetry.metrics import METRICS
 
 log = structlog.get_logger(__name__)
 
@@ -116,4 +119,22 @@ class JobTracker:
     async def _run(self, target: str, job: JobRequest) -> JobResult:
         async with self._slots:
             await self.admit(job)
-            return await self._worker.run(target, job)
+            with tracing.span(
+                f"job {job.step_id}",
+                {
+                    "workflow_engine.task_id": job.task_id,
+                    "workflow_engine.job_id": job.job_id,
+                    "workflow_engine.attempt": job.attempt,
+                    "workflow_engine.worker": target,
+                },
+            ) as span:
+                METRICS.job_started(target)
+                started = time.perf_counter()
+                status = "error"
+                try:
+                    result = await self._worker.run(target, job)
+                    status = result.status
+                    span.set_attribute("workflow_engine.job_status", status)
+                    return result
+                finally:
+                    METRICS.job_ended(target, status, time.perf_counter() - started)

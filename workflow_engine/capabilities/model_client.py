@@ -26,12 +26,15 @@ from typing import Any, Self, cast
 
 import openai
 import structlog
+from opentelemetry.trace import SpanKind
 
 from workflow_engine.capabilities.base import CapabilityConfigError
 from workflow_engine.config import ENV_PREFIX, LlmSettings
 from workflow_engine.domain.model import JsonObject
 from workflow_engine.errors import WorkflowEngineError
 from workflow_engine.secrets import SECRETS
+from workflow_engine.telemetry import tracing
+from workflow_engine.telemetry.metrics import METRICS
 
 log = structlog.get_logger(__name__)
 
@@ -165,17 +168,17 @@ class ModelClient:
         for attempt in range(1, attempts + 1):
             started = time.monotonic()
             try:
-                completion = await self._client.chat.completions.create(
-                    model=self._settings.model,
-                    messages=cast(Any, messages),
-                    max_tokens=self._settings.max_tokens,
-                    temperature=self._settings.temperature,
-                    response_format={
-                        "type": "json_schema",
-                        "json_schema": {"name": schema_name, "schema": schema, "strict": False},
-                    },
-                )
+                with self._span(purpose) as span:
+                    completion = await self._create(messages, schema_name, schema, span)
             except openai.APIError as exc:
+                METRICS.model_call(
+                    purpose=purpose,
+                    model=self._settings.model,
+                    seconds=time.monotonic() - started,
+                    input_tokens=0,
+                    output_tokens=0,
+                    error=type(exc).__name__,
+                )
                 delay = _retryable(exc, attempt, self._settings.retry_max_seconds)
                 if delay is None or attempt == attempts:
                     raise ModelError(_describe_error(exc, attempt)) from None
@@ -191,6 +194,43 @@ class ModelClient:
             return self._read(purpose, completion, started)
         raise AssertionError("unreachable")  # pragma: no cover
 
+    def _span(self, purpose: str) -> Any:
+        """A GenAI client span for one call (OpenTelemetry's conventions: "chat {model}")."""
+        return tracing.span(
+            f"chat {self._settings.model}",
+            {
+                "gen_ai.operation.name": "chat",
+                "gen_ai.request.model": self._settings.model,
+                "gen_ai.request.max_tokens": self._settings.max_tokens,
+                "workflow_engine.purpose": purpose,
+            },
+            SpanKind.CLIENT,
+        )
+
+    async def _create(
+        self, messages: list[JsonObject], schema_name: str, schema: JsonObject, span: Any
+    ) -> Any:
+        assert self._client is not None
+        completion = await self._client.chat.completions.create(
+            model=self._settings.model,
+            messages=cast(Any, messages),
+            max_tokens=self._settings.max_tokens,
+            temperature=self._settings.temperature,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": schema_name, "schema": schema, "strict": False},
+            },
+        )
+        usage = completion.usage
+        span.set_attribute("gen_ai.response.model", str(completion.model or ""))
+        span.set_attribute(
+            "gen_ai.usage.input_tokens", int(getattr(usage, "prompt_tokens", 0) or 0)
+        )
+        span.set_attribute(
+            "gen_ai.usage.output_tokens", int(getattr(usage, "completion_tokens", 0) or 0)
+        )
+        return completion
+
     def _read(self, purpose: str, completion: Any, started: float) -> Any:
         usage = completion.usage
         call = ModelCall(
@@ -203,6 +243,13 @@ class ModelClient:
         ledger = _LEDGER.get()
         if ledger is not None:
             ledger.calls.append(call)
+        METRICS.model_call(
+            purpose=purpose,
+            model=call.model,
+            seconds=call.latency_ms / 1000,
+            input_tokens=call.prompt_tokens,
+            output_tokens=call.completion_tokens,
+        )
         log.info("model_called", **call.to_json())
         if not completion.choices:
             raise ModelError("the model answered with no choices")

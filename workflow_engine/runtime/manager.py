@@ -34,6 +34,7 @@ from workflow_engine.graph.state import WorkflowState
 from workflow_engine.runtime.run import Run
 from workflow_engine.storage.checkpointer import RowCheckpointer
 from workflow_engine.storage.workflows import WorkflowStore
+from workflow_engine.telemetry.metrics import METRICS
 
 log = structlog.get_logger(__name__)
 
@@ -109,6 +110,7 @@ class RunManager:
         )
         task = asyncio.create_task(self._execute(run), name=f"run-{fence.task_id}")
         self._runs[fence.task_id] = (run, task)
+        METRICS.lease("acquired")
         log.info("run_launched", task_id=fence.task_id, run_id=fence.run_id, epoch=fence.epoch)
         return run
 

@@ -28,15 +28,22 @@ one for the workflow waits for the run to end and claims the workflow afresh.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
 import psycopg
 import structlog
 from langgraph.runtime import Runtime
+from opentelemetry import trace
 
 from workflow_engine.domain.records import Fence
-from workflow_engine.domain.status import FINAL_STATUSES, OUTSIDE_CHANGE, WorkflowStatus
+from workflow_engine.domain.status import (
+    FINAL_STATUSES,
+    OUTSIDE_CHANGE,
+    TERMINAL_STATUSES,
+    WorkflowStatus,
+)
 from workflow_engine.errors import (
     CheckpointCorrupt,
     InvalidState,
@@ -52,6 +59,8 @@ from workflow_engine.graph.state import WorkflowState
 from workflow_engine.secrets import SECRETS, state_secrets
 from workflow_engine.storage.checkpointer import Checkpoint, RowCheckpointer
 from workflow_engine.storage.workflows import WorkflowStore
+from workflow_engine.telemetry import tracing
+from workflow_engine.telemetry.metrics import METRICS
 
 log = structlog.get_logger(__name__)
 
@@ -152,6 +161,9 @@ class Run:
         self._has_checkpoint = True
         if self._status in FINAL_STATUSES:  # that write released the lease; nothing follows
             self._closing = self._released = True
+            METRICS.lease("released")
+            if self._status in TERMINAL_STATUSES:
+                METRICS.workflow_finished(self._status, checkpoint.state.get("started_at"))
 
     def _check_boundary(self) -> None:
         if self._stop_reason is not None:
@@ -199,8 +211,17 @@ class Run:
         )
         heartbeat = asyncio.create_task(self._heartbeat(), name=f"heartbeat-{self._fence.task_id}")
         release = True
+        span = tracing.start_span(
+            "workflow run",
+            {
+                "workflow_engine.task_id": self._fence.task_id,
+                "workflow_engine.run_id": self._fence.run_id,
+                "workflow_engine.holder_id": self._fence.holder_id,
+            },
+        )
         try:
-            await self._drive()
+            with trace.use_span(span, end_on_exit=False):
+                await self._drive()
             self.outcome = self._status
             log.info("run_finished", status=self._status)
         except RunStopped as stop:
@@ -209,6 +230,7 @@ class Run:
         except LeaseLost:
             self.outcome = "lease lost"
             release = False
+            METRICS.lease("lost")
             log.warning("run_lease_lost", last_node=self.last_node)
         except OutsideWrite:
             # Another writer changed the row: nothing of this run is written over it. The
@@ -220,6 +242,7 @@ class Run:
             self.outcome = "failed: corrupt checkpoint"
             log.error("run_checkpoint_corrupt", error=exc.message)
             await self._store.set_status(self._fence, WorkflowStatus.FAILED, exc.message)
+            METRICS.workflow_finished(WorkflowStatus.FAILED, None)
         except psycopg.Error as exc:
             # The database stayed unreachable beyond the retry budget. The workflow is not
             # failed: its checkpoint is intact and a resume continues from it.
@@ -237,7 +260,10 @@ class Run:
                 WorkflowStatus.FAILED,
                 f"internal error after {self.last_node}: {exc!r}",
             )
+            METRICS.workflow_finished(WorkflowStatus.FAILED, None)
         finally:
+            span.set_attribute("workflow_engine.outcome", self.outcome or "")
+            span.end()
             self._closing = True
             heartbeat.cancel()
             for _, done in self._batches:  # never applied: the run ended first
@@ -269,18 +295,23 @@ class Run:
             node = checkpoint.next_node
             if node is None:
                 return
-            try:
-                state = cast(WorkflowState, checkpoint.state)
-                update: dict[str, Any] = dict(await self._graph.nodes[node](state, runtime=runtime))
-            except RunStopped as stop:
-                if stop.reason != UPDATE or self._stop_reason is not None:
-                    raise
-                continue  # apply the changes, then run the node again
-            finally:
-                self._interrupted = None
-            event = update.pop(NODE_EVENT)
-            checkpoint = self._advance(checkpoint, node, update)
-            await self._checkpoints.write(self._fence, checkpoint, event)
+            started = time.perf_counter()
+            with tracing.span(f"node {node}"):
+                try:
+                    state = cast(WorkflowState, checkpoint.state)
+                    update: dict[str, Any] = dict(
+                        await self._graph.nodes[node](state, runtime=runtime)
+                    )
+                except RunStopped as stop:
+                    if stop.reason != UPDATE or self._stop_reason is not None:
+                        raise
+                    continue  # apply the changes, then run the node again
+                finally:
+                    self._interrupted = None
+                event = update.pop(NODE_EVENT)
+                checkpoint = self._advance(checkpoint, node, update)
+                await self._checkpoints.write(self._fence, checkpoint, event)
+            METRICS.node_completed(node, time.perf_counter() - started)
             self._written(checkpoint, node)
 
     def _advance(self, checkpoint: Checkpoint, node: str, update: Mapping[str, Any]) -> Checkpoint:
@@ -335,6 +366,7 @@ class Run:
     async def _release(self) -> None:
         try:
             await self._store.release_lease(self._fence)
+            METRICS.lease("released")
         except psycopg.Error as exc:  # it expires on its own; nothing else to do
             log.warning("lease_release_failed", error=repr(exc))
 
@@ -349,8 +381,10 @@ class Run:
                 log.warning("lease_renew_failed", error=repr(exc))
                 continue
             if expires is None:
+                METRICS.lease("lost")
                 self.request_stop("lease lost", interrupt=True)
                 return
+            METRICS.lease("renewed")
 
 
 class RunEnded(InvalidState):

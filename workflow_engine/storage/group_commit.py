@@ -12,6 +12,7 @@ fail its neighbours.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -24,6 +25,7 @@ from psycopg_pool import AsyncConnectionPool
 from workflow_engine.domain.records import WorkflowEventRecord
 from workflow_engine.storage import leases
 from workflow_engine.storage.retry import is_transient
+from workflow_engine.telemetry.metrics import METRICS
 
 log = structlog.get_logger(__name__)
 
@@ -217,6 +219,7 @@ class GroupCommitter:
             await self._flush(batch)
 
     async def _flush(self, batch: list[_Pending]) -> None:
+        started = time.perf_counter()
         try:
             outcomes = await self._execute([p.row for p in batch])
         except Exception as exc:
@@ -229,6 +232,7 @@ class GroupCommitter:
             for p in batch:  # isolate the row at fault
                 await self._flush([p])
             return
+        METRICS.checkpoints_committed(len(batch), time.perf_counter() - started)
         for p in batch:
             if not p.done.done():
                 p.done.set_result(outcomes.get(p.row.task_id, _LOST))

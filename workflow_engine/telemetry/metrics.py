@@ -1,0 +1,243 @@
+"""The engine's Prometheus metrics: what operators graph and alert on.
+
+One process-wide `METRICS` (like `secrets.SECRETS`): off until `serve` (or the supervisor)
+calls `enable`, and while off every call is a no-op on a stand-in, so the hot path pays
+nothing measurable. Names follow the OpenTelemetry semantic conventions where they define the
+thing (``rpc.server.call.duration``, ``gen_ai.client.token.usage``,
+``gen_ai.client.operation.duration``, ``gen_ai.workflow.duration``), as Prometheus spells
+them (dots to underscores, the unit as a suffix); the engine's own are
+``workflow_engine_*``, counters ending in ``_total``.
+
+With several engine processes (`supervisor`), each writes its values to files in
+``PROMETHEUS_MULTIPROC_DIR`` (prometheus_client's multiprocess mode, set up by the
+supervisor before the processes start) and the supervisor serves their sum.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    multiprocess,
+)
+from prometheus_client.exposition import start_http_server
+
+#: Seconds: node and job durations reach from milliseconds to hours.
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800)
+#: Seconds: a checkpoint write or an RPC is milliseconds, a watch may be minutes.
+FAST_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5, 30)
+#: Tokens per model call (the GenAI conventions' buckets, cut to what a plan or verdict takes).
+TOKEN_BUCKETS = (16, 64, 256, 1024, 4096, 16384, 65536, 262144)
+#: Rows per group commit.
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+class _Off:
+    """What every metric is while metrics are off: takes any call, does nothing."""
+
+    def labels(self, *_: Any, **__: Any) -> _Off:
+        return self
+
+    def inc(self, *_: Any) -> None:
+        pass
+
+    def dec(self, *_: Any) -> None:
+        pass
+
+    def observe(self, *_: Any) -> None:
+        pass
+
+
+_OFF = _Off()
+
+
+class Metrics:
+    """The metrics, and one method per thing the engine reports (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.enabled = False
+        self.registry: CollectorRegistry | None = None
+        self._m: dict[str, Any] = dict.fromkeys(_DEFINITIONS, _OFF)
+
+    def enable(self) -> CollectorRegistry:
+        """Create the metrics (once); the registry that serves them in this process."""
+        if self.registry is None:
+            disable_created_metrics()  # type: ignore[no-untyped-call]  # no `*_created` series
+            self.registry = CollectorRegistry(auto_describe=True)
+            self._m = {name: make(self.registry) for name, make in _DEFINITIONS.items()}
+            self.enabled = True
+        return self.registry
+
+    # -- what the engine reports ------------------------------------------------------------
+
+    def rpc(self, method: str, code: int, seconds: float) -> None:
+        self._m["rpc_duration"].labels(
+            rpc_system="grpc",
+            rpc_service="workflow_engine.v1.WorkflowEngine",
+            rpc_method=method,
+            rpc_grpc_status_code=str(code),
+        ).observe(seconds)
+
+    def workflow_started(self) -> None:
+        self._m["workflows_started"].inc()
+
+    def workflow_finished(self, status: str, started_at: Any) -> None:
+        """`started_at`: the state's epoch seconds of the first start (if it has one)."""
+        self._m["workflows_finished"].labels(status=status).inc()
+        if isinstance(started_at, int | float) and started_at > 0:
+            self._m["workflow_duration"].labels(status=status).observe(time.time() - started_at)
+
+    def node_completed(self, node: str, seconds: float) -> None:
+        self._m["node_duration"].labels(node=node).observe(seconds)
+
+    def checkpoints_committed(self, rows: int, seconds: float) -> None:
+        self._m["checkpoint_batch"].observe(rows)
+        self._m["checkpoint_write"].observe(seconds)
+
+    def lease(self, event: str) -> None:
+        """`event`: acquired, renewed, lost or released."""
+        self._m["lease_events"].labels(event=event).inc()
+
+    def recovery_adopted(self) -> None:
+        self._m["recovery_adoptions"].inc()
+
+    def job_started(self, worker: str) -> None:
+        self._m["jobs_in_flight"].labels(worker=worker).inc()
+
+    def job_ended(self, worker: str, status: str, seconds: float) -> None:
+        self._m["jobs_in_flight"].labels(worker=worker).dec()
+        self._m["job_duration"].labels(worker=worker, status=status).observe(seconds)
+
+    def model_call(
+        self,
+        *,
+        purpose: str,
+        model: str,
+        seconds: float,
+        input_tokens: int,
+        output_tokens: int,
+        error: str = "",
+    ) -> None:
+        labels = {
+            "gen_ai_operation_name": "chat",
+            "gen_ai_request_model": model,
+            "workflow_engine_purpose": purpose,
+        }
+        self._m["model_duration"].labels(**labels, error_type=error).observe(seconds)
+        if not error:
+            for kind, tokens in (("input", input_tokens), ("output", output_tokens)):
+                self._m["model_tokens"].labels(**labels, gen_ai_token_type=kind).observe(tokens)
+
+
+def _histogram(name: str, doc: str, labels: tuple[str, ...], buckets: tuple[float, ...]) -> Any:
+    return lambda registry: Histogram(name, doc, labels, registry=registry, buckets=buckets)
+
+
+def _counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Any:
+    return lambda registry: Counter(name, doc, labels, registry=registry)
+
+
+_MODEL_LABELS = ("gen_ai_operation_name", "gen_ai_request_model", "workflow_engine_purpose")
+#: Attribute -> a maker of the metric in a registry.
+_DEFINITIONS: dict[str, Any] = {
+    "rpc_duration": _histogram(
+        "rpc_server_call_duration_seconds",
+        "Duration of each WorkflowEngine call, by method and gRPC status code",
+        ("rpc_system", "rpc_service", "rpc_method", "rpc_grpc_status_code"),
+        FAST_BUCKETS,
+    ),
+    "workflows_started": _counter(
+        "workflow_engine_workflows_started_total", "Workflows StartWorkflow started"
+    ),
+    "workflows_finished": _counter(
+        "workflow_engine_workflows_finished_total",
+        "Workflows that ended, by status (SUCCEEDED, FAILED, CANCELLED)",
+        ("status",),
+    ),
+    "workflow_duration": _histogram(
+        "gen_ai_workflow_duration_seconds",
+        "Workflows from their first start to their end, by final status",
+        ("status",),
+        DURATION_BUCKETS,
+    ),
+    "node_duration": _histogram(
+        "workflow_engine_node_duration_seconds",
+        "Each graph node's run, from its start to its checkpoint being durable",
+        ("node",),
+        DURATION_BUCKETS,
+    ),
+    "checkpoint_write": _histogram(
+        "workflow_engine_checkpoint_write_duration_seconds",
+        "Each group commit of checkpoint rows, from sending to committed",
+        (),
+        FAST_BUCKETS,
+    ),
+    "checkpoint_batch": _histogram(
+        "workflow_engine_checkpoint_batch_size",
+        "Checkpoint rows per group commit",
+        (),
+        BATCH_BUCKETS,
+    ),
+    "lease_events": _counter(
+        "workflow_engine_lease_events_total",
+        "Leases acquired (start, resume, recovery), renewed, lost and released",
+        ("event",),
+    ),
+    "recovery_adoptions": _counter(
+        "workflow_engine_recovery_adoptions_total",
+        "Workflows this process adopted from a runner that stopped or died",
+    ),
+    "jobs_in_flight": lambda registry: Gauge(
+        "workflow_engine_jobs_in_flight",
+        "Jobs running now, by worker target (local, or a node's name)",
+        ("worker",),
+        registry=registry,
+        multiprocess_mode="livesum",
+    ),
+    "job_duration": _histogram(
+        "workflow_engine_job_duration_seconds",
+        "Jobs from start to result, by worker target and result status",
+        ("worker", "status"),
+        DURATION_BUCKETS,
+    ),
+    "model_duration": _histogram(
+        "gen_ai_client_operation_duration_seconds",
+        "Model calls of the llm planner and verifier (error_type set when one failed)",
+        (*_MODEL_LABELS, "error_type"),
+        DURATION_BUCKETS,
+    ),
+    "model_tokens": _histogram(
+        "gen_ai_client_token_usage",
+        "Tokens per model call, input (prompt) and output (completion)",
+        (*_MODEL_LABELS, "gen_ai_token_type"),
+        TOKEN_BUCKETS,
+    ),
+}
+
+#: The process's metrics; see the module docstring.
+METRICS = Metrics()
+
+
+#: prometheus_client's own variable: where each process of several records its values.
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def serve_metrics(listen: str, registry: CollectorRegistry) -> Any:
+    """Serve `registry` as ``/metrics`` on `listen` (HOST:PORT) from a thread; the server
+    (its `shutdown` stops it) and the port it took (port 0 picks one)."""
+    host, _, port = listen.rpartition(":")
+    server, _thread = start_http_server(int(port), addr=host.strip("[]"), registry=registry)
+    return server, server.server_address[1]
+
+
+def summed_registry(directory: str) -> CollectorRegistry:
+    """A registry that reads every engine process's values from `directory` and sums them."""
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry, path=directory)  # type: ignore[no-untyped-call]
+    return registry

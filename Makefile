@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed-stamp
 PROTO_SRC := proto/workflow_engine/v1/workflow_engine.proto
 PROTO_OUT := workflow_engine/v1
 
-.PHONY: install run migrate test test-pooler pgbouncer chaos lint fmt proto proto-check bench bench-pooler profile clean
+.PHONY: install node-tools go-tools run migrate test test-pooler pgbouncer chaos lint fmt proto proto-check bench bench-pooler profile clean
 
 install: $(STAMP)
 
@@ -18,13 +18,31 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install --quiet --progress-bar off -c constraints.txt -e '.[dev]'
 	touch $@
 
+# Node tooling for the contract (buf, and the Node example's gRPC libraries), from npm, as
+# pinned by proto/package-lock.json.
+NODE_TOOLS := proto/node_modules/.installed-stamp
+node-tools: $(NODE_TOOLS)
+$(NODE_TOOLS): proto/package.json proto/package-lock.json
+	cd proto && npm ci --silent --no-audit --no-fund
+	touch $@
+
+# Go for the Go client example's test, from Debian's packages (GOPATH mode: no module proxy
+# is needed): the compiler, protoc with its Go plugins, grpc-go and protobuf-go.
+GO_PACKAGES := golang-go protobuf-compiler protoc-gen-go protoc-gen-go-grpc \
+  golang-google-grpc-dev golang-google-protobuf-dev golang-github-golang-protobuf-1-5-dev
+go-tools:
+	@dpkg -s $(GO_PACKAGES) >/dev/null 2>&1 || { \
+	  echo "installing Debian's Go, protoc and grpc-go (the Go client example's test)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    --no-install-recommends $(GO_PACKAGES) >/dev/null; }
+
 run: install
 	$(BIN)/workflow-engine serve
 
 migrate: install
 	$(BIN)/workflow-engine migrate
 
-test: install pgbouncer
+test: install pgbouncer node-tools go-tools
 	$(BIN)/pytest
 
 # The integration, end-to-end and chaos tests once more, every engine and test connection
@@ -60,24 +78,29 @@ bench-pooler: install pgbouncer
 profile: install
 	$(BIN)/python benchmarks/profile.py
 
-lint: install proto-check
+lint: install proto-check node-tools
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	proto/node_modules/.bin/buf lint
 
 fmt: install
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
 # The generated code is committed; `proto-check` fails when it no longer matches the .proto.
+# The generated code, and the contract with its comments for server reflection (grpcurl describe).
+PROTOC_OUT = --include_imports --include_source_info
 proto: install
 	PATH=$(BIN):$$PATH $(BIN)/python -m grpc_tools.protoc -Iproto \
-	  --python_out=. --mypy_out=. --grpc_python_out=. --mypy_grpc_out=. $(PROTO_SRC)
+	  --python_out=. --mypy_out=. --grpc_python_out=. --mypy_grpc_out=. \
+	  --descriptor_set_out=$(PROTO_OUT)/workflow_engine.binpb $(PROTOC_OUT) $(PROTO_SRC)
 
 proto-check: install
 	@tmp=$$(mktemp -d) && \
 	PATH=$(BIN):$$PATH $(BIN)/python -m grpc_tools.protoc -Iproto \
-	  --python_out=$$tmp --mypy_out=$$tmp --grpc_python_out=$$tmp --mypy_grpc_out=$$tmp $(PROTO_SRC) && \
+	  --python_out=$$tmp --mypy_out=$$tmp --grpc_python_out=$$tmp --mypy_grpc_out=$$tmp \
+	  --descriptor_set_out=$$tmp/$(PROTO_OUT)/workflow_engine.binpb $(PROTOC_OUT) $(PROTO_SRC) && \
 	diff -r -x __init__.py -x py.typed -x __pycache__ $$tmp/$(PROTO_OUT) $(PROTO_OUT) >/dev/null || \
 	  { echo "generated code in $(PROTO_OUT) is stale: run 'make proto'"; rm -rf $$tmp; exit 1; }; \
 	rm -rf $$tmp; echo "proto: generated code is up to date"

@@ -13,11 +13,12 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import orjson
 import structlog
+from google.protobuf.descriptor_pool import DescriptorPool
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from psycopg import AsyncConnection
@@ -28,6 +29,7 @@ from workflow_engine import supervised as supervisor
 from workflow_engine.api.auth import AuthConfigError, Authenticator, AuthInterceptor, Callers
 from workflow_engine.api.decoding import generic_handler
 from workflow_engine.api.health import HealthServicer
+from workflow_engine.api.reflection import CommentedPool
 from workflow_engine.api.servicer import WorkflowEngineServicer
 from workflow_engine.api.telemetry import TelemetryInterceptor
 from workflow_engine.capabilities.factory import (
@@ -263,7 +265,10 @@ class GrpcServer:
                 raise OSError(f"cannot listen on {settings.health_listen}")
         if settings.reflection:
             reflection.enable_server_reflection(
-                (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
+                (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME),
+                self.server,
+                # grpcurl describe shows the contract's comments; it quacks as a DescriptorPool.
+                pool=cast(DescriptorPool, CommentedPool()),
             )
         credentials = server_credentials(settings)
         if credentials is None:

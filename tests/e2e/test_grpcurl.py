@@ -81,3 +81,18 @@ async def test_grpcurl_health_list_answers_every_service(running: RunningEngine)
         "": {"status": "SERVING"},
         "workflow_engine.v1.WorkflowEngine": {"status": "SERVING"},
     }
+
+
+async def test_grpcurl_describe_explains_the_contract_with_its_comments(
+    running: RunningEngine,
+) -> None:
+    check = await grpcurl(running.address, "describe", "workflow_engine.v1.Check")
+    assert "json_field_equals:  field (dotted path into stdout parsed as JSON)" in check
+    verdict = await grpcurl(running.address, "describe", "workflow_engine.v1.Verdict")
+    assert "// Do not run it: the step fails with `reason`, and so does the workflow." in verdict
+    method = "workflow_engine.v1.WorkflowEngine.StartWorkflow"
+    start = await grpcurl(running.address, "describe", method)
+    assert "takes the task's lease" in start and "rpc StartWorkflow" in start
+    # The well-known types and the other services are still described (without comments).
+    assert "message Struct" in await grpcurl(running.address, "describe", "google.protobuf.Struct")
+    assert "rpc Check" in await grpcurl(running.address, "describe", "grpc.health.v1.Health")

@@ -47,6 +47,24 @@ def test_compose_and_kubernetes_serve_tls_with_callers_and_probe_the_health_port
     assert "EXPOSE 50051" in (DEPLOY / "Dockerfile").read_text()
 
 
+def test_metrics_are_on_in_the_manifests_and_scraped_where_they_are_served() -> None:
+    services = yaml.safe_load((DEPLOY / "compose.yaml").read_text())["services"]
+    for name in ("engine-1", "engine-2"):
+        assert services[name]["environment"]["WORKFLOW_ENGINE_METRICS_LISTEN"] == "0.0.0.0:9464"
+    docs = list(yaml.safe_load_all((DEPLOY / "kubernetes" / "workflow-engine.yaml").read_text()))
+    template = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]
+    container = template["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    port = env["WORKFLOW_ENGINE_METRICS_LISTEN"].rsplit(":", 1)[1]
+    annotations = template["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert (
+        annotations["prometheus.io/port"] == port
+        and annotations["prometheus.io/path"] == "/metrics"
+    )
+    assert {"name": "metrics", "containerPort": int(port)} in container["ports"]
+
+
 def test_every_container_that_runs_jobs_may_make_their_network_namespaces() -> None:
     # The image's unprivileged user isolates each job with `unshare --user --net`, which the
     # container runtimes' default seccomp profiles forbid (README, "Security").

@@ -46,6 +46,7 @@ from workflow_engine.graph.builder import build_graph
 from workflow_engine.graph.state import STATE_KEYS
 from workflow_engine.runtime.events import EventHub
 from workflow_engine.runtime.manager import RunManager
+from workflow_engine.runtime.readiness import Readiness
 from workflow_engine.runtime.recovery import Recoverer
 from workflow_engine.secrets import SECRETS
 from workflow_engine.service import WorkflowService
@@ -253,6 +254,7 @@ class GrpcServer:
             (generic_handler(SERVICE, WorkflowEngineServicer(engine.service)),)
         )
         self.health = HealthServicer()
+        self.readiness: Readiness | None = None
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         # Plaintext health only, for probes that cannot speak TLS (Kubernetes' gRPC probes).
         self.health_server: grpc.aio.Server | None = None
@@ -287,16 +289,33 @@ class GrpcServer:
         await self.server.start()
         if self.health_server is not None:
             await self.health_server.start()
-        for name in ("", SERVICE_NAME):
-            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        await self._set_health(True)
+        settings = self.engine.settings
+        # Readiness moves the service's status only: the server's own ("") says the process
+        # is alive, which is what a liveness probe asks (a database outage is no reason to
+        # restart the engine).
+        self.readiness = Readiness(
+            pool=self.engine.pool,
+            data_dir=settings.data_dir,
+            interval_seconds=settings.readiness_interval_seconds,
+            on_change=lambda ready, _why: self._set_health(ready, names=(SERVICE_NAME,)),
+        )
+        self.readiness.start()
         # Under a supervisor, the supervisor says "serving" once every engine does.
         event = "engine_process_serving" if supervisor.supervised() else "serving"
         log.info(event, address=self.address, holder_id=self.engine.settings.holder_id)
 
+    async def _set_health(self, serving: bool, names: tuple[str, ...] = ("", SERVICE_NAME)) -> None:
+        answer = health_pb2.HealthCheckResponse
+        status = answer.SERVING if serving else answer.NOT_SERVING
+        for name in names:
+            await self.health.set(name, status)
+
     async def stop(self, *, drain_timeout: float | None = None) -> None:
         """Graceful stop: NOT_SERVING first, then drain the runs, then close the listener."""
-        for name in ("", SERVICE_NAME):
-            await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        if self.readiness is not None:
+            await self.readiness.close()
+        await self._set_health(False)
         await self.engine.close(drain_timeout=drain_timeout)
         await self.server.stop(grace=5)
         if self.health_server is not None:

@@ -328,6 +328,9 @@ class Settings:
     #: host:port of a second, plaintext listener serving only grpc.health.v1, for probes that
     #: cannot speak TLS (Kubernetes' gRPC probes). Empty: none.
     health_listen: str = ""
+    #: How often health re-checks that the database answers and the data directory is
+    #: writable (NOT_SERVING while either fails).
+    readiness_interval_seconds: float = 5.0
     #: host:port serving Prometheus metrics at /metrics (plain HTTP; port 0 picks one, logged).
     #: Empty: metrics are off.
     metrics_listen: str = ""
@@ -340,6 +343,8 @@ class Settings:
             )
         if not 0 < self.watch_poll_seconds <= 60:
             raise ValueError(f"{ENV_PREFIX}WATCH_POLL_SECONDS: expected 0 < seconds <= 60")
+        if not 0 < self.readiness_interval_seconds <= 300:
+            raise ValueError(f"{ENV_PREFIX}READINESS_INTERVAL_SECONDS: expected 0 < seconds <= 300")
         if not 1 <= self.processes <= MAX_PROCESSES:
             raise ValueError(f"{ENV_PREFIX}PROCESSES: expected 1 to {MAX_PROCESSES}")
         if self.task_source == "mcp" and not self.mcp.url:

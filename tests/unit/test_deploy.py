@@ -42,7 +42,8 @@ def test_compose_and_kubernetes_serve_tls_with_callers_and_probe_the_health_port
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
     for key in ("TLS_CERT_FILE", "TLS_KEY_FILE", "TOKENS_FILE"):
         assert env[f"WORKFLOW_ENGINE_{key}"].rsplit("/", 1)[0] in mounts
-    secrets = {v["secret"]["secretName"] for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    volumes = deployment["spec"]["template"]["spec"]["volumes"]
+    secrets = {v["secret"]["secretName"] for v in volumes if "secret" in v}
     assert secrets == {"workflow-engine-tls", "workflow-engine-callers"}
     assert "EXPOSE 50051" in (DEPLOY / "Dockerfile").read_text()
 
@@ -94,3 +95,42 @@ def test_the_worker_node_is_deployed_with_its_probes_and_own_volume() -> None:
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     assert mounts["data"] in container["args"]  # the data dir is the persistent volume
     assert "8090" in (DEPLOY / "Dockerfile").read_text()
+
+
+def test_containers_are_built_once_reap_restart_and_say_when_they_are_healthy() -> None:
+    services = yaml.safe_load((DEPLOY / "compose.yaml").read_text())["services"]
+    ours = ("engine-1", "engine-2", "worker-node-1")
+    assert [name for name in ours if "build" in services[name]] == ["engine-1"]
+    assert {services[name]["image"] for name in ours} == {"workflow-engine:0.1.0"}
+    for name in ours:
+        assert services[name]["init"] is True and services[name]["restart"] == "unless-stopped"
+    for name in ("engine-1", "engine-2"):
+        probe = " ".join(services[name]["healthcheck"]["test"])
+        health = services[name]["environment"]["WORKFLOW_ENGINE_HEALTH_LISTEN"]
+        assert health in probe and "workflow_engine.v1.WorkflowEngine" in probe
+
+
+def test_kubernetes_pods_get_no_api_token_a_read_only_root_and_disruption_budgets() -> None:
+    for manifest, protocol in (("workflow-engine.yaml", "grpc"), ("worker-node.yaml", "http")):
+        docs = list(yaml.safe_load_all((DEPLOY / "kubernetes" / manifest).read_text()))
+        kinds = {d["kind"]: d for d in docs}
+        pod = next(d for d in docs if d["kind"] in ("Deployment", "StatefulSet"))["spec"]
+        assert pod["template"]["spec"]["automountServiceAccountToken"] is False, manifest
+        container = pod["template"]["spec"]["containers"][0]
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True, manifest
+        assert "/tmp" in {m["mountPath"] for m in container["volumeMounts"]}, manifest
+        budget = kinds["PodDisruptionBudget"]["spec"]
+        assert budget["selector"] == pod["selector"], manifest
+        assert {p["appProtocol"] for p in kinds["Service"]["spec"]["ports"]} == {protocol}
+    engine = next(
+        d
+        for d in yaml.safe_load_all((DEPLOY / "kubernetes" / "workflow-engine.yaml").read_text())
+        if d["kind"] == "Deployment"
+    )
+    container = engine["spec"]["template"]["spec"]["containers"][0]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert mounts["data"] == "/home/engine/data"  # the image's WORKFLOW_ENGINE_DATA_DIR
+    assert "WORKFLOW_ENGINE_DATA_DIR=/home/engine/data" in (DEPLOY / "Dockerfile").read_text()
+    readiness = container["readinessProbe"]["grpc"]
+    assert readiness["service"] == "workflow_engine.v1.WorkflowEngine"
+    assert "service" not in container["livenessProbe"]["grpc"]

@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed-stamp
 PROTO_SRC := proto/workflow_engine/v1/workflow_engine.proto
 PROTO_OUT := workflow_engine/v1
 
-.PHONY: install node-tools go-tools run migrate test test-pooler pgbouncer chaos lint fmt proto proto-check bench bench-pooler profile clean
+.PHONY: install node-tools go-tools image-tools image image-test run migrate test test-pooler pgbouncer chaos lint fmt proto proto-check bench bench-pooler profile clean
 
 install: $(STAMP)
 
@@ -35,6 +35,19 @@ go-tools:
 	  echo "installing Debian's Go, protoc and grpc-go (the Go client example's test)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 	    --no-install-recommends $(GO_PACKAGES) >/dev/null; }
+
+# The container image, built and smoke-tested here with Debian's buildah, podman and
+# mmdebstrap (no registry needed: deploy/image.sh makes the bases from the Debian mirror).
+IMAGE_PACKAGES := buildah podman mmdebstrap runc uidmap
+image-tools:
+	@dpkg -s $(IMAGE_PACKAGES) >/dev/null 2>&1 || { \
+	  echo "installing Debian's buildah, podman and mmdebstrap (make image)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    --no-install-recommends $(IMAGE_PACKAGES) >/dev/null; }
+image: image-tools
+	deploy/image.sh build
+image-test: install image
+	deploy/image.sh test
 
 run: install
 	$(BIN)/workflow-engine serve

@@ -10,7 +10,9 @@ import yaml
 from workflow_engine.config import ENV_PREFIX, env_names
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
-KNOWN = env_names()
+#: The settings, and what the engine sets in every job's environment (a job may use those).
+JOB_ENV = {f"{ENV_PREFIX}{n}" for n in ("TASK_ID", "JOB_ID", "ATTEMPT", "REMEDIATION", "CONTEXT")}
+KNOWN = env_names() | JOB_ENV
 
 
 def test_every_engine_variable_in_deploy_is_a_setting() -> None:

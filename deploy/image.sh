@@ -6,7 +6,8 @@
 #                           storage between runs), then deploy/Dockerfile with buildah
 #   deploy/image.sh test    the image beside a PostgreSQL container: reflection, the README
 #                           workflow, health, its user, a read-only root, no zombies, readiness
-#                           following the database, and a SIGTERM drain
+#                           following the database, a SIGTERM drain, and a SIGTERM
+#                           during start-up
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -44,12 +45,17 @@ build() {
   [ -f /etc/ssl/certs/ca-certificates.crt ] &&
     ca=(-v /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt:ro)
   say "building $IMAGE (cached layers are reused)"
+  # The base is made once and then kept: the image names the very base it was built on.
+  local digest
+  digest=$(podman image inspect --format '{{.Digest}}' "$BASE")
   buildah bud --quiet --layers --format docker --isolation chroot "${ca[@]}" --build-arg "BASE=$BASE" \
+    --label "org.opencontainers.image.base.name=$BASE" \
+    --label "org.opencontainers.image.base.digest=$digest" \
     -f deploy/Dockerfile -t "$IMAGE" . >/dev/null
-  say "built $IMAGE: $(podman image inspect --format '{{.Size}}' "$IMAGE") bytes"
+  say "built $IMAGE on $BASE@$digest: $(podman image inspect --format '{{.Size}}' "$IMAGE") bytes"
 }
 
-cleanup() { podman rm -f --ignore we-image-test we-image-pg >/dev/null 2>&1 || true; }
+cleanup() { podman rm -f --ignore we-image-test we-image-early we-image-pg >/dev/null 2>&1 || true; }
 
 wait_for() { # DESCRIPTION COMMAND...
   local what=$1; shift
@@ -86,7 +92,8 @@ test_image() {
   [ "$(health workflow_engine.v1.WorkflowEngine)" = SERVING ] || fail "health is not SERVING"
   [ "$(podman exec we-image-test id -u)" = 10001 ] || fail "the engine does not run as 10001"
   podman exec we-image-test touch /opt/venv/x 2>/dev/null && fail "the root filesystem is writable"
-  say "health SERVING, uid 10001, root filesystem read-only"
+  podman healthcheck run we-image-test >/dev/null || fail "the image's HEALTHCHECK fails"
+  say "health SERVING, the image's HEALTHCHECK passes, uid 10001, root filesystem read-only"
 
   say "the README workflow, with the command line"
   local task
@@ -118,6 +125,19 @@ test_image() {
   podman logs we-image-test 2>&1 | grep -q '"event": "stopped"' || fail "no 'stopped' in the log"
   say "drained and exited 0 in $(( $(date +%s) - started )) s"
   podman volume rm -f we-image-test-data >/dev/null
+
+  say "SIGTERM during start-up (its database not there yet) stops it at once"
+  podman rm -f we-image-pg >/dev/null
+  "${RUN[@]}" -d --name we-image-early --network host --read-only --tmpfs /tmp \
+    -e WORKFLOW_ENGINE_LISTEN=127.0.0.1:$PORT -e WORKFLOW_ENGINE_PROCESSES=1 \
+    -e WORKFLOW_ENGINE_DATABASE_URL="postgresql://postgres@127.0.0.1:$PG_PORT/postgres" \
+    "$IMAGE" >/dev/null
+  wait_for "the engine to wait for its database" sh -c "podman logs we-image-early 2>&1 | grep -q 'error connecting'"
+  started=$(date +%s)
+  podman stop -t 20 we-image-early >/dev/null
+  code=$(podman inspect --format '{{.State.ExitCode}}' we-image-early)
+  [ "$code" = 0 ] || fail "exit code $code after SIGTERM during start-up (137: it was ignored)"
+  say "exited 0 in $(( $(date +%s) - started )) s"
   say "image-test passed"
 }
 

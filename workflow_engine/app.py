@@ -7,13 +7,15 @@ the same way. `serve` adds what a deployed process needs: signal handling and th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import signal
+from collections.abc import Awaitable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import grpc
 import orjson
@@ -60,6 +62,7 @@ from workflow_engine.telemetry.metrics import METRICS, serve_metrics
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 log = structlog.get_logger(__name__)
+T = TypeVar("T")
 
 SERVICE = pb.DESCRIPTOR.services_by_name["WorkflowEngine"]
 SERVICE_NAME = SERVICE.full_name
@@ -96,7 +99,11 @@ async def open_pool(url: str, settings: Settings) -> AsyncConnectionPool[Any]:
         open=False,
         name="workflow-engine",
     )
-    await pool.open(wait=True, timeout=30)
+    try:
+        await pool.open(wait=True, timeout=30)
+    except BaseException:  # not there in time, or a stop during start-up: no workers left behind
+        await pool.close()
+        raise
     return pool
 
 
@@ -144,10 +151,10 @@ class Engine:
     ) -> Engine:
         SECRETS.add([settings.mcp.bearer_token, settings.node.token])
         pool = await open_pool(url, settings)
-        applied = await run_migrations(pool)
-        log.info("schema_ready", migrations=applied)
         store = WorkflowStore(pool)
         try:
+            applied = await run_migrations(pool)
+            log.info("schema_ready", migrations=applied)
             caps = capabilities or build_capabilities(
                 settings,
                 Lent(
@@ -160,7 +167,8 @@ class Engine:
             resources = AsyncExitStack()
             await resources.enter_async_context(opened(caps))
         except BaseException:
-            # A bad configuration (a nodes file, no nodes table) stops the start cleanly.
+            # A bad configuration (a nodes file, no nodes table), or a stop during start-up,
+            # ends the start cleanly.
             await pool.close()
             raise
         faults = FaultPlan.parse(settings.faults)
@@ -354,6 +362,24 @@ def auth_of(settings: Settings) -> Authenticator | None:
     return Authenticator(callers, client_certificates=bool(settings.tls_client_ca_file))
 
 
+async def unless_stopped(stop: asyncio.Event, starting: Awaitable[T]) -> T | None:
+    """What `starting` returns, or None if `stop` is set first: the start-up is then cancelled
+    (it cleans up after itself), so a SIGTERM while, say, the database is still unreachable
+    stops the process at once instead of being ignored until a timeout."""
+    work = asyncio.ensure_future(starting)
+    stopped = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({work, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+    if work.done():
+        return work.result()
+    work.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await work
+    return None
+
+
 async def serve(settings: Settings) -> None:
     """Run until SIGTERM or SIGINT, then drain and exit."""
     # Handled from the start: a signal during start-up (or just after the "serving" line) is a
@@ -367,7 +393,10 @@ async def serve(settings: Settings) -> None:
     metrics_server = start_metrics(settings)
     tracing.enable_tracing()
     try:
-        engine = await Engine.start(settings)
+        engine = await unless_stopped(stop, Engine.start(settings))
+        if engine is None:
+            log.info("stopped", during="start-up")
+            return
         try:
             server = GrpcServer(engine, reuse_port=supervisor.supervised())
             await server.start()

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import structlog
 from prometheus_client import multiprocess
 
-from workflow_engine.app import open_database, open_pool, run_migrations
+from workflow_engine.app import open_database, open_pool, run_migrations, unless_stopped
 from workflow_engine.capabilities.factory import check_choices
 from workflow_engine.config import Settings
 from workflow_engine.supervised import PARENT_ENV, READY_FD_ENV
@@ -195,11 +195,10 @@ async def supervise(settings: Settings) -> None:
     check_choices(settings)  # a bad setting is refused before anything starts
     url, embedded = open_database(settings)
     try:
-        pool = await open_pool(url, settings)
-        try:
-            applied = await run_migrations(pool)
-        finally:
-            await pool.close()
+        applied = await unless_stopped(stop, _migrate(url, settings))
+        if applied is None:
+            log.info("stopped", during="start-up")
+            return
         log.info("schema_ready", migrations=applied)
         reservation, address = reserve(settings.listen)
         with reservation, _summed_metrics(settings) as metrics_dir:
@@ -212,6 +211,14 @@ async def supervise(settings: Settings) -> None:
     finally:
         if embedded is not None:
             await asyncio.to_thread(embedded.close)
+
+
+async def _migrate(url: str, settings: Settings) -> int:
+    pool = await open_pool(url, settings)
+    try:
+        return await run_migrations(pool)
+    finally:
+        await pool.close()
 
 
 @contextlib.contextmanager

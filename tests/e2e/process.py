@@ -30,6 +30,7 @@ class EngineProcess:
         recovery: bool = True,
         faults: str = "",
         extra_env: dict[str, str] | None = None,
+        wait_serving: bool = True,
     ) -> None:
         env = {
             **os.environ,
@@ -54,7 +55,7 @@ class EngineProcess:
         self._serving = threading.Event()
         self.address = ""
         threading.Thread(target=self._read, args=(self.proc.stderr,), daemon=True).start()
-        if not self._serving.wait(60):
+        if wait_serving and not self._serving.wait(60):
             self.kill()
             raise RuntimeError(f"engine did not start; logs: {self.logs[-20:]}")
 
@@ -69,6 +70,15 @@ class EngineProcess:
             if entry.get("event") == "serving":
                 self.address = str(entry["address"])
                 self._serving.set()
+
+    def wait_for_raw(self, text: str, timeout: float = 30) -> None:
+        """Until a line that is not the engine's JSON (a library's own log) contains `text`."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(text in str(entry.get("raw", "")) for entry in self.logs):
+                return
+            time.sleep(0.05)
+        raise TimeoutError(f"no {text!r} in logs: {self.logs[-10:]}")
 
     def count(self, event: str) -> int:
         return sum(1 for entry in self.logs if entry.get("event") == event)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -155,3 +156,25 @@ async def test_a_killed_supervisor_leaves_no_engine_behind(
     while any(alive(pid) for pid in pids):
         assert time.monotonic() < deadline, "an engine outlived its supervisor"
         await asyncio.sleep(0.1)
+
+
+@pytest.mark.parametrize("processes_setting", ["1", "2"])
+def test_sigterm_during_start_up_stops_at_once(
+    tmp_path: Path, processes: list[EngineProcess], processes_setting: str
+) -> None:
+    # A database that is not there (yet): the start-up waits for it, up to 30 s, and a SIGTERM
+    # meanwhile (a rollout cancelled, a container stopped) ends the process now and cleanly.
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    engine = EngineProcess(
+        db_url=f"postgresql://nobody@127.0.0.1:{port}/none",
+        data_dir=tmp_path / "data",
+        holder_id="early",
+        extra_env={"WORKFLOW_ENGINE_PROCESSES": processes_setting},
+        wait_serving=False,
+    )
+    processes.append(engine)
+    engine.wait_for_raw("error connecting")
+    assert engine.terminate(timeout=10) == 0
+    assert engine.count("stopped") == 1

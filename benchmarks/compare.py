@@ -39,8 +39,10 @@ from contenders import (
     DBOSWorkflow,
     EngineGrpc,
     EngineGrpcCommand,
+    EngineGrpcCommandOutcome,
     EngineGrpcCommandProcesses,
     EngineGrpcNode,
+    EngineGrpcOutcome,
     EngineGrpcProcesses,
     EngineGrpcTelemetry,
     EngineInProcess,
@@ -58,11 +60,13 @@ BASELINE = LangGraphPostgres.name  # contender 1: what the targets are ratios of
 # Pairs running the same real commands, each a ratio of its own baseline (the target: 2.5x).
 PAIRS = [
     (EngineGrpcCommand.name, LangGraphPostgresCommand.name),
+    (EngineGrpcCommandOutcome.name, LangGraphPostgresCommand.name),
     (EngineGrpcCommandProcesses.name, LangGraphPostgresCommand.name),
     (EngineGrpcNode.name, EngineGrpcCommand.name),
     # Every core (target 1.7x), and the gRPC path against in-process (target 0.9).
     (EngineGrpcProcesses.name, EngineGrpc.name),
     (EngineGrpc.name, EngineInProcess.name),
+    (EngineGrpcOutcome.name, EngineInProcess.name),
     (EngineGrpcProcesses.name, EngineInProcess.name),
     # What metrics and traces cost when on (off, the default, is contender 4 itself).
     (EngineGrpcTelemetry.name, EngineGrpc.name),
@@ -143,10 +147,12 @@ def contenders(data_dir: Path) -> list[Any]:
         DBOSWorkflow(),
         EngineInProcess(data_dir),
         EngineGrpc(data_dir),
+        EngineGrpcOutcome(data_dir),
         EngineGrpcProcesses(data_dir),
         EngineGrpcTelemetry(data_dir),
         LangGraphPostgresCommand(),
         EngineGrpcCommand(data_dir),
+        EngineGrpcCommandOutcome(data_dir),
         EngineGrpcCommandProcesses(data_dir),
         EngineGrpcNode(data_dir),
         LangGraphNoPersistence(),

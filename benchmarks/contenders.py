@@ -336,6 +336,7 @@ class EngineGrpc:
     name = "engine via gRPC"
     worker = "simulated"
     processes = 1  # engine processes `serve` runs (WORKFLOW_ENGINE_PROCESSES)
+    watch_kinds: tuple[int, ...] = ()  # WatchWorkflowRequest.kinds: every event
 
     def __init__(self, data_dir: Path) -> None:
         self.data_dir = data_dir
@@ -404,7 +405,8 @@ class EngineGrpc:
         self._next += 1
         stub = self.stubs[self._next % len(self.stubs)]  # start and watch on one connection
         await stub.StartWorkflow(pb.StartWorkflowRequest(task_id=task_id, task=ENGINE_TASK))
-        events = [e async for e in stub.WatchWorkflow(pb.WatchWorkflowRequest(task_id=task_id))]
+        watch = pb.WatchWorkflowRequest(task_id=task_id, kinds=self.watch_kinds)
+        events = [e async for e in stub.WatchWorkflow(watch)]
         if events[-1].status != pb.SUCCEEDED:
             raise RuntimeError(f"workflow ended {events[-1].status}")
 
@@ -429,6 +431,21 @@ class EngineGrpcCommand(EngineGrpc):
 
     name = "engine via gRPC, real `true`"
     worker = "sandbox"
+
+
+class EngineGrpcOutcome(EngineGrpc):
+    """Contender 4 with a client that watches for the outcome only (status changes), as an
+    orchestrator that does not show each node would: what `EngineInProcess` waits for too."""
+
+    name = "engine via gRPC, outcome only"
+    watch_kinds = (pb.STATUS_CHANGED,)
+
+
+class EngineGrpcCommandOutcome(EngineGrpcCommand):
+    """The real-command contender with a client that watches for the outcome only."""
+
+    name = "engine via gRPC, real `true`, outcome only"
+    watch_kinds = (pb.STATUS_CHANGED,)
 
 
 class EngineGrpcProcesses(EngineGrpc):

@@ -104,13 +104,17 @@ async def wait_until_released(
 
 
 async def watch_until_end(
-    stub: pb_grpc.WorkflowEngineStub, task_id: str, from_sequence: int = 0, timeout: float = 60
+    stub: pb_grpc.WorkflowEngineStub,
+    task_id: str,
+    from_sequence: int = 0,
+    timeout: float = 60,
+    kinds: Sequence[pb.EventKind.ValueType] = (),
 ) -> list[pb.WorkflowEvent]:
     """Every event of a watch stream, which ends by itself after a terminal status."""
 
     async def collect() -> list[pb.WorkflowEvent]:
         call = stub.WatchWorkflow(
-            pb.WatchWorkflowRequest(task_id=task_id, from_sequence=from_sequence)
+            pb.WatchWorkflowRequest(task_id=task_id, from_sequence=from_sequence, kinds=kinds)
         )
         return [event async for event in call]
 

@@ -422,9 +422,14 @@ class WorkflowService:
         return record
 
     async def watch(
-        self, task_id: str, from_sequence: int, scope: Scope | None = None
+        self,
+        task_id: str,
+        from_sequence: int,
+        scope: Scope | None = None,
+        kinds: frozenset[str] | None = None,
     ) -> AsyncIterator[WorkflowEventRecord]:
-        """Yield the task's events from `from_sequence` on, ending after a terminal status.
+        """Yield the task's events from `from_sequence` on, ending after a terminal status;
+        with `kinds`, only events of those kinds and the terminal one.
 
         Events this process wrote come from its event feed; the table is read only for what
         the feed does not hold (see `runtime.events`).
@@ -445,9 +450,11 @@ class WorkflowService:
                     news.stale = False
                     batch = await self._store.events(task_id, next_seq)
                 for event in batch:
-                    yield event
                     next_seq = event.seq + 1
-                    if event.kind == "status" and event.status in TERMINAL_STATUSES:
+                    ends = event.kind == "status" and event.status in TERMINAL_STATUSES
+                    if ends or kinds is None or event.kind in kinds:
+                        yield event
+                    if ends:
                         return
                 if batch:
                     continue

@@ -11,13 +11,14 @@ approval pending, would a plan drop a step that ran) is checked where the change
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from google.protobuf import json_format
 from google.protobuf.descriptor import EnumDescriptor
 
 from workflow_engine.api.auth import recorded_actor
+from workflow_engine.api.convert import EVENT_KINDS
 from workflow_engine.domain.model import JsonObject, parse
 from workflow_engine.domain.task import (
     CHECK_KINDS_NEEDING_EQUALS,
@@ -220,6 +221,20 @@ def parse_enum(
     raise InvalidArgument(field, f"{enum.values_by_number[value].name} is not accepted: {expected}")
 
 
+def parse_event_kinds(values: Sequence[int]) -> frozenset[str] | None:
+    """WatchWorkflowRequest.kinds as stored event kinds; None (every kind) when empty."""
+    kinds = set()
+    for i, value in enumerate(values):
+        if value == pb.EVENT_KIND_UNSPECIFIED:
+            raise InvalidArgument(f"kinds[{i}]", "EVENT_KIND_UNSPECIFIED is not an event kind")
+        kinds.add(
+            parse_enum(
+                value, pb.EventKind.DESCRIPTOR, _EVENT_KIND_NAMES, f"kinds[{i}]", "event kind"
+            )
+        )
+    return frozenset(kinds) or None
+
+
 def parse_text(value: str, field: str, *, limit: int, required: bool = False) -> str:
     """A free-text field: bounded, without NUL or other control characters but newlines."""
     if required and not value.strip():
@@ -304,6 +319,8 @@ EDITABLE: dict[str, type] = {
     "budget": dict,
     "summary": str,
 }
+#: EventKind -> `workflow_events.kind` as stored.
+_EVENT_KIND_NAMES: dict[int, str] = {number: kind for kind, number in EVENT_KINDS.items()}
 _LIMITS = {"max_attempts_per_step": MAX_ATTEMPTS, "max_parallel_steps": MAX_PARALLEL}
 _TYPE_NAMES = {dict: "JSON object", int: "whole number", str: "string"}
 

@@ -136,7 +136,8 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
             if isinstance(request, UndecodableRequest):
                 raise request.error()
             task_id = requests.parse_task_id(request.task_id)
-            async for event in self._service.watch(task_id, request.from_sequence, scope()):
+            kinds = requests.parse_event_kinds(request.kinds)
+            async for event in self._service.watch(task_id, request.from_sequence, scope(), kinds):
                 yield convert.event_to_proto(task_id, event)
         except (Exception, RunControl) as exc:
             code, message = status_for(exc)

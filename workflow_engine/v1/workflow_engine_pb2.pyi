@@ -658,18 +658,28 @@ class WatchWorkflowRequest(_message.Message):
 
     TASK_ID_FIELD_NUMBER: _builtins.int
     FROM_SEQUENCE_FIELD_NUMBER: _builtins.int
+    KINDS_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     from_sequence: _builtins.int
     """First sequence number to send; 0 and 1 both mean from the beginning."""
+    @_builtins.property
+    def kinds(self) -> _containers.RepeatedScalarFieldContainer[Global___EventKind.ValueType]:
+        """Only events of these kinds; empty means every kind. The event that ends the stream (the
+        STATUS_CHANGED to SUCCEEDED, FAILED or CANCELLED) is always sent, so a caller that wants
+        just the outcome asks for STATUS_CHANGED, or for any kind it cares about, and reads the
+        last event. Left-out events keep their sequence numbers: the stream then has gaps.
+        """
+
     def __init__(
         self,
         *,
         task_id: _builtins.str = ...,
         from_sequence: _builtins.int = ...,
+        kinds: _abc.Iterable[Global___EventKind.ValueType] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["from_sequence", b"from_sequence", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["from_sequence", b"from_sequence", "kinds", b"kinds", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

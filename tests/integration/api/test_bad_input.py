@@ -281,6 +281,16 @@ ENUM_CASES: list[tuple[str, CallFactory]] = [
         "statuses[0]: WORKFLOW_STATUS_UNSPECIFIED is not a status",
         lambda r, t: r.stub.ListWorkflows(pb.ListWorkflowsRequest(statuses=[0])),  # type: ignore[list-item]
     ),
+    (
+        "kinds[1]: unknown event kind 99",
+        lambda r, t: _drain(
+            r.stub.WatchWorkflow(pb.WatchWorkflowRequest(task_id=t, kinds=[2, 99]))
+        ),  # type: ignore[list-item]
+    ),
+    (
+        "kinds[0]: EVENT_KIND_UNSPECIFIED is not an event kind",
+        lambda r, t: _drain(r.stub.WatchWorkflow(pb.WatchWorkflowRequest(task_id=t, kinds=[0]))),  # type: ignore[list-item]
+    ),
 ]
 
 

@@ -121,3 +121,23 @@ async def test_a_watcher_here_sees_a_cancel_made_in_another_replica_at_once(
     finally:
         await stop_engine(other)
         await stop_engine(runner)
+
+
+async def test_a_watch_for_some_kinds_gets_those_and_the_end(running: RunningEngine) -> None:
+    # A step that fails its check once: node events, status changes and a retry between them.
+    spec = task(step("a", "true"), shell_step("b", "exit 3"))
+    spec.max_attempts_per_step = 2
+    task_id = new_task_id()
+    await running.stub.StartWorkflow(pb.StartWorkflowRequest(task_id=task_id, task=spec))
+    statuses = await watch_until_end(running.stub, task_id, kinds=[pb.STATUS_CHANGED])
+    history = await _history(running.stub, task_id)
+    assert history[-1].status == pb.FAILED
+    assert statuses == [e for e in history if e.kind == pb.STATUS_CHANGED]
+    # Nodes only: the terminal status change still ends the stream, and is sent.
+    nodes = await watch_until_end(running.stub, task_id, from_sequence=1, kinds=[pb.NODE_COMPLETED])
+    assert nodes == [e for e in history if e.kind == pb.NODE_COMPLETED] + [history[-1]]
+    assert len(nodes) > 3
+    both = await watch_until_end(
+        running.stub, task_id, from_sequence=2, kinds=[pb.NODE_COMPLETED, pb.STATUS_CHANGED]
+    )
+    assert both == history[1:]

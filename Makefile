@@ -7,10 +7,17 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PROTO_SRC := proto/workflow_engine/v1/workflow_engine.proto
 PROTO_OUT := workflow_engine/v1
+JOBWRAP := workflow_engine/capabilities/jobwrap
+JOBWRAP_FLAGS = -O2 -Wall -Wextra -o $(JOBWRAP) $(JOBWRAP).c
 
 .PHONY: install node-tools go-tools image-tools image image-test run migrate test test-pooler pgbouncer chaos lint fmt proto proto-check bench bench-pooler profile clean
 
-install: $(STAMP)
+install: $(STAMP) $(JOBWRAP)
+
+# The local job wrapper as a small program (the package's setup.py builds it the same way for
+# `pip install .`); without it jobs fall back to the shell wrapper.
+$(JOBWRAP): $(JOBWRAP).c
+	$(CC) -static $(JOBWRAP_FLAGS) || $(CC) $(JOBWRAP_FLAGS)
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -119,4 +126,4 @@ proto-check: install
 	rm -rf $$tmp; echo "proto: generated code is up to date"
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info
+	rm -rf $(VENV) $(JOBWRAP) .mypy_cache .ruff_cache .pytest_cache *.egg-info

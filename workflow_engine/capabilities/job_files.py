@@ -96,6 +96,7 @@ def job_env(request: dict[str, Any], work_dir: Path) -> dict[str, str]:
     """
     sandbox = request["sandbox"]
     env = {"PATH": SAFE_PATH, "HOME": str(work_dir), "TMPDIR": str(work_dir), "LANG": "C.UTF-8"}
+    env["PWD"] = str(work_dir)  # where it runs, as a shell would say
     env.update({str(k): str(v) for k, v in dict(sandbox.get("env") or {}).items()})
     env["WORKFLOW_ENGINE_TASK_ID"] = str(request["task_id"])
     env["WORKFLOW_ENGINE_JOB_ID"] = str(request["job_id"])

@@ -8,17 +8,20 @@ A local job (the embedded sandbox's, or a `worker-node`'s) runs with only what i
   groups and no capabilities; its work directory is that user's and nobody else's. The job's
   wrapper stays the engine's user, so the files that make up its result (exit status, claim)
   are out of the command's reach. Not root: the job runs as the engine's user.
-- **Limits** (`ulimit`, set by the wrapper just before the command): CPU time, address space,
-  open files and the largest file written (stdout and stderr included) per process; processes
-  at once when it has a user of its own (the kernel counts them per user, so a task's
-  parallel steps share that count). Each is the
+- **Limits** (``setrlimit``, or ``ulimit`` in the shell wrapper, just before the command):
+  CPU time, address space, open files and the largest file written (stdout and stderr
+  included) per process; processes at once when it has a user of its own (the kernel counts
+  them per user, so a task's parallel steps share that count). Each is the
   step's value when it asks for less than the settings' (`JobLimits`), else the settings'.
 - **No network.** Both network policies of the Worker API, ``restricted`` and ``none``, mean
   no network (as the orchestrator's own nodes run ``restricted``): the command runs in a new
-  network namespace whose only interface, loopback, is down. As root, ``unshare --net`` makes
-  it and switches the user in the same exec; otherwise a new user namespace makes it possible
-  (``unshare --user --map-current-user --net``). Whether that works here is tried once, with
-  ``true``; if it does not, every job is refused, with a finding saying why.
+  network namespace whose only interface, loopback, is down. As root, ``unshare(CLONE_NEWNET)``
+  makes it before the user is switched; otherwise a new user namespace makes it possible
+  (``CLONE_NEWUSER``, mapping the engine's user onto itself). ``jobwrap`` makes these calls
+  itself; the shell wrapper runs util-linux ``unshare --net`` (or ``--user
+  --map-current-user --net``), which makes the same ones. Whether that works here is tried
+  once, with ``unshare`` and ``true``; if it does not, every job is refused, with a finding
+  saying why.
 - **No image.** The local sandbox runs commands on its host: a step that names an `image`
   is refused, never run somewhere it did not ask for.
 
@@ -54,6 +57,14 @@ _ULIMITS = {
     "output_mb": ("-f", 2048),  # 512-byte blocks
     "processes": ("-p" if os.path.realpath("/bin/sh").endswith("dash") else "-u", 1),
 }
+#: The same limits for ``jobwrap``: its name for each resource, and the unit of its value.
+_SETRLIMITS = {
+    "cpu_seconds": ("cpu", 1),
+    "memory_mb": ("as", 1024 * 1024),
+    "open_files": ("nofile", 1),
+    "output_mb": ("fsize", 1024 * 1024),
+    "processes": ("nproc", 1),
+}
 #: What a signal that ended a command says about its limits (exit status 128 + the signal).
 _LIMIT_SIGNALS = {
     signal.SIGXCPU: "stopped at its CPU time limit",
@@ -78,11 +89,14 @@ _RLIMITS = {
 
 @dataclass(frozen=True, slots=True)
 class Grant:
-    """How one job runs: the argv before its command, and its ``ulimit`` arguments."""
+    """How one job runs: for the shell wrapper, the argv before its command and its ``ulimit``
+    arguments; for ``jobwrap``, its namespaces (`isolation`), user and ``setrlimit`` values."""
 
     prefix: tuple[str, ...]
     uid: int | None
     limits: dict[str, int]
+    #: "net" (a network namespace; as root) or "userns" (a user namespace with one in it).
+    isolation: str = "net"
 
     def ulimit_args(self) -> list[str]:
         """One ``OPTION VALUE`` word pair per limit, "-" for none: the wrapper's arguments."""
@@ -94,6 +108,16 @@ class Grant:
                 words += ["-S " + option, str(value), "-H " + option, str(value + 1)]
             else:
                 words += [option, str(value * unit) if value else "-"]
+        return words
+
+    def rlimit_args(self) -> list[str]:
+        """One ``RESOURCE=SOFT:HARD`` word per limit set, in setrlimit's units: ``jobwrap``'s."""
+        words = []
+        for name, (resource_name, unit) in _SETRLIMITS.items():
+            value = self.limits.get(name, 0)
+            if value:
+                hard = value + 1 if name == "cpu_seconds" else value  # as `ulimit_args` says
+                words.append(f"{resource_name}={value * unit}:{hard * unit}")
         return words
 
     def describe(self) -> str:
@@ -164,7 +188,12 @@ class Confinement:
             )
         if uid is not None:
             prefix = (*prefix, "--setuid", str(uid), "--setgid", str(uid))
-        return Grant(prefix=(*prefix, "--"), uid=uid, limits=self._limits_for(sandbox.limits, uid))
+        return Grant(
+            prefix=(*prefix, "--"),
+            uid=uid,
+            limits=self._limits_for(sandbox.limits, uid),
+            isolation="net" if self._as_root else "userns",
+        )
 
     def _uid_for(self, task_id: str) -> int:
         digest = int.from_bytes(hashlib.sha256(task_id.encode()).digest()[:8], "big")

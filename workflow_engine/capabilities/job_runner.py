@@ -2,17 +2,20 @@
 
 The engine starts each job itself with ``posix_spawn``, in a session of its own (so signals to
 the engine's process group do not reach it, and it outlives a killed engine), through a small
-``/bin/sh`` wrapper (`WRAPPER`) that runs the command and writes its exit status to
-``exit_status`` when it ends. The engine waits on its own child cheaply (a pidfd on the event
+wrapper that runs the command and writes its exit status to ``exit_status`` when it ends:
+``jobwrap`` (`JOBWRAP`, a small C program built with the package, ``jobwrap.c``) or, where it
+was not built, the ``/bin/sh`` script `WRAPPER`, which does the same with util-linux
+``unshare`` and a forked watchdog. The engine waits on its own child cheaply (a pidfd on the event
 loop, no thread, no polling), enforces the deadline with a timer on its loop, reaps the child
 and writes ``result.json`` itself. The files are for the crash path: an engine that finds a
 job directory it did not start (its starter was killed, or this is another process) waits on
 the pid recorded in ``supervisor.pid`` (a pidfd again, after checking that pid is still this
 job's wrapper) and builds the result from the files (`job_files` holds the layout). So the
-common path costs a vfork/exec of ``sh``, a fork of it (the watchdog, no exec) and a
-fork/exec of the command: about 1 ms of CPU here, against 3 ms when coreutils ``timeout``
-kept the deadline and some 60 ms for the Python supervisor before that. In the engine a job
-costs two ``mkdir``, the spawn, a pidfd, and reading two small files and writing one.
+common path costs a vfork/exec of ``jobwrap`` and a fork/exec of the command (which enters
+its namespaces and user in between): 1.8 ms of CPU per ``true`` job here, against 2.9 ms
+through the shell wrapper (``sh``, its watchdog, ``unshare``, the command; measure with
+``benchmarks/job_cost.py``). In the engine a job costs two ``mkdir``, the spawn, a pidfd, and
+reading two small files and writing one.
 
 Exactly once: creating the job directory claims the job id (a second `run` of it, in this
 process or a restarted one, re-attaches instead). The wrapper then claims the job for itself
@@ -23,22 +26,23 @@ that died between creating the directory and spawning).
 
 The deadline: while the engine lives, its timer writes ``timed_out`` and SIGKILLs the job's
 process group. Every wrapper also holds the read end of one pipe whose write end only the
-engine (this `JobRunner`) holds, and forks a watchdog that blocks reading it: the pipe reads
-end of file only once the engine is gone (killed, or `close`d), and the watchdog then sleeps
-out what is left of the deadline (from ``/proc/uptime``, the clock the deadline was set on)
-and does the same; for a cancelled job (``cancel`` exists) it waits `cancel_grace_seconds`
-instead. So the crash path still bounds every job, and the common path starts no timer
-process. The wrapper stops the command's whole process group when it ends (background
-children included) and records the exit status; a job whose wrapper vanished without
-recording one or a deadline (killed) is reported lost, never run again. Cancel writes
+engine (this `JobRunner`) holds, and watches it (``jobwrap`` itself; the shell wrapper forks a
+watchdog that blocks reading it): the pipe reads end of file only once the engine is gone
+(killed, or `close`d), and the wrapper then waits out what is left of the deadline (on
+CLOCK_BOOTTIME, the clock the deadline was set on) and does the same; for a cancelled job
+(``cancel`` exists) it waits `cancel_grace_seconds` instead. So the crash path still bounds
+every job, and the common path starts no timer process. The wrapper stops the command's
+whole process group when it ends (background children included) and records the exit
+status; a job whose wrapper vanished without recording one or a deadline (killed) is reported
+lost, never run again. Cancel writes
 ``cancel`` (a wrapper that sees it runs nothing) and sends SIGTERM to the job's process group:
-the command gets it, the wrapper's trap kills what is left once the command has ended, and the
+the command gets it, the wrapper kills what is left once the command has ended, and the
 result says ``cancelled``; the cancelling engine sends SIGKILL `cancel_grace_seconds` (and a
-second) later should anything still run, and so does the watchdog once the engine that started
+second) later should anything still run, and so does the wrapper once the engine that started
 the job is gone (a cancel that comes after that is bounded by the deadline only).
 
-This isolates environment and working directory only: `image` and `network_policy` are not
-enforced locally. Use a remote worker where a real sandbox is needed.
+What a job may use (its user, limits, no network) is `job_grant`'s to say; the wrapper applies
+it just before the command.
 """
 
 from __future__ import annotations
@@ -112,6 +116,9 @@ echo "$?" >../exit_status
 kill -9 0
 """
 REQUEST_ENV = "WORKFLOW_ENGINE_JOB_REQUEST"
+#: The same wrapper as a small program (``jobwrap.c``, built beside it when the package is
+#: installed): one exec instead of three and no watchdog fork, so a job costs about half.
+JOBWRAP = Path(__file__).with_name("jobwrap")
 _SHELL = "/bin/sh"
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:=@+-]{0,127}$")
 _MAX_POLL_INTERVAL = 0.5
@@ -143,8 +150,12 @@ class JobRunner:
         cancel_grace_seconds: float = 2.0,
         claim_grace_seconds: float = 10.0,
         confinement: Confinement | None = None,
+        wrapper: str = "auto",
     ) -> None:
+        """`wrapper`: "jobwrap" (`JOBWRAP`), "sh" (`WRAPPER`), or "auto": jobwrap where it
+        was built, else sh."""
         self._jobs_dir = jobs_dir.resolve()
+        self._jobwrap = _choose_wrapper(wrapper)
         self._confinement = confinement or Confinement()
         self._jobs_dir_made = False
         self._default_timeout_seconds = default_timeout_seconds
@@ -293,7 +304,7 @@ class JobRunner:
 
     def _spawn(self, job: JobRequest, job_dir: Path, timeout: int, grant: Grant) -> int:
         """Start the job's wrapper, which claims the job unless it was declared lost first."""
-        if self._sleep_bin is None:
+        if self._jobwrap is None and self._sleep_bin is None:
             raise OSError(f"coreutils `sleep` is not on {files.SAFE_PATH}")
         request = job.to_json()
         work_dir = job_dir / files.WORK_DIR
@@ -305,21 +316,20 @@ class JobRunner:
         deadline = math.ceil(time.clock_gettime(time.CLOCK_BOOTTIME) + timeout)
         grace = self._cancel_grace_seconds
         log_path = str(job_dir / files.LOG_FILE)
+        if self._jobwrap is not None:
+            program = self._jobwrap
+            uid = "-" if grant.uid is None else str(grant.uid)
+            argv = [program, str(job_dir), str(deadline), str(grace), grant.isolation, uid]
+            argv += [*grant.rlimit_args(), "--", *job.sandbox.command]
+        else:
+            assert self._sleep_bin is not None
+            program = _SHELL
+            argv = [_SHELL, "-c", WRAPPER, str(job_dir), str(deadline), str(grace)]
+            argv += [self._sleep_bin, *grant.ulimit_args(), "--", *grant.prefix]
+            argv += job.sandbox.command
         return os.posix_spawn(
-            _SHELL,
-            [
-                _SHELL,
-                "-c",
-                WRAPPER,
-                str(job_dir),
-                str(deadline),
-                str(grace),
-                self._sleep_bin,
-                *grant.ulimit_args(),
-                "--",
-                *grant.prefix,
-                *job.sandbox.command,
-            ],
+            program,
+            argv,
             env,
             file_actions=[
                 (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
@@ -405,6 +415,29 @@ class JobRunner:
             max_output_bytes=self._max_output_bytes,
         )
         return files.record(job_dir, result)
+
+
+def _choose_wrapper(wrapper: str) -> str | None:
+    """The path of `JOBWRAP` when it is to be used, None for the shell wrapper."""
+    if wrapper not in ("auto", "jobwrap", "sh"):
+        raise ValueError(f"wrapper: expected auto, jobwrap or sh, not {wrapper!r}")
+    built = os.access(JOBWRAP, os.X_OK)
+    if wrapper == "jobwrap" and not built:
+        raise FileNotFoundError(f"{JOBWRAP} is not built (see jobwrap.c)")
+    if wrapper == "auto" and not built and not _told_not_built:
+        _told_not_built.append(True)
+        log.warning(
+            "jobwrap_not_built",
+            path=str(JOBWRAP),
+            effect="local jobs run through the shell wrapper, at more CPU per job",
+            fix="install the package where a C compiler is (cc), or run `make install`",
+        )
+    if wrapper == "sh" or not built:
+        return None
+    return str(JOBWRAP)
+
+
+_told_not_built: list[bool] = []  # whether `jobwrap_not_built` was logged in this process
 
 
 def _deadline_passed(pid: int, job_dir: Path) -> None:

@@ -26,7 +26,7 @@ from workflow_engine.domain.jobs import JobRequest, Sandbox
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 # A broken re-attach or lost-job check shows up as a wait that never ends; fail it instead.
-pytestmark = pytest.mark.timeout(30)
+pytestmark = [pytest.mark.timeout(30), pytest.mark.usefixtures("each_wrapper")]
 
 
 def job(job_id: str, *command: str, **fields: Any) -> JobRequest:
@@ -167,6 +167,7 @@ def test_job_env_is_built_only_from_the_request(
         "HOME",
         "TMPDIR",
         "LANG",
+        "PWD",
         "STEP_VAR",
         "WORKFLOW_ENGINE_TASK_ID",
         "WORKFLOW_ENGINE_JOB_ID",
@@ -400,9 +401,10 @@ def programs_in_group(pgid: int) -> set[str]:
     return names
 
 
-async def test_the_engine_starts_no_python_per_job(tmp_path: Path) -> None:
-    """The common path is the wrapper shell, its watchdog and the command: no interpreter, and
-    no timer process (the engine keeps the deadline while it runs)."""
+async def test_the_engine_starts_no_python_per_job(tmp_path: Path, each_wrapper: str) -> None:
+    """The common path is the wrapper (jobwrap; or the shell and its watchdog) and the
+    command: no interpreter, and no timer process (the engine keeps the deadline while it
+    runs)."""
     marker = tmp_path / "marker"
     request = job("cheap-1", "sh", "-c", f"echo ran >> {marker}; sleep 30")
     sandbox = worker(tmp_path)
@@ -413,7 +415,10 @@ async def test_the_engine_starts_no_python_per_job(tmp_path: Path) -> None:
 
     await sandbox.cancel("local", request)
     assert (await asyncio.wait_for(running, 10)).status == "cancelled"
-    assert programs == {"dash", "sleep"}, programs  # the wrapper, its watchdog, the command
+    # The command is `sh -c '...; sleep 30'`; with the shell wrapper, dash is also the wrapper
+    # and its watchdog.
+    wrapper = {"jobwrap"} if each_wrapper == "jobwrap" else set()
+    assert programs == {*wrapper, "dash", "sleep"}, programs
 
 
 async def test_job_whose_supervisor_died_is_lost_not_rerun(tmp_path: Path) -> None:

@@ -1,0 +1,21 @@
+"""Fixtures shared by the tests of the local job path."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from workflow_engine.capabilities import job_runner
+
+
+@pytest.fixture(params=["jobwrap", "sh"])
+def each_wrapper(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Runs a test once with each job wrapper: `jobwrap` (built by `make install`), and the
+    shell wrapper that an install without a C compiler falls back to."""
+    if request.param == "sh":
+        monkeypatch.setattr(job_runner, "JOBWRAP", Path("/nonexistent/jobwrap"))
+    else:
+        assert os.access(job_runner.JOBWRAP, os.X_OK), "jobwrap is not built: run `make install`"
+    return str(request.param)

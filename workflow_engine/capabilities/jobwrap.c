@@ -1,0 +1,251 @@
+/* jobwrap: the wrapper of one local job, as a small program instead of /bin/sh.
+ *
+ *   jobwrap JOB_DIR DEADLINE GRACE ISOLATION UID LIMIT... -- COMMAND...
+ *
+ * job_runner.py starts it (in a session of its own, stdout and stderr on supervisor.log, fd 3
+ * the read end of the engine's pipe) and its docstring tells the whole protocol; this does
+ * what the shell wrapper there (`WRAPPER`) does, in one exec instead of three (sh, util-linux
+ * unshare, the command) and without forking a watchdog:
+ *
+ *   - claims the job by creating supervisor.pid exclusively, or runs nothing (exit 97);
+ *   - runs nothing if the job was cancelled first (exit 98); writes request.json;
+ *   - runs COMMAND in work/ with stdout.log and stderr.log, its limits, no network and its
+ *     own user: ISOLATION is "net" (a new network namespace; as root), "userns" (a new user
+ *     namespace mapping this user, and a network namespace in it) or "none"; UID is "-" or
+ *     the user (and group) to run as; each LIMIT is RESOURCE=SOFT:HARD with RESOURCE one of
+ *     cpu, as, nofile, fsize, nproc, in setrlimit's units;
+ *   - while the engine lives (fd 3 stays open) it only waits; once fd 3 reads end of file it
+ *     keeps the deadline itself (DEADLINE: whole seconds of CLOCK_BOOTTIME), or, for a
+ *     cancelled job, GRACE seconds: then it writes timed_out (not for a cancel) and kills
+ *     the job's whole process group, itself included;
+ *   - a SIGTERM (a cancel) is acted on once the command has ended: the group is killed and
+ *     no exit status is written, as the shell's trap does;
+ *   - writes the command's exit status (128 + the signal for a signal) to exit_status, then
+ *     kills what is left of the group.
+ *
+ * Exit statuses of its own: 95 a limit could not be set, 96 no job or work directory, 97
+ * claimed already, 98 cancelled before it ran; the command's 126/127 when it cannot be run.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define ENGINE_PIPE 3
+#define REQUEST_ENV "WORKFLOW_ENGINE_JOB_REQUEST"
+
+static volatile sig_atomic_t terminated;
+
+static void on_term(int signum) {
+    (void)signum;
+    terminated = 1;
+}
+
+/* Kill the job's process group, this process included: how every path ends. */
+static void kill_group(void) {
+    kill(0, SIGKILL);
+    _exit(137); /* not reached */
+}
+
+/* Create (or truncate) `path` holding `text`; whether that worked. */
+static int write_file(const char *path, const char *text, int flags) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | flags, 0666);
+    if (fd < 0) return 0;
+    size_t left = strlen(text);
+    while (left > 0) {
+        ssize_t n = write(fd, text, left);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+            close(fd);
+            return 0;
+        }
+        text += n;
+        left -= (size_t)n;
+    }
+    return close(fd) == 0;
+}
+
+static double boot_seconds(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_BOOTTIME, &now);
+    return (double)now.tv_sec + (double)now.tv_nsec / 1e9;
+}
+
+static int set_limit(const char *word) {
+    static const struct { const char *name; int resource; } names[] = {
+        {"cpu", RLIMIT_CPU}, {"as", RLIMIT_AS}, {"nofile", RLIMIT_NOFILE},
+        {"fsize", RLIMIT_FSIZE}, {"nproc", RLIMIT_NPROC},
+    };
+    const char *eq = strchr(word, '=');
+    if (eq == NULL) return 0;
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        if (strlen(names[i].name) != (size_t)(eq - word) ||
+            strncmp(word, names[i].name, (size_t)(eq - word)) != 0)
+            continue;
+        char *end;
+        struct rlimit limit;
+        limit.rlim_cur = strtoull(eq + 1, &end, 10);
+        if (*end != ':') return 0;
+        limit.rlim_max = strtoull(end + 1, &end, 10);
+        return *end == '\0' && setrlimit(names[i].resource, &limit) == 0;
+    }
+    return 0;
+}
+
+/* A user namespace mapping this process's user and group onto themselves. */
+static int map_current_user(uid_t uid, gid_t gid) {
+    char map[64];
+    if (!write_file("/proc/self/setgroups", "deny", O_TRUNC)) return 0;
+    snprintf(map, sizeof map, "%u %u 1", (unsigned)uid, (unsigned)uid);
+    if (!write_file("/proc/self/uid_map", map, O_TRUNC)) return 0;
+    snprintf(map, sizeof map, "%u %u 1", (unsigned)gid, (unsigned)gid);
+    return write_file("/proc/self/gid_map", map, O_TRUNC);
+}
+
+/* In the forked child: become the job (namespaces, limits, user, files) and exec it. */
+static void run_command(char **command, const char *isolation, const char *user, int nlimits,
+                        char **limits, int out, int err) {
+    uid_t uid = getuid();
+    gid_t gid = getgid();
+    signal(SIGTERM, SIG_DFL);
+    if (strcmp(isolation, "net") == 0) {
+        if (unshare(CLONE_NEWNET) != 0) {
+            dprintf(err, "jobwrap: no network namespace: %s\n", strerror(errno));
+            _exit(125);
+        }
+    } else if (strcmp(isolation, "userns") == 0) {
+        if (unshare(CLONE_NEWUSER | CLONE_NEWNET) != 0 || !map_current_user(uid, gid)) {
+            dprintf(err, "jobwrap: no user and network namespace: %s\n", strerror(errno));
+            _exit(125);
+        }
+    }
+    for (int i = 0; i < nlimits; i++) {
+        if (!set_limit(limits[i])) {
+            dprintf(err, "jobwrap: cannot set the limit %s: %s\n", limits[i], strerror(errno));
+            _exit(95);
+        }
+    }
+    if (strcmp(user, "-") != 0) {
+        uid_t id = (uid_t)strtoul(user, NULL, 10);
+        if (setgroups(0, NULL) != 0 || setgid(id) != 0 || setuid(id) != 0) {
+            dprintf(err, "jobwrap: cannot become user %s: %s\n", user, strerror(errno));
+            _exit(125);
+        }
+    }
+    umask(022);
+    if (dup2(out, 1) < 0 || dup2(err, 2) < 0) _exit(125);
+    close(out);
+    close(err);
+    close(ENGINE_PIPE);
+    execvp(command[0], command);
+    int failure = errno;
+    fprintf(stderr, "jobwrap: cannot run %s: %s\n", command[0], strerror(failure));
+    _exit(failure == ENOENT ? 127 : 126);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 7) {
+        fprintf(stderr, "usage: jobwrap JOB_DIR DEADLINE GRACE ISOLATION UID LIMIT... -- COMMAND...\n");
+        return 2;
+    }
+    const char *job_dir = argv[1];
+    long long deadline = strtoll(argv[2], NULL, 10);
+    double grace = strtod(argv[3], NULL);
+    const char *isolation = argv[4];
+    const char *user = argv[5];
+    char **limits = argv + 6;
+    int nlimits = 0;
+    while (6 + nlimits < argc && strcmp(limits[nlimits], "--") != 0) nlimits++;
+    char **command = limits + nlimits + 1;
+    if (6 + nlimits + 1 >= argc) {
+        fprintf(stderr, "jobwrap: no command after --\n");
+        return 2;
+    }
+
+    if (chdir(job_dir) != 0) return 96;
+    umask(077);
+    char pid[32];
+    snprintf(pid, sizeof pid, "%d\n", (int)getpid());
+    if (!write_file("supervisor.pid", pid, O_EXCL)) return 97;
+
+    struct sigaction term = {0};
+    term.sa_handler = on_term; /* no SA_RESTART: a SIGTERM wakes the wait below */
+    sigaction(SIGTERM, &term, NULL);
+    if (terminated) kill_group();
+    if (access("cancel", F_OK) == 0) return 98;
+    const char *request = getenv(REQUEST_ENV);
+    if (request != NULL) {
+        size_t size = strlen(request) + 2;
+        char *line = malloc(size);
+        if (line == NULL) return 96;
+        snprintf(line, size, "%s\n", request);
+        write_file("request.json", line, O_TRUNC);
+        free(line);
+        unsetenv(REQUEST_ENV);
+    }
+    if (chdir("work") != 0) return 96;
+    int out = open("../stdout.log", O_WRONLY | O_CREAT | O_TRUNC, 0666);
+    int err = open("../stderr.log", O_WRONLY | O_CREAT | O_TRUNC, 0666);
+    if (out < 0 || err < 0) return 96;
+    if (terminated) kill_group();
+
+    pid_t child = fork();
+    if (child < 0) return 96;
+    if (child == 0) run_command(command, isolation, user, nlimits, limits, out, err);
+    close(out);
+    close(err);
+
+    /* Wait for the command; once the engine is gone, keep its deadline (or a cancel's grace). */
+    int exited = (int)syscall(SYS_pidfd_open, child, 0);
+    int engine_alive = 1;
+    double until = 0;
+    int keeping_deadline = 0;
+    while (exited >= 0) {
+        struct pollfd watched[2] = {{exited, POLLIN, 0}, {ENGINE_PIPE, POLLIN, 0}};
+        int timeout = -1;
+        if (!engine_alive) {
+            double left = until - boot_seconds();
+            timeout = left > 0 ? (int)(left * 1000) + 1 : 0;
+        }
+        int ready = poll(watched, engine_alive ? 2 : 1, timeout);
+        if (ready < 0 && errno == EINTR) continue;
+        if (ready < 0) break;
+        if (watched[0].revents) break;
+        if (engine_alive && watched[1].revents) {
+            char byte;
+            if (read(ENGINE_PIPE, &byte, 1) > 0) continue;
+            engine_alive = 0;
+            keeping_deadline = access("../cancel", F_OK) != 0;
+            until = keeping_deadline ? (double)deadline : boot_seconds() + grace;
+            continue;
+        }
+        if (ready == 0) {
+            if (keeping_deadline) write_file("../timed_out", "", O_TRUNC);
+            kill_group();
+        }
+    }
+    int status;
+    while (waitpid(child, &status, 0) < 0) {
+        if (errno != EINTR) kill_group();
+    }
+    if (terminated) kill_group();
+    int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    char text[16];
+    snprintf(text, sizeof text, "%d\n", code);
+    umask(022);
+    write_file("../exit_status", text, O_TRUNC);
+    kill_group();
+}

@@ -94,7 +94,13 @@ async def open_pool(url: str, settings: Settings) -> AsyncConnectionPool[Any]:
         url,
         min_size=settings.pool_min_size,
         max_size=settings.pool_max_size,
-        kwargs={"autocommit": True, "prepare_threshold": settings.prepare_threshold},
+        kwargs={
+            "autocommit": True,
+            "prepare_threshold": settings.prepare_threshold,
+            # Text is UTF-8 whatever the database's encoding: a SQL_ASCII one would otherwise
+            # hand it over as bytes.
+            "client_encoding": "utf8",
+        },
         configure=configure_connection,
         open=False,
         name="workflow-engine",

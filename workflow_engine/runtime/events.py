@@ -177,7 +177,9 @@ class EventHub:
         delay = 0.1
         while True:
             try:
-                async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
+                async with await psycopg.AsyncConnection.connect(
+                    conninfo, autocommit=True, client_encoding="utf8"
+                ) as conn:
                     await conn.execute("LISTEN workflow_events")
                     await conn.execute("LISTEN workflow_control")
                     delay = 0.1

@@ -87,6 +87,7 @@ class Run:
         changes: Sequence[Change] = (),
     ) -> None:
         self._faults = faults or FaultPlan()
+        self._lease_lost_counted = False  # the heartbeat and a write may both find it lost
         self._fence = fence
         self._ttl = ttl_seconds
         self._status = status
@@ -230,7 +231,7 @@ class Run:
         except LeaseLost:
             self.outcome = "lease lost"
             release = False
-            METRICS.lease("lost")
+            self._count_lease_lost()
             log.warning("run_lease_lost", last_node=self.last_node)
         except OutsideWrite:
             # Another writer changed the row: nothing of this run is written over it. The
@@ -370,6 +371,12 @@ class Run:
         except psycopg.Error as exc:  # it expires on its own; nothing else to do
             log.warning("lease_release_failed", error=repr(exc))
 
+    def _count_lease_lost(self) -> None:
+        """Count this run's lease as lost in the metrics, once."""
+        if not self._lease_lost_counted:
+            self._lease_lost_counted = True
+            METRICS.lease("lost")
+
     async def _heartbeat(self) -> None:
         interval = self._ttl / 3
         while True:
@@ -381,7 +388,7 @@ class Run:
                 log.warning("lease_renew_failed", error=repr(exc))
                 continue
             if expires is None:
-                METRICS.lease("lost")
+                self._count_lease_lost()
                 self.request_stop("lease lost", interrupt=True)
                 return
             METRICS.lease("renewed")

@@ -16,9 +16,11 @@ from tests.helpers import new_task_id, step, task
 from workflow_engine.domain.records import Fence, StartOutcome
 from workflow_engine.errors import LeaseLost
 from workflow_engine.graph.state import STATE_KEYS, initial_state
+from workflow_engine.runtime import run as run_module
 from workflow_engine.runtime.run import Run
 from workflow_engine.storage.checkpointer import Checkpoint, RowCheckpointer
 from workflow_engine.storage.workflows import WorkflowStore
+from workflow_engine.telemetry.metrics import Metrics
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 EXPIRE = "UPDATE task_workflow_leases SET expires_at = now() - interval '1 second'"
@@ -130,8 +132,14 @@ async def started_mid_step(running: RunningEngine) -> tuple[str, Run]:
     return task_id, run
 
 
-async def test_running_zombie_stops_without_writing(running: RunningEngine, db_url: str) -> None:
-    """A live run loses its lease mid-step: its next checkpoint is refused and it stops."""
+async def test_running_zombie_stops_without_writing(
+    running: RunningEngine, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A live run loses its lease mid-step: its next checkpoint is refused and it stops, and
+    the loss is counted once (the heartbeat and the refused write may both find it)."""
+    metrics = Metrics()
+    registry = metrics.enable()
+    monkeypatch.setattr(run_module, "METRICS", metrics)
     task_id, run = await started_mid_step(running)
     async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
         await conn.execute(EXPIRE)
@@ -144,6 +152,8 @@ async def test_running_zombie_stops_without_writing(running: RunningEngine, db_u
     record = await running.engine.store.get(task_id)
     assert record.last_node_id == "dispatch_step"  # collect_result's write never landed
     assert record.lease_holder_id == "usurper"
+    lost = {"event": "lost"}
+    assert registry.get_sample_value("workflow_engine_lease_events_total", lost) == 1
 
 
 async def test_the_same_holder_retaking_its_lease_fences_out_its_older_run(

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import socket
 import sys
 import uuid
 from pathlib import Path
 from typing import Any, TypedDict
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from langgraph.graph import END, START, StateGraph
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
@@ -306,6 +308,31 @@ def engine_settings(url: str, data_dir: Path, concurrency: int) -> Settings:
     )
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+async def wait_serving(address: str, proc: asyncio.subprocess.Process) -> None:
+    """Until the engine at `address` answers its health check SERVING (it may still be
+    migrating the database)."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        for _ in range(1200):
+            if proc.returncode is not None:
+                raise RuntimeError(f"engine exited ({proc.returncode}) before serving")
+            try:
+                answer = await health.Check(health_pb2.HealthCheckRequest(), timeout=1)
+                if answer.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.aio.AioRpcError:
+                pass
+            await asyncio.sleep(0.05)
+    raise RuntimeError(f"engine at {address} not serving after 60 s")
+
+
 class EngineInProcess:
     """Contender 3: this engine's run manager, lease, fenced checkpoint and graph; no gRPC."""
 
@@ -342,21 +369,23 @@ class EngineGrpc:
         self.data_dir = data_dir
 
     async def open(self, url: str, concurrency: int) -> None:
-        import json
         import os
 
         settings = engine_settings(url, self.data_dir, concurrency)
+        # A port of its own, since at the in-process contender's log level (warning: nothing per
+        # workflow, so the two differ by the transport alone) `serve` does not log its address.
+        self.address = f"127.0.0.1:{free_port()}"
         env = {
             **os.environ,
             **{
                 f"WORKFLOW_ENGINE_{k.upper()}": str(v)
                 for k, v in {
                     "database_url": url,
-                    "listen": settings.listen,
+                    "listen": self.address,
                     "data_dir": settings.data_dir,
                     "worker": self.worker,
                     "recovery_enabled": "false",
-                    "log_level": "info",
+                    "log_level": settings.log_level,
                     "pool_max_size": settings.pool_max_size,
                     "processes": self.processes,
                 }.items()
@@ -369,18 +398,7 @@ class EngineGrpc:
             env=env,
             stderr=asyncio.subprocess.PIPE,
         )
-        assert self.proc.stderr is not None
-        while True:
-            line = await self.proc.stderr.readline()
-            if not line:
-                raise RuntimeError("engine exited before serving")
-            try:
-                entry = json.loads(line)
-            except ValueError:  # gRPC's own C++ log lines are not JSON
-                continue
-            if entry.get("event") == "serving":
-                self.address = entry["address"]
-                break
+        await wait_serving(self.address, self.proc)
         self._drain = asyncio.create_task(self._read_rest())
         # A client per 5 concurrent workflows, each on its own connection (gRPC would share one
         # between channels): with several engine processes, each connection reaches one of them.

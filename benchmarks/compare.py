@@ -2,9 +2,11 @@
 
 Every contender runs the same 12-node workflow shape at each concurrency; each point gets a
 fresh database on the same embedded server. Per point: workflows/s, node transitions/s,
-p50/p99 workflow latency, CPU seconds per workflow (benchmark process, plus the server
-process for the gRPC contender), commits per node (pg_stat_database.xact_commit, read after
-the contender's connections closed so their statistics are flushed) and WAL bytes per node
+p50/p99 workflow latency, CPU per workflow (benchmark process, plus the server
+process for the gRPC contender; then the whole machine's, every process and the kernel, and
+PostgreSQL's alone: on two cores the machine's is what bounds throughput), commits per node
+(pg_stat_database.xact_commit, read after the contender's connections closed so their
+statistics are flushed) and WAL bytes per node
 (pg_current_wal_lsn before and after). Prints a table and a JSON line, writes
 bench-results/compare.json and a PNG of throughput against concurrency. Two contenders run
 the real command `true` in each step (this engine through its default worker, the local
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import statistics
 import subprocess
@@ -100,6 +103,7 @@ async def measure(
     commits0, wal0 = await stats()
     server = psutil.Process(contender.server_pid()) if hasattr(contender, "server_pid") else None
     cpu0 = time.process_time() + server_cpu(server)
+    machine0, postgres0 = machine_cpu(), postgres_cpu()
     latencies: list[float] = []
     queue = iter(range(workflows))
 
@@ -113,6 +117,7 @@ async def measure(
     await asyncio.gather(*(lane() for _ in range(concurrency)))
     wall = time.perf_counter() - t0
     cpu = time.process_time() + server_cpu(server) - cpu0
+    machine, postgres = machine_cpu() - machine0, postgres_cpu() - postgres0
     await contender.close()  # closing flushes the backends' statistics
     commits1, wal1 = await stats()
     nodes = workflows * NODES
@@ -128,6 +133,8 @@ async def measure(
         "p50_ms": round(statistics.median(latencies) * 1000, 1),
         "p99_ms": round(latencies[int(0.99 * (len(latencies) - 1))] * 1000, 1),
         "cpu_ms_per_workflow": round(cpu / workflows * 1000, 2),
+        "machine_cpu_ms_per_workflow": round(machine / workflows * 1000, 2),
+        "postgres_cpu_ms_per_workflow": round(postgres / workflows * 1000, 2),
         # The stats query itself commits once per reading; it is not the contender's.
         "commits_per_node": round((commits1 - commits0 - 1) / nodes, 2),
         "wal_bytes_per_node": round((wal1 - wal0) / nodes),
@@ -139,6 +146,27 @@ def server_cpu(server: psutil.Process | None) -> float:
     if server is None:
         return 0.0
     return sum(sum(p.cpu_times()[:2]) for p in [server, *server.children(recursive=True)])
+
+
+def machine_cpu() -> float:
+    """CPU seconds every process of this machine has used (a job's `true` included), so far."""
+    times = psutil.cpu_times()
+    return float(times.user + times.nice + times.system + times.irq + times.softirq)
+
+
+def postgres_cpu() -> float:
+    """CPU seconds of the benchmark's PostgreSQL: its postmaster, its live processes and the
+    backends that have exited (the postmaster reaped them, so they count as its children)."""
+    try:
+        postmaster = psutil.Process(int((PGDATA / "postmaster.pid").read_text().split()[0]))
+        own = postmaster.cpu_times()
+        total = own.user + own.system + own.children_user + own.children_system
+        for child in postmaster.children():
+            with contextlib.suppress(psutil.Error):  # a backend that ended just now
+                total += sum(child.cpu_times()[:2])
+    except (OSError, IndexError, ValueError, psutil.Error):
+        return 0.0
+    return float(total)
 
 
 def contenders(data_dir: Path) -> list[Any]:

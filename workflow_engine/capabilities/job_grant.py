@@ -14,12 +14,13 @@ A local job (the embedded sandbox's, or a `worker-node`'s) runs with only what i
   them per user, so a task's parallel steps share that count). Each is the
   step's value when it asks for less than the settings' (`JobLimits`), else the settings'.
 - **No network.** Both network policies of the Worker API, ``restricted`` and ``none``, mean
-  no network (as the orchestrator's own nodes run ``restricted``): the command runs in a new
-  network namespace whose only interface, loopback, is down. As root, ``unshare(CLONE_NEWNET)``
-  makes it before the user is switched; otherwise a new user namespace makes it possible
-  (``CLONE_NEWUSER``, mapping the engine's user onto itself). ``jobwrap`` makes these calls
-  itself; the shell wrapper runs util-linux ``unshare --net`` (or ``--user
-  --map-current-user --net``), which makes the same ones. Whether that works here is tried
+  no network (as the orchestrator's own nodes run ``restricted``): the command runs in a
+  network namespace of its task's (no other task's job enters it) whose only interface,
+  loopback, is down. As root, ``unshare(CLONE_NEWNET)`` makes it; otherwise a new user
+  namespace makes it possible (``CLONE_NEWUSER``, mapping the engine's user onto itself).
+  ``jobwrap`` makes them once per task (`job_namespaces`) and enters them before the user is
+  switched; the shell wrapper runs util-linux ``unshare --net`` (or ``--user
+  --map-current-user --net``) per job, which makes the same ones. Whether that works here is tried
   once, with ``unshare`` and ``true``; if it does not, every job is refused, with a finding
   saying why.
 - **No image.** The local sandbox runs commands on its host: a step that names an `image`

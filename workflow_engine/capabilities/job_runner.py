@@ -42,7 +42,9 @@ second) later should anything still run, and so does the wrapper once the engine
 the job is gone (a cancel that comes after that is bounded by the deadline only).
 
 What a job may use (its user, limits, no network) is `job_grant`'s to say; the wrapper applies
-it just before the command.
+it just before the command. The network namespace (and, not as root, the user namespace) it
+runs in is its task's, made at the task's first job (`job_namespaces`) and entered by
+``jobwrap``; the shell wrapper makes one per job.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ import structlog
 
 from workflow_engine.capabilities import job_files as files
 from workflow_engine.capabilities.job_grant import Confinement, Grant
+from workflow_engine.capabilities.job_namespaces import TaskNamespaces
 from workflow_engine.domain.jobs import JobRequest, JobResult, rfc3339
 
 log = structlog.get_logger(__name__)
@@ -156,6 +159,8 @@ class JobRunner:
         was built, else sh."""
         self._jobs_dir = jobs_dir.resolve()
         self._jobwrap = _choose_wrapper(wrapper)
+        # The namespaces each task's jobs share (`job_namespaces`); jobwrap only.
+        self._namespaces = TaskNamespaces(self._jobwrap) if self._jobwrap else None
         self._confinement = confinement or Confinement()
         self._jobs_dir_made = False
         self._default_timeout_seconds = default_timeout_seconds
@@ -225,6 +230,8 @@ class JobRunner:
         for watch in watches:
             watch.cancel()
         await asyncio.gather(*watches, return_exceptions=True)
+        if self._namespaces is not None:
+            self._namespaces.close()
         if self._pipe is not None:
             read_end, write_end, _ = self._pipe
             self._pipe = None
@@ -274,7 +281,11 @@ class JobRunner:
         timeout = job.sandbox.timeout_seconds or self._default_timeout_seconds
         started = time.time()
         try:
-            pid = self._spawn(job, job_dir, timeout, grant)
+            # Shielded: an engine closing meanwhile still starts the job it claimed the
+            # directory of (it runs on, to be re-attached), rather than leave it unclaimed.
+            pid = await asyncio.shield(
+                self._launch(job, job_dir, timeout_seconds=timeout, grant=grant)
+            )
         except OSError as exc:
             log.error("sandbox_launch_failed", job_id=job.job_id, error=str(exc))
             return _declare_lost(job, job_dir, f"its wrapper did not start ({exc})")
@@ -302,8 +313,21 @@ class JobRunner:
         _reap(pid)
         return self._finish(job, job_dir, pid, started, timeout)
 
-    def _spawn(self, job: JobRequest, job_dir: Path, timeout: int, grant: Grant) -> int:
-        """Start the job's wrapper, which claims the job unless it was declared lost first."""
+    async def _launch(
+        self, job: JobRequest, job_dir: Path, *, timeout_seconds: int, grant: Grant
+    ) -> int:
+        """`_spawn` the job's wrapper into its task's namespaces, made at its first job."""
+        shared: tuple[int, ...] = ()
+        if self._namespaces is not None and grant.isolation in ("net", "userns"):
+            shared = await self._namespaces.for_task(job.task_id, grant.isolation)
+        return self._spawn(job, job_dir, timeout_seconds, grant, shared)
+
+    def _spawn(
+        self, job: JobRequest, job_dir: Path, timeout: int, grant: Grant, shared: tuple[int, ...]
+    ) -> int:
+        """Start the job's wrapper, which claims the job unless it was declared lost first.
+
+        `shared`: the task's namespaces (`job_namespaces`) for jobwrap to enter, else ()."""
         if self._jobwrap is None and self._sleep_bin is None:
             raise OSError(f"coreutils `sleep` is not on {files.SAFE_PATH}")
         request = job.to_json()
@@ -316,10 +340,20 @@ class JobRunner:
         deadline = math.ceil(time.clock_gettime(time.CLOCK_BOOTTIME) + timeout)
         grace = self._cancel_grace_seconds
         log_path = str(job_dir / files.LOG_FILE)
+        file_actions = [
+            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+            (os.POSIX_SPAWN_OPEN, 1, log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644),
+            (os.POSIX_SPAWN_DUP2, 1, 2),
+            (os.POSIX_SPAWN_DUP2, self._engine_pipe(), 3),
+        ]
         if self._jobwrap is not None:
             program = self._jobwrap
+            isolation = grant.isolation
+            if shared:  # jobwrap enters them: the network namespace on fd 4, the user's on 5
+                isolation = "join-" + isolation
+                file_actions += [(os.POSIX_SPAWN_DUP2, fd, 4 + i) for i, fd in enumerate(shared)]
             uid = "-" if grant.uid is None else str(grant.uid)
-            argv = [program, str(job_dir), str(deadline), str(grace), grant.isolation, uid]
+            argv = [program, str(job_dir), str(deadline), str(grace), isolation, uid]
             argv += [*grant.rlimit_args(), "--", *job.sandbox.command]
         else:
             assert self._sleep_bin is not None
@@ -331,12 +365,7 @@ class JobRunner:
             program,
             argv,
             env,
-            file_actions=[
-                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-                (os.POSIX_SPAWN_OPEN, 1, log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644),
-                (os.POSIX_SPAWN_DUP2, 1, 2),
-                (os.POSIX_SPAWN_DUP2, self._engine_pipe(), 3),
-            ],
+            file_actions=file_actions,
             # Its own session: signals to the engine's process group do not reach it.
             setsid=True,
             # Python ignores these; a command gets them as a shell would give them.

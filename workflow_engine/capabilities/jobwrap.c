@@ -1,6 +1,7 @@
 /* jobwrap: the wrapper of one local job, as a small program instead of /bin/sh.
  *
  *   jobwrap JOB_DIR DEADLINE GRACE ISOLATION UID LIMIT... -- COMMAND...
+ *   jobwrap --namespaces ISOLATION
  *
  * job_runner.py starts it (in a session of its own, stdout and stderr on supervisor.log, fd 3
  * the read end of the engine's pipe) and its docstring tells the whole protocol; this does
@@ -11,9 +12,12 @@
  *   - runs nothing if the job was cancelled first (exit 98); writes request.json;
  *   - runs COMMAND in work/ with stdout.log and stderr.log, its limits, no network and its
  *     own user: ISOLATION is "net" (a new network namespace; as root), "userns" (a new user
- *     namespace mapping this user, and a network namespace in it) or "none"; UID is "-" or
- *     the user (and group) to run as; each LIMIT is RESOURCE=SOFT:HARD with RESOURCE one of
- *     cpu, as, nofile, fsize, nproc, in setrlimit's units;
+ *     namespace mapping this user, and a network namespace in it), "join-net" or
+ *     "join-userns" (enter the network namespace open on fd 4, and for the latter first the
+ *     user namespace on fd 5: those its task's jobs share, made by `--namespaces`) or
+ *     "none"; UID is "-" or the user (and group) to run as; each LIMIT is
+ *     RESOURCE=SOFT:HARD with RESOURCE one of cpu, as, nofile, fsize, nproc, in setrlimit's
+ *     units;
  *   - while the engine lives (fd 3 stays open) it only waits; once fd 3 reads end of file it
  *     keeps the deadline itself (DEADLINE: whole seconds of CLOCK_BOOTTIME), or, for a
  *     cancelled job, GRACE seconds: then it writes timed_out (not for a cancel) and kills
@@ -22,6 +26,13 @@
  *     no exit status is written, as the shell's trap does;
  *   - writes the command's exit status (128 + the signal for a signal) to exit_status, then
  *     kills what is left of the group.
+ *
+ * `jobwrap --namespaces net|userns` serves the engine the namespaces each task's jobs share
+ * instead (what "net" or "userns" make for one job): for each byte read from fd 3, a unix
+ * socket of packets, it makes a set and answers with a packet of one byte carrying their
+ * descriptors (the network namespace's, then the user namespace's) as SCM_RIGHTS, or of the
+ * words saying why it could not; it exits when fd 3 reads end of file. A namespace lives as
+ * long as a process is in it or a descriptor names it, so nothing is left to clean up.
  *
  * Exit statuses of its own: 95 a limit could not be set, 96 no job or work directory, 97
  * claimed already, 98 cancelled before it ran; the command's 126/127 when it cannot be run.
@@ -37,6 +48,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
@@ -45,6 +57,8 @@
 #include <unistd.h>
 
 #define ENGINE_PIPE 3
+#define SHARED_NETNS 4
+#define SHARED_USERNS 5
 #define REQUEST_ENV "WORKFLOW_ENGINE_JOB_REQUEST"
 
 static volatile sig_atomic_t terminated;
@@ -115,22 +129,113 @@ static int map_current_user(uid_t uid, gid_t gid) {
     return write_file("/proc/self/gid_map", map, O_TRUNC);
 }
 
+/* Move this process into the namespaces ISOLATION names: NULL, or why it could not. */
+static const char *isolate(const char *isolation) {
+    static char why[160];
+    int joining_user = strcmp(isolation, "join-userns") == 0;
+    const char *failed;
+    if (strcmp(isolation, "net") == 0) {
+        if (unshare(CLONE_NEWNET) == 0) return NULL;
+        failed = "no network namespace";
+    } else if (strcmp(isolation, "userns") == 0) {
+        uid_t uid = getuid();
+        gid_t gid = getgid();
+        if (unshare(CLONE_NEWUSER | CLONE_NEWNET) == 0 && map_current_user(uid, gid)) return NULL;
+        failed = "no user and network namespace";
+    } else if (joining_user || strcmp(isolation, "join-net") == 0) {
+        if ((!joining_user || setns(SHARED_USERNS, CLONE_NEWUSER) == 0) &&
+            setns(SHARED_NETNS, CLONE_NEWNET) == 0) {
+            close(SHARED_NETNS);
+            if (joining_user) close(SHARED_USERNS);
+            return NULL;
+        }
+        failed = "cannot enter the task's namespaces";
+    } else if (strcmp(isolation, "none") == 0) {
+        return NULL;
+    } else {
+        snprintf(why, sizeof why, "unknown isolation %s", isolation);
+        return why;
+    }
+    snprintf(why, sizeof why, "%s: %s", failed, strerror(errno));
+    return why;
+}
+
+/* One answer to the engine, one packet on fd 3: a byte with `count` descriptors, or `why`. */
+static void answer(const int *fds, int count, const char *why) {
+    char byte = 'n';
+    struct iovec data = {why ? (void *)why : &byte, why ? strlen(why) : 1};
+    union { /* aligned as a cmsghdr must be */
+        char buffer[CMSG_SPACE(2 * sizeof(int))];
+        struct cmsghdr align;
+    } control;
+    memset(&control, 0, sizeof control);
+    struct msghdr message = {0};
+    message.msg_iov = &data;
+    message.msg_iovlen = 1;
+    if (count > 0) {
+        message.msg_control = control.buffer;
+        message.msg_controllen = CMSG_SPACE(count * sizeof(int));
+        struct cmsghdr *header = CMSG_FIRSTHDR(&message);
+        header->cmsg_level = SOL_SOCKET;
+        header->cmsg_type = SCM_RIGHTS;
+        header->cmsg_len = CMSG_LEN(count * sizeof(int));
+        memcpy(CMSG_DATA(header), fds, count * sizeof(int));
+    }
+    while (sendmsg(ENGINE_PIPE, &message, MSG_NOSIGNAL) < 0 && errno == EINTR) {
+    }
+}
+
+/* Make one task's namespaces and send them: "net" in this process, which moves into each new
+ * one (only the descriptor it sends keeps the last one alive), "userns" in a child (a process
+ * makes only one user namespace of its own). */
+static void make_namespaces(int userns) {
+    pid_t child = userns ? fork() : 0;
+    if (child < 0) {
+        answer(NULL, 0, "jobwrap: cannot fork");
+        return;
+    }
+    if (child > 0) {
+        while (waitpid(child, NULL, 0) < 0 && errno == EINTR) {
+        }
+        return;
+    }
+    const char *why = isolate(userns ? "userns" : "net");
+    int fds[2] = {-1, -1};
+    if (why == NULL) {
+        fds[0] = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
+        if (userns) fds[1] = open("/proc/self/ns/user", O_RDONLY | O_CLOEXEC);
+        if (fds[0] < 0 || (userns && fds[1] < 0)) why = "cannot open its namespaces";
+    }
+    answer(fds, why ? 0 : (userns ? 2 : 1), why);
+    if (userns) _exit(0);
+    close(fds[0]);
+}
+
+/* `jobwrap --namespaces ISOLATION`: see the top of this file. */
+static int serve_namespaces(const char *isolation) {
+    int userns = strcmp(isolation, "userns") == 0;
+    if (!userns && strcmp(isolation, "net") != 0) {
+        answer(NULL, 0, "jobwrap: --namespaces takes net or userns");
+        return 2;
+    }
+    char request;
+    ssize_t n;
+    while ((n = read(ENGINE_PIPE, &request, 1)) != 0) {
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) return 1;
+        make_namespaces(userns);
+    }
+    return 0; /* the engine is gone, or let go of this helper */
+}
+
 /* In the forked child: become the job (namespaces, limits, user, files) and exec it. */
 static void run_command(char **command, const char *isolation, const char *user, int nlimits,
                         char **limits, int out, int err) {
-    uid_t uid = getuid();
-    gid_t gid = getgid();
     signal(SIGTERM, SIG_DFL);
-    if (strcmp(isolation, "net") == 0) {
-        if (unshare(CLONE_NEWNET) != 0) {
-            dprintf(err, "jobwrap: no network namespace: %s\n", strerror(errno));
-            _exit(125);
-        }
-    } else if (strcmp(isolation, "userns") == 0) {
-        if (unshare(CLONE_NEWUSER | CLONE_NEWNET) != 0 || !map_current_user(uid, gid)) {
-            dprintf(err, "jobwrap: no user and network namespace: %s\n", strerror(errno));
-            _exit(125);
-        }
+    const char *why = isolate(isolation);
+    if (why != NULL) {
+        dprintf(err, "jobwrap: %s\n", why);
+        _exit(125);
     }
     for (int i = 0; i < nlimits; i++) {
         if (!set_limit(limits[i])) {
@@ -157,8 +262,10 @@ static void run_command(char **command, const char *isolation, const char *user,
 }
 
 int main(int argc, char **argv) {
+    if (argc == 3 && strcmp(argv[1], "--namespaces") == 0) return serve_namespaces(argv[2]);
     if (argc < 7) {
-        fprintf(stderr, "usage: jobwrap JOB_DIR DEADLINE GRACE ISOLATION UID LIMIT... -- COMMAND...\n");
+        fprintf(stderr, "usage: jobwrap JOB_DIR DEADLINE GRACE ISOLATION UID LIMIT... -- COMMAND...\n"
+                        "       jobwrap --namespaces net|userns\n");
         return 2;
     }
     const char *job_dir = argv[1];
@@ -207,6 +314,10 @@ int main(int argc, char **argv) {
     if (child == 0) run_command(command, isolation, user, nlimits, limits, out, err);
     close(out);
     close(err);
+    if (strncmp(isolation, "join-", 5) == 0) { /* the command holds its namespaces now */
+        close(SHARED_NETNS);
+        close(SHARED_USERNS);
+    }
 
     /* Wait for the command; once the engine is gone, keep its deadline (or a cancel's grace). */
     int exited = (int)syscall(SYS_pidfd_open, child, 0);

@@ -490,7 +490,7 @@ async def test_launcher_that_died_before_spawning_is_lost(tmp_path: Path) -> Non
     assert (job_dir / "supervisor.pid").read_text() == job_files.LOST_MARKER
     grant = Confinement().grant(request)
     assert isinstance(grant, Grant)
-    late = JobRunner(jobs_dir=tmp_path / "jobs")._spawn(request, job_dir, 10, grant)
+    late = JobRunner(jobs_dir=tmp_path / "jobs")._spawn(request, job_dir, 10, grant, ())
     _, status = await asyncio.to_thread(os.waitpid, late, 0)
     assert os.waitstatus_to_exitcode(status) == 97  # could not claim it
     assert not marker.exists()

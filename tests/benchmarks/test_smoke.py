@@ -38,3 +38,14 @@ def test_compare_smoke() -> None:
     assert payload["inflight"]["share_of_fair_bound"] > 0
     assert payload["inflight_long_jobs"]["probe_node_p99_ms"] > 0
     assert payload["inflight_long_jobs"]["peak_rss_mb"] > 0
+
+
+def test_job_cost_smoke(tmp_path: Path) -> None:
+    command = [sys.executable, str(ROOT / "benchmarks" / "job_cost.py"), "--jobs", "30"]
+    done = subprocess.run(
+        [*command, "--data-dir", str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "30 `true` jobs (3 per task) at concurrency 20" in done.stdout
+    (kept,) = tmp_path.iterdir()  # the job directories are kept where it was told
+    assert len(list((kept / "jobs").iterdir())) == 40 + 30  # the warm-up's and the measured

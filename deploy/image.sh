@@ -102,7 +102,11 @@ test_image() {
     "127.0.0.1:$PORT" workflow_engine.v1.WorkflowEngine/StartWorkflow >/dev/null
   "$CLI" watch "$task" --address "127.0.0.1:$PORT" >/dev/null || fail "the README workflow did not succeed"
   podman logs we-image-test 2>&1 | grep -q jobwrap_not_built && fail "jobs ran without jobwrap"
-  say "README workflow SUCCEEDED, its jobs through jobwrap"
+  podman logs we-image-test 2>&1 | grep -q sandbox_task_namespaces_unavailable &&
+    fail "the tasks' namespaces could not be made in the container (each job made its own)"
+  podman exec we-image-test ps -eo args= | grep -q -- "--namespaces userns" ||
+    fail "no namespace helper (jobwrap --namespaces userns) in the container"
+  say "README workflow SUCCEEDED, its jobs through jobwrap, in its task's user and network namespaces"
   local zombies
   zombies=$(podman exec we-image-test ps -eo stat= | grep -c '^Z' || true)
   [ "$zombies" = 0 ] || fail "$zombies zombie process(es) after the jobs"

@@ -77,7 +77,10 @@ def _close_made(made: asyncio.Task[tuple[int, ...]]) -> None:
 class TaskNamespaces:
     """The namespaces of the tasks whose jobs a `JobRunner` started lately."""
 
-    def __init__(self, jobwrap: str, *, idle_seconds: float = 30.0, most: int = 256) -> None:
+    def __init__(self, jobwrap: str, *, idle_seconds: float = 30.0, most: int = 128) -> None:
+        """`most`: sets held at once, one descriptor each (two for "userns"): twice the jobs
+        an engine runs at once by default (`max_running_jobs`), well inside the 1,024
+        descriptors a container is often allowed."""
         self._jobwrap = jobwrap
         self._idle_seconds = idle_seconds
         self._most = most
@@ -232,9 +235,10 @@ class _Helper:
             if not said and not received:  # end of file: it exited
                 self.close()
                 return
-            fds = tuple(fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, _LOWEST_FD) for fd in received)
-            for fd in received:
-                os.close(fd)
+            try:
+                fds = _moved_clear(received)
+            except OSError as exc:  # out of descriptors, say: the job makes its own
+                said, fds = f"cannot keep the namespaces it made: {exc}".encode(), ()
             answer = self._waiting.popleft() if self._waiting else None
             if answer is None or answer.done():  # unasked: why it is about to exit
                 self._last_words = said or self._last_words
@@ -242,3 +246,19 @@ class _Helper:
                     os.close(fd)
             else:
                 answer.set_result((said, fds))
+
+
+def _moved_clear(received: list[int]) -> tuple[int, ...]:
+    """`received` renumbered to `_LOWEST_FD` or above; none of them is left open on failure."""
+    moved: list[int] = []
+    try:
+        for fd in received:
+            moved.append(fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, _LOWEST_FD))
+    except OSError:
+        for fd in moved:
+            os.close(fd)
+        raise
+    finally:
+        for fd in received:
+            os.close(fd)
+    return tuple(moved)

@@ -8,6 +8,7 @@ Real `jobwrap` processes through the local sandbox's runner, and `TaskNamespaces
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import socket
 import uuid
@@ -18,7 +19,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from tests.helpers import JOB_PYTHON
-from workflow_engine.capabilities import job_runner
+from workflow_engine.capabilities import job_namespaces, job_runner
 from workflow_engine.capabilities.job_grant import Confinement
 from workflow_engine.capabilities.job_namespaces import TaskNamespaces
 from workflow_engine.capabilities.sandbox import LocalSandboxWorker
@@ -154,3 +155,22 @@ async def test_a_helper_that_dies_is_replaced_and_jobs_run_meanwhile(tmp_path: P
     assert replacement.pid != helper.pid
     assert during[0] != first[0] and after[0] == after[1] != first[0]
     assert not helpers()  # closing the runner let its helper go
+
+
+async def test_out_of_descriptors_the_job_makes_its_own_and_nothing_hangs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The helper makes and sends the namespaces; keeping them fails (EMFILE, injected).
+    def out_of_descriptors(*args: object) -> int:
+        raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+
+    monkeypatch.setattr(job_namespaces.fcntl, "fcntl", out_of_descriptors)
+    namespaces = TaskNamespaces(str(job_runner.JOBWRAP))
+    try:
+        with capture_logs() as logs:
+            assert await asyncio.wait_for(namespaces.for_task("a", "net"), 10) == ()
+    finally:
+        namespaces.close()
+    (event,) = [e for e in logs if e["event"] == "sandbox_task_namespaces_unavailable"]
+    assert "cannot keep the namespaces it made" in event["reason"]
+    assert "Too many open files" in event["reason"]

@@ -10,9 +10,11 @@ how). The directory holds:
   ``/bin/sh`` script, see `job_runner.WRAPPER`, which creates it itself), or ``lost`` when the
   job was declared lost before any wrapper claimed it. Whoever creates it decides whether the
   job runs. Empty for the moment between the wrapper creating it and writing its pid.
-- ``supervisor.log``: the wrapper's own stdout and stderr (a shell error); quoted when the job
-  is lost.
-- ``work/``: the command's working directory, ``HOME`` and ``TMPDIR``.
+- ``supervisor.log``: what the wrapper itself said (the shell wrapper's stdout and stderr;
+  ``jobwrap`` makes it only when it cannot go on, so a job that goes well has none); quoted
+  when the job is lost.
+- ``work/``: the command's working directory, ``HOME`` and ``TMPDIR``, owned by the job's user
+  (made by ``jobwrap``, or by the engine before it starts the shell wrapper).
 - ``stdout.log``, ``stderr.log``: the command's output (``stdout.log`` exists once it started).
 - ``exit_status``: the command's exit status and a newline, written by the wrapper when the
   command ends; what a restarted engine reads when the engine that started the job is gone.

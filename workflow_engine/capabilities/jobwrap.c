@@ -3,13 +3,15 @@
  *   jobwrap JOB_DIR DEADLINE GRACE ISOLATION UID LIMIT... -- COMMAND...
  *   jobwrap --namespaces ISOLATION
  *
- * job_runner.py starts it (in a session of its own, stdout and stderr on supervisor.log, fd 3
- * the read end of the engine's pipe) and its docstring tells the whole protocol; this does
+ * job_runner.py starts it (in a session of its own, stdout and stderr on /dev/null, fd 3 the
+ * read end of the engine's pipe) and its docstring tells the whole protocol; this does
  * what the shell wrapper there (`WRAPPER`) does, in one exec instead of three (sh, util-linux
  * unshare, the command) and without forking a watchdog:
  *
  *   - claims the job by creating supervisor.pid exclusively, or runs nothing (exit 97);
- *   - runs nothing if the job was cancelled first (exit 98); writes request.json;
+ *   - runs nothing if the job was cancelled first (exit 98); writes request.json; makes
+ *     work/ (owned by UID when there is one); says why in supervisor.log if it cannot (its
+ *     stdout and stderr are /dev/null: that file is made only when there is something to say);
  *   - runs COMMAND in work/ with stdout.log and stderr.log, its limits, no network and its
  *     own user: ISOLATION is "net" (a new network namespace; as root), "userns" (a new user
  *     namespace mapping this user, and a network namespace in it), "join-net" or
@@ -44,6 +46,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -90,6 +93,18 @@ static int write_file(const char *path, const char *text, int flags) {
         left -= (size_t)n;
     }
     return close(fd) == 0;
+}
+
+/* Say why this job cannot go on, in supervisor.log (in the job directory, the current one),
+ * which a lost job's result quotes; made only now, so that a job that goes well costs no file. */
+static void complain(const char *format, ...) {
+    int fd = open("supervisor.log", O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    if (fd < 0) return;
+    va_list args;
+    va_start(args, format);
+    vdprintf(fd, format, args);
+    va_end(args);
+    close(fd);
 }
 
 static double boot_seconds(void) {
@@ -303,14 +318,34 @@ int main(int argc, char **argv) {
         free(line);
         unsetenv(REQUEST_ENV);
     }
-    if (chdir("work") != 0) return 96;
+    if (mkdir("work", 0700) != 0 && errno != EEXIST) {
+        complain("jobwrap: cannot make work/: %s\n", strerror(errno));
+        return 96;
+    }
+    if (strcmp(user, "-") != 0) { /* the job's user owns its work directory, and only that */
+        uid_t id = (uid_t)strtoul(user, NULL, 10);
+        if (chown("work", id, id) != 0) {
+            complain("jobwrap: cannot give work/ to user %s: %s\n", user, strerror(errno));
+            return 96;
+        }
+    }
+    if (chdir("work") != 0) {
+        complain("jobwrap: cannot enter work/: %s\n", strerror(errno));
+        return 96;
+    }
     int out = open("../stdout.log", O_WRONLY | O_CREAT | O_TRUNC, 0666);
     int err = open("../stderr.log", O_WRONLY | O_CREAT | O_TRUNC, 0666);
-    if (out < 0 || err < 0) return 96;
+    if (out < 0 || err < 0) {
+        complain("jobwrap: cannot make stdout.log and stderr.log: %s\n", strerror(errno));
+        return 96;
+    }
     if (terminated) kill_group();
 
     pid_t child = fork();
-    if (child < 0) return 96;
+    if (child < 0) {
+        complain("jobwrap: cannot fork: %s\n", strerror(errno));
+        return 96;
+    }
     if (child == 0) run_command(command, isolation, user, nlimits, limits, out, err);
     close(out);
     close(err);

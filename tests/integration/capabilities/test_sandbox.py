@@ -65,7 +65,7 @@ async def test_select_target_is_local(tmp_path: Path) -> None:
     assert await worker(tmp_path).select_target(job("j", "true")) == "local"
 
 
-async def test_echo_completes_with_output_and_layout(tmp_path: Path) -> None:
+async def test_echo_completes_with_output_and_layout(tmp_path: Path, each_wrapper: str) -> None:
     result = await worker(tmp_path).run(
         "local", job("echo-1", "sh", "-c", "echo hello; echo oops >&2; pwd")
     )
@@ -82,6 +82,8 @@ async def test_echo_completes_with_output_and_layout(tmp_path: Path) -> None:
     assert result.started_at <= result.ended_at
     assert json.loads((job_dir / "request.json").read_text())["job_id"] == "echo-1"
     assert json.loads((job_dir / "result.json").read_text())["status"] == "completed"
+    # jobwrap makes its log only when it has something to say: a job that went well has none.
+    assert (job_dir / "supervisor.log").exists() == (each_wrapper == "sh")
 
 
 async def test_non_zero_exit_is_failed(tmp_path: Path) -> None:
@@ -494,3 +496,29 @@ async def test_launcher_that_died_before_spawning_is_lost(tmp_path: Path) -> Non
     _, status = await asyncio.to_thread(os.waitpid, late, 0)
     assert os.waitstatus_to_exitcode(status) == 97  # could not claim it
     assert not marker.exists()
+
+
+async def test_a_job_whose_work_dir_cannot_be_made_is_lost_and_says_why(
+    tmp_path: Path, each_wrapper: str
+) -> None:
+    if each_wrapper == "sh":
+        pytest.skip("the shell wrapper's work directory is made by the engine, before it starts")
+    marker = tmp_path / "marker"
+    request = job("no-work", "sh", "-c", f"echo ran >> {marker}")
+    job_dir = (tmp_path / "jobs" / "no-work").resolve()
+    job_dir.mkdir(parents=True)
+    (job_dir / "work").write_text("a file where the work directory goes")
+    grant = Confinement().grant(request)
+    assert isinstance(grant, Grant)
+    runner = JobRunner(jobs_dir=tmp_path / "jobs")
+    wrapper = runner._spawn(request, job_dir, 10, grant, ())
+    _, status = await asyncio.to_thread(os.waitpid, wrapper, 0)
+    assert os.waitstatus_to_exitcode(status) == 96
+
+    result = await worker(tmp_path).run("local", request)  # re-attaches: the directory exists
+
+    assert result.status == "failed"
+    assert "lost" in result.stderr
+    assert "jobwrap: cannot enter work/: Not a directory" in result.stderr
+    assert not marker.exists()
+    await runner.close()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import signal
 from collections.abc import Awaitable
 from contextlib import AsyncExitStack
@@ -46,6 +45,7 @@ from workflow_engine.config import Settings
 from workflow_engine.faults import FaultPlan
 from workflow_engine.graph.builder import build_graph
 from workflow_engine.graph.state import STATE_KEYS
+from workflow_engine.runtime.collector import Collector
 from workflow_engine.runtime.events import EventHub
 from workflow_engine.runtime.manager import RunManager
 from workflow_engine.runtime.readiness import Readiness
@@ -134,6 +134,8 @@ class Engine:
     resources: AsyncExitStack
     #: The embedded server, when no database URL is configured; closed with the engine.
     embedded: EmbeddedPostgres | None = None
+    #: Keeps full garbage collections short (`runtime.collector`); uninstalled at close.
+    collector: Collector | None = None
 
     @classmethod
     async def start(cls, settings: Settings, *, capabilities: Capabilities | None = None) -> Engine:
@@ -211,8 +213,10 @@ class Engine:
             recoverer.start()
         # Everything built so far (modules, the compiled graph, pools) lives as long as the
         # engine: move it out of the collector's reach, so the full collections that workflow
-        # churn triggers do not walk it again and again.
-        gc.freeze()
+        # churn triggers do not walk it again and again; and so on for the survivors of slow
+        # full collections (in-flight runs), see `runtime.collector`.
+        collector = Collector()
+        collector.install()
         return cls(
             settings,
             pool,
@@ -224,6 +228,7 @@ class Engine:
             checkpoints,
             resources,
             embedded,
+            collector,
         )
 
     async def close(self, *, drain_timeout: float | None = None) -> None:
@@ -238,6 +243,8 @@ class Engine:
         await self.pool.close()
         if self.embedded is not None:
             await asyncio.to_thread(self.embedded.close)
+        if self.collector is not None:
+            self.collector.uninstall()
 
 
 class GrpcServer:

@@ -3,19 +3,50 @@
 Configured once, by the entry point. Below the configured level, log calls return at once
 without formatting anything (`make_filtering_bound_logger`), so debug lines on the hot path
 cost nothing when nobody reads them.
+
+A line that cannot be written is dropped (`LineLogger`): when whatever reads stderr goes away
+(the pipe's reader exits, a log shipper dies) every write fails, and a log call must not fail
+the code around it. Before this, a worker node whose parent had died started jobs and then,
+failing on the very next log line, never followed them: no result, and their wrappers left
+unreaped.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+from typing import TextIO
 
 import structlog
 
 from workflow_engine.secrets import SECRETS
 
 
+class LineLogger:
+    """structlog's logger: writes each rendered line to `file`, dropping what cannot be."""
+
+    def __init__(self, file: TextIO) -> None:
+        self._file = file
+        self.dropped = 0  # lines that could not be written
+
+    def msg(self, message: str) -> None:
+        try:
+            self._file.write(message + "\n")
+            self._file.flush()
+        except (OSError, ValueError):  # the reader is gone, the disk is full, the file closed
+            self.dropped += 1
+
+    debug = info = warning = warn = error = critical = exception = fatal = failure = err = msg
+    log = msg
+
+
+#: The one logger every bound logger writes through, made by `configure_logging`.
+LINE_LOGGER = LineLogger(sys.stderr)
+
+
 def configure_logging(level: str = "info") -> None:
+    global LINE_LOGGER
+    LINE_LOGGER = LineLogger(sys.stderr)
     numeric = logging.getLevelNamesMapping().get(level.upper())
     if numeric is None:
         raise ValueError(f"unknown log level {level!r}")
@@ -29,7 +60,7 @@ def configure_logging(level: str = "info") -> None:
             structlog.processors.JSONRenderer(),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=lambda *_: LINE_LOGGER,
         cache_logger_on_first_use=True,
     )
     # Libraries that log through the standard library (psycopg_pool, grpc) go to stderr too.

@@ -13,13 +13,18 @@ unreaped.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
+import threading
 from typing import TextIO
 
 import structlog
 
 from workflow_engine.secrets import SECRETS
+
+#: One line at a time, whichever thread logs it (grpcio and the default executor log too).
+_WRITING = threading.Lock()
 
 
 class LineLogger:
@@ -27,26 +32,18 @@ class LineLogger:
 
     def __init__(self, file: TextIO) -> None:
         self._file = file
-        self.dropped = 0  # lines that could not be written
 
     def msg(self, message: str) -> None:
-        try:
+        # The reader is gone, the disk is full, the file closed: the line is lost, nothing else.
+        with _WRITING, contextlib.suppress(OSError, ValueError):
             self._file.write(message + "\n")
             self._file.flush()
-        except (OSError, ValueError):  # the reader is gone, the disk is full, the file closed
-            self.dropped += 1
 
     debug = info = warning = warn = error = critical = exception = fatal = failure = err = msg
     log = msg
 
 
-#: The one logger every bound logger writes through, made by `configure_logging`.
-LINE_LOGGER = LineLogger(sys.stderr)
-
-
 def configure_logging(level: str = "info") -> None:
-    global LINE_LOGGER
-    LINE_LOGGER = LineLogger(sys.stderr)
     numeric = logging.getLevelNamesMapping().get(level.upper())
     if numeric is None:
         raise ValueError(f"unknown log level {level!r}")
@@ -60,7 +57,7 @@ def configure_logging(level: str = "info") -> None:
             structlog.processors.JSONRenderer(),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=lambda *_: LINE_LOGGER,
+        logger_factory=lambda *_: LineLogger(sys.stderr),
         cache_logger_on_first_use=True,
     )
     # Libraries that log through the standard library (psycopg_pool, grpc) go to stderr too.

@@ -50,13 +50,19 @@ WITH input AS (
     -- row had before this statement differs.
     SELECT i.task_id,
            CASE WHEN old.status IS DISTINCT FROM i.status THEN 2 ELSE 1 END AS n_events
-      FROM input i LEFT JOIN workflow_checkpoints old USING (task_id)
+      FROM input i LEFT JOIN LATERAL (
+           SELECT c.status FROM workflow_checkpoints c WHERE c.task_id = i.task_id LIMIT 1
+      ) old ON true
 ), lease AS (
-    SELECT l.task_id FROM task_workflow_leases l
-      JOIN input i ON l.task_id = i.task_id AND """
+    -- The row's lease by its task id (one probe of the unique index per row, whatever the
+    -- planner makes of the tables' statistics), locked, then fenced: a takeover that
+    -- committed first is what the fence sees.
+    SELECT l.task_id FROM input i CROSS JOIN LATERAL (
+        SELECT l.task_id, l.holder_id, l.epoch, l.expires_at FROM task_workflow_leases l
+         WHERE l.task_id = i.task_id LIMIT 1 FOR SHARE) l
+     WHERE """
     + leases.fence_sql(holder="i.holder_id", epoch="i.epoch")
     + """
-       FOR SHARE OF l
 ), cp AS (
     -- Every column the orchestrator's table has is given (its ORM creates it without
     -- defaults); the row is the engine's.
@@ -116,8 +122,12 @@ SELECT i.task_id::text,
   LEFT JOIN lease USING (task_id)
   LEFT JOIN cp USING (task_id)
   LEFT JOIN events_of n USING (task_id)
-  LEFT JOIN workflow_checkpoints w
-    ON w.task_id = i.task_id AND w.checkpoint_id = i.checkpoint_id AND w.lease_epoch = i.epoch
+  LEFT JOIN LATERAL (
+       SELECT c.task_id FROM workflow_checkpoints c
+        WHERE c.task_id = i.task_id AND c.checkpoint_id = i.checkpoint_id
+          AND c.lease_epoch = i.epoch
+        LIMIT 1
+  ) w ON true
 """
 )
 
@@ -238,35 +248,43 @@ class GroupCommitter:
                 p.done.set_result(outcomes.get(p.row.task_id, _LOST))
 
     async def _execute(self, rows: Sequence[CheckpointRow]) -> dict[str, WriteOutcome]:
-        batch = [
-            {
-                "task_id": r.task_id,
-                "holder_id": r.holder_id,
-                "epoch": r.epoch,
-                "run_id": r.run_id,
-                "state": r.state,
-                "node": r.node,
-                "status": r.status,
-                "checkpoint_id": r.checkpoint_id,
-                "checkpoint": r.checkpoint,
-                "metadata": r.metadata,
-                "summary": r.summary,
-                "error": r.error,
-                "event_kind": r.event_kind,
-                "detail": r.detail,
-                "actor": r.actor,
-                "release": r.release,
-            }
-            for r in rows
-        ]
         async with self._pool.connection() as conn:
-            cur = await conn.execute(WRITE_BATCH, {"rows": Jsonb(batch)})
+            cur = await conn.execute(WRITE_BATCH, batch_params(rows))
             answers = await cur.fetchall()
         by_task = {r.task_id: r for r in rows}
         return {
             task_id: WriteOutcome(written, _appended(by_task[task_id], seq, count, at))
             for task_id, written, seq, count, at in answers
         }
+
+
+def batch_params(rows: Sequence[CheckpointRow]) -> dict[str, Any]:
+    """`WRITE_BATCH`'s parameters for `rows`."""
+    return {
+        "rows": Jsonb(
+            [
+                {
+                    "task_id": r.task_id,
+                    "holder_id": r.holder_id,
+                    "epoch": r.epoch,
+                    "run_id": r.run_id,
+                    "state": r.state,
+                    "node": r.node,
+                    "status": r.status,
+                    "checkpoint_id": r.checkpoint_id,
+                    "checkpoint": r.checkpoint,
+                    "metadata": r.metadata,
+                    "summary": r.summary,
+                    "error": r.error,
+                    "event_kind": r.event_kind,
+                    "detail": r.detail,
+                    "actor": r.actor,
+                    "release": r.release,
+                }
+                for r in rows
+            ]
+        )
+    }
 
 
 _LOST = WriteOutcome("lost")

@@ -35,6 +35,8 @@ def test_compare_smoke() -> None:
         in (payload["ratios"])
     )
     assert all(r["workflows_per_s"] > 0 for r in payload["results"])
+    served = [r for r in payload["results"] if "via gRPC" in r["contender"]]
+    assert served and all(r["engine_cpu_ms_per_workflow"] > 0 for r in served)
     assert payload["inflight"]["share_of_fair_bound"] > 0
     assert payload["inflight_long_jobs"]["probe_node_p99_ms"] > 0
     assert payload["inflight_long_jobs"]["peak_rss_mb"] > 0

@@ -96,6 +96,7 @@ chaos: install
 # then what one workflow costs in statements and commits (exact, from the server log).
 bench: install pgbouncer
 	$(BIN)/python benchmarks/compare.py
+	$(BIN)/python benchmarks/grpc_floor.py
 	$(BIN)/python benchmarks/node_cost.py
 	$(BIN)/python benchmarks/pooler.py
 

@@ -42,6 +42,18 @@ def test_compare_smoke() -> None:
     assert payload["inflight_long_jobs"]["peak_rss_mb"] > 0
 
 
+def test_grpc_floor_smoke() -> None:
+    command = [sys.executable, str(ROOT / "benchmarks" / "grpc_floor.py"), "--workflows", "40"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert [line.split(",")[0] for line in lines] == [
+        "StartWorkflow + WatchWorkflow of 14 events",
+        "StartWorkflow + WatchWorkflow of 2 events",
+    ]
+    assert all("ms of CPU per workflow" in line for line in lines)
+
+
 def test_job_cost_smoke(tmp_path: Path) -> None:
     command = [sys.executable, str(ROOT / "benchmarks" / "job_cost.py"), "--jobs", "30"]
     done = subprocess.run(

@@ -40,6 +40,7 @@ from contenders import (
     NODES,
     STEPS,
     DBOSWorkflow,
+    EngineCommandInProcess,
     EngineGrpc,
     EngineGrpcCommand,
     EngineGrpcCommandOutcome,
@@ -65,6 +66,7 @@ PAIRS = [
     (EngineGrpcCommand.name, LangGraphPostgresCommand.name),
     (EngineGrpcCommandOutcome.name, LangGraphPostgresCommand.name),
     (EngineGrpcCommandProcesses.name, LangGraphPostgresCommand.name),
+    (EngineCommandInProcess.name, LangGraphPostgresCommand.name),
     (EngineGrpcNode.name, EngineGrpcCommand.name),
     # Every core (target 1.7x), and the gRPC path against in-process (target 0.9).
     (EngineGrpcProcesses.name, EngineGrpc.name),
@@ -182,6 +184,7 @@ def contenders(data_dir: Path) -> list[Any]:
         EngineGrpcProcesses(data_dir),
         EngineGrpcTelemetry(data_dir),
         LangGraphPostgresCommand(),
+        EngineCommandInProcess(data_dir),
         EngineGrpcCommand(data_dir),
         EngineGrpcCommandOutcome(data_dir),
         EngineGrpcCommandProcesses(data_dir),

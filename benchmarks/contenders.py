@@ -293,12 +293,14 @@ class RawUpserts:
         await self.pool.close()
 
 
-def engine_settings(url: str, data_dir: Path, concurrency: int) -> Settings:
+def engine_settings(
+    url: str, data_dir: Path, concurrency: int, worker: str = "simulated"
+) -> Settings:
     return Settings(
         database_url=url,
         listen="127.0.0.1:0",
         data_dir=data_dir,
-        worker="simulated",
+        worker=worker,
         recovery_enabled=False,
         pool_min_size=1,
         pool_max_size=min(concurrency, 20) + 2,
@@ -337,12 +339,14 @@ class EngineInProcess:
     """Contender 3: this engine's run manager, lease, fenced checkpoint and graph; no gRPC."""
 
     name = "engine in-process"
+    worker = "simulated"
 
     def __init__(self, data_dir: Path) -> None:
         self.data_dir = data_dir
 
     async def open(self, url: str, concurrency: int) -> None:
-        self.engine = await Engine.start(engine_settings(url, self.data_dir, concurrency))
+        settings = engine_settings(url, self.data_dir, concurrency, self.worker)
+        self.engine = await Engine.start(settings)
 
     async def run(self, i: int) -> None:
         from workflow_engine.api.requests import task_from_proto
@@ -448,6 +452,15 @@ class EngineGrpcCommand(EngineGrpc):
     """
 
     name = "engine via gRPC, real `true`"
+    worker = "sandbox"
+
+
+class EngineCommandInProcess(EngineInProcess):
+    """Contender 3 running the real command `true` per step through the default worker (the
+    local sandbox): beside `EngineGrpcCommand` it shows what the job path costs apart from
+    gRPC. Named so that ``--only "engine in-process"`` still picks contender 3 alone."""
+
+    name = "engine, real `true`, in-process"
     worker = "sandbox"
 
 

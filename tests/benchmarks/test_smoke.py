@@ -28,10 +28,15 @@ def test_compare_smoke() -> None:
         "engine via gRPC",
         "langgraph+AsyncPostgresSaver",
         "engine via gRPC, real `true`",
+        "engine, real `true`, in-process",
         "langgraph+AsyncPostgresSaver, real `true`",
     } <= names
     assert (
         "engine via gRPC, real `true` / langgraph+AsyncPostgresSaver, real `true` @ c=2"
+        in (payload["ratios"])
+    )
+    assert (
+        "engine, real `true`, in-process / langgraph+AsyncPostgresSaver, real `true` @ c=2"
         in (payload["ratios"])
     )
     assert all(r["workflows_per_s"] > 0 for r in payload["results"])

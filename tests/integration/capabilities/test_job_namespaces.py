@@ -8,6 +8,7 @@ Real `jobwrap` processes through the local sandbox's runner, and `TaskNamespaces
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import os
 import socket
@@ -137,9 +138,14 @@ async def test_namespaces_that_cannot_be_made_leave_each_job_to_make_its_own() -
 
 
 def helpers() -> list[psutil.Process]:
-    """This process's `jobwrap --namespaces` helpers."""
-    children = psutil.Process().children()
-    return [p for p in children if "--namespaces" in p.cmdline() and p.status() != "zombie"]
+    """This process's live `jobwrap --namespaces` helpers (not a child that has just ended
+    and not yet been reaped: psutil cannot read a zombie's command line)."""
+    found = []
+    for child in psutil.Process().children():
+        with contextlib.suppress(psutil.ZombieProcess, psutil.NoSuchProcess):
+            if "--namespaces" in child.cmdline() and child.status() != psutil.STATUS_ZOMBIE:
+                found.append(child)
+    return found
 
 
 async def test_a_helper_that_dies_is_replaced_and_jobs_run_meanwhile(tmp_path: Path) -> None:

@@ -137,30 +137,36 @@ async def test_namespaces_that_cannot_be_made_leave_each_job_to_make_its_own() -
     assert "/nonexistent/jobwrap did not start" in reasons[1]
 
 
-def helpers() -> list[psutil.Process]:
+def helpers(but: frozenset[int] = frozenset()) -> list[psutil.Process]:
     """This process's live `jobwrap --namespaces` helpers (not a child that has just ended
-    and not yet been reaped: psutil cannot read a zombie's command line)."""
+    and not yet been reaped: psutil cannot read a zombie's command line), but those in `but`
+    (the helpers of runners that other tests in this process left open)."""
     found = []
     for child in psutil.Process().children():
         with contextlib.suppress(psutil.ZombieProcess, psutil.NoSuchProcess):
-            if "--namespaces" in child.cmdline() and child.status() != psutil.STATUS_ZOMBIE:
+            if (
+                child.pid not in but
+                and "--namespaces" in child.cmdline()
+                and child.status() != psutil.STATUS_ZOMBIE
+            ):
                 found.append(child)
     return found
 
 
 async def test_a_helper_that_dies_is_replaced_and_jobs_run_meanwhile(tmp_path: Path) -> None:
+    others = frozenset(p.pid for p in helpers())
     async with LocalSandboxWorker(jobs_dir=tmp_path / "jobs") as worker:
         first = await namespaces_of(worker, "task-a")
-        (helper,) = helpers()
+        (helper,) = helpers(others)
         helper.kill()
         helper.wait(5)
         # Its death is noticed at the latest by the next request; that job isolates itself.
         during = await namespaces_of(worker, "task-b")
         after = [await namespaces_of(worker, task) for task in ("task-c", "task-c")]
-        (replacement,) = helpers()
+        (replacement,) = helpers(others)
     assert replacement.pid != helper.pid
     assert during[0] != first[0] and after[0] == after[1] != first[0]
-    assert not helpers()  # closing the runner let its helper go
+    assert not helpers(others)  # closing the runner let its helper go
 
 
 async def test_out_of_descriptors_the_job_makes_its_own_and_nothing_hangs(

@@ -11,9 +11,11 @@ statistics are flushed) and WAL bytes per node
 bench-results/compare.json and a PNG of throughput against concurrency. Two contenders run
 the real command `true` in each step (this engine through its default worker, the local
 sandbox, and LangGraph + AsyncPostgresSaver with an asyncio subprocess); their ratio is
-printed beside the ratios to contender 1 (`PAIRS`).
+printed beside the ratios to contender 1 (`PAIRS`). Those (`ROUNDS_OF`) run again in further
+rounds, alternating their order, and each of their ratios is the median of the rounds'.
 
     .venv/bin/python benchmarks/compare.py [--smoke] [--concurrency 1 20 100] [--only WORD ...]
+        [--workflows N] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -76,6 +78,15 @@ PAIRS = [
     # What metrics and traces cost when on (off, the default, is contender 4 itself).
     (EngineGrpcTelemetry.name, EngineGrpc.name),
 ]
+# The 2.5x target's contenders, measured again in alternating rounds after the first: this
+# machine's speed drifts by a quarter within minutes, so one measurement of each, a minute
+# apart, can move the ratio that much; the median of the rounds' ratios does not.
+ROUNDS_OF = (
+    LangGraphPostgresCommand.name,
+    EngineCommandInProcess.name,
+    EngineGrpcCommand.name,
+    EngineGrpcCommandOutcome.name,
+)
 ROOT = Path(__file__).resolve().parent.parent
 PGDATA = ROOT / ".data" / "bench-pgdata"
 OUT = ROOT / "bench-results"
@@ -201,20 +212,32 @@ async def run(
     smoke: bool,
     only: list[str] | None = None,
     workflows_per_point: int | None = None,
+    rounds: int = 1,
 ) -> list[dict[str, Any]]:
+    """Every contender once per concurrency (round 1), then `ROUNDS_OF` alone for the rounds
+    left, in reverse order every other round."""
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for concurrency in concurrencies:
-            for contender in contenders(Path(tmp)):
-                if only and not any(word in contender.name for word in only):
-                    continue
-                workflows = workflows_per_point or (4 if smoke else max(60, concurrency * 6))
+            workflows = workflows_per_point or (4 if smoke else max(60, concurrency * 6))
+            chosen = [
+                c for c in contenders(Path(tmp)) if not only or any(word in c.name for word in only)
+            ]
+            order = [(1, c) for c in chosen]
+            again = [c.name for c in chosen if c.name in ROUNDS_OF]
+            for round_ in range(2, rounds + 1):
+                names = again if round_ % 2 else again[::-1]
+                order += [(round_, c) for n in names for c in contenders(Path(tmp)) if c.name == n]
+            for round_, contender in order:
                 print(
-                    f"  {contender.name} at concurrency {concurrency} ...",
+                    f"  {contender.name} at concurrency {concurrency}"
+                    + (f", round {round_} of {rounds}" if contender.name in again else "")
+                    + " ...",
                     file=sys.stderr,
                     flush=True,
                 )
-                results.append(await measure(contender, server_url, concurrency, workflows))
+                result = await measure(contender, server_url, concurrency, workflows)
+                results.append({**result, "round": round_})
     return results
 
 
@@ -228,21 +251,41 @@ def table(results: list[dict[str, Any]]) -> str:
 
 
 def ratios(results: list[dict[str, Any]]) -> dict[str, float]:
-    """Throughput of each contender over contender 1's, and of each of `PAIRS`, per concurrency."""
+    """Throughput of each contender over contender 1's, and of each of `PAIRS`, per concurrency.
+
+    A pair measured in several rounds gets the median of its rounds' ratios (each round's two
+    figures measured close together), `rounds_of_ratios` lists them."""
     out = {}
-    rate = {(r["contender"], r["concurrency"]): r["workflows_per_s"] for r in results}
-    for r in results:
+    rate = {(r["contender"], r["concurrency"]): r["workflows_per_s"] for r in first(results)}
+    for r in first(results):
         base = rate.get((BASELINE, r["concurrency"]))
         if r["contender"] != BASELINE and base:
             out[f"{r['contender']} / langgraph+saver @ c={r['concurrency']}"] = round(
                 r["workflows_per_s"] / base, 2
             )
+    for key, each in rounds_of_ratios(results).items():
+        out[key] = round(statistics.median(each), 2)
+    return out
+
+
+def rounds_of_ratios(results: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """Each of `PAIRS`' ratio per concurrency, one per round both of its contenders ran."""
+    rate = {(r["contender"], r["concurrency"], r["round"]): r["workflows_per_s"] for r in results}
+    out: dict[str, list[float]] = {}
     for name, baseline in PAIRS:
         for concurrency in dict.fromkeys(r["concurrency"] for r in results):
-            ours, theirs = rate.get((name, concurrency)), rate.get((baseline, concurrency))
-            if ours and theirs:
-                out[f"{name} / {baseline} @ c={concurrency}"] = round(ours / theirs, 2)
+            for round_ in sorted({r["round"] for r in results}):
+                ours = rate.get((name, concurrency, round_))
+                theirs = rate.get((baseline, concurrency, round_))
+                if ours and theirs:
+                    key = f"{name} / {baseline} @ c={concurrency}"
+                    out.setdefault(key, []).append(round(ours / theirs, 2))
     return out
+
+
+def first(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The first round's results: every contender once per concurrency."""
+    return [r for r in results if r["round"] == 1]
 
 
 def plot(results: list[dict[str, Any]], path: Path) -> None:
@@ -254,7 +297,9 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name in dict.fromkeys(r["contender"] for r in results):
         points = [
-            (r["concurrency"], r["workflows_per_s"]) for r in results if r["contender"] == name
+            (r["concurrency"], r["workflows_per_s"])
+            for r in first(results)
+            if r["contender"] == name
         ]
         ax.plot(*zip(*points, strict=True), marker="o", label=name)
     ax.set_xscale("log")
@@ -292,7 +337,7 @@ def run_inflight(workflows: int, job_seconds: float, *, wait: bool) -> dict[str,
 def fair_share(inflight: dict[str, Any], results: list[dict[str, Any]]) -> dict[str, Any]:
     """The in-flight run's jobs/s against the smaller of the ideal and the engine's own ceiling:
     the same engine with zero-length jobs at the highest concurrency measured in this run."""
-    points = [r for r in results if r["contender"] == EngineInProcess.name]
+    points = [r for r in first(results) if r["contender"] == EngineInProcess.name]
     if not points:
         return {}
     top = max(points, key=lambda r: r["concurrency"])
@@ -319,15 +364,28 @@ def main() -> None:
     parser.add_argument(
         "--workflows", type=int, help="workflows per point (default 6 x concurrency)"
     )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        help="rounds of the real-`true` target's contenders (default 3, 2 with --smoke); "
+        "their ratios are the median of the rounds'",
+    )
     args = parser.parse_args()
+    rounds = args.rounds or (2 if args.smoke else 3)
     configure_logging("warning")
     with start_embedded_postgres(PGDATA) as server:
         results = asyncio.run(
-            run(server.url, args.concurrency, args.smoke, args.only, args.workflows)
+            run(server.url, args.concurrency, args.smoke, args.only, args.workflows, rounds)
         )
     print(table(results))
+    each = rounds_of_ratios(results)
     for name, value in ratios(results).items():
-        print(f"{name}: {value}x")
+        rounds_note = (
+            f" (median of rounds: {', '.join(map(str, each[name]))})"
+            if len(each.get(name, ())) > 1
+            else ""
+        )
+        print(f"{name}: {value}x{rounds_note}")
     if args.only:
         return
     inflight = run_inflight(20 if args.smoke else 1000, 0.2, wait=True)
@@ -339,6 +397,7 @@ def main() -> None:
     payload = {
         "results": results,
         "ratios": ratios(results),
+        "rounds_of_ratios": rounds_of_ratios(results),
         "inflight": inflight,
         "inflight_long_jobs": parked,
     }

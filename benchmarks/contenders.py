@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import shutil
 import socket
 import sys
 import uuid
@@ -310,6 +311,14 @@ def engine_settings(
     )
 
 
+def ended_with_us(*argv: str) -> tuple[str, ...]:
+    """`argv` run so that it gets SIGTERM when the benchmark's process ends, even killed: a
+    stopped benchmark leaves no engine or worker node behind (Linux's parent-death signal, set
+    by util-linux `setpriv`, which then execs `argv` in its place)."""
+    setpriv = shutil.which("setpriv")
+    return (setpriv, "--pdeathsig", "TERM", "--", *argv) if setpriv else argv
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -397,8 +406,7 @@ class EngineGrpc:
             **await self.worker_env(concurrency),
         }
         self.proc = await asyncio.create_subprocess_exec(
-            str(Path(sys.executable).parent / "workflow-engine"),
-            "serve",
+            *ended_with_us(str(Path(sys.executable).parent / "workflow-engine"), "serve"),
             env=env,
             stderr=asyncio.subprocess.PIPE,
         )
@@ -528,12 +536,14 @@ class EngineGrpcNode(EngineGrpcCommand):
 
         token = uuid.uuid4().hex
         self.node = await asyncio.create_subprocess_exec(
-            str(Path(sys.executable).parent / "workflow-engine"),
-            "worker-node",
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            str(self.data_dir / "node"),
+            *ended_with_us(
+                str(Path(sys.executable).parent / "workflow-engine"),
+                "worker-node",
+                "--listen",
+                "127.0.0.1:0",
+                "--data-dir",
+                str(self.data_dir / "node"),
+            ),
             env={**os.environ, "WORKFLOW_ENGINE_NODE_TOKEN": token},
             stderr=asyncio.subprocess.PIPE,
         )

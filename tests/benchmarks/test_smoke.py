@@ -39,6 +39,11 @@ def test_compare_smoke() -> None:
         "engine, real `true`, in-process / langgraph+AsyncPostgresSaver, real `true` @ c=2"
         in (payload["ratios"])
     )
+    # The target's pairs run in two rounds at smoke size; their ratio is the rounds' median.
+    target = "engine via gRPC, real `true` / langgraph+AsyncPostgresSaver, real `true` @ c=2"
+    each = payload["rounds_of_ratios"][target]
+    assert len(each) == 2 and payload["ratios"][target] == round(sum(each) / 2, 2)
+    assert {r["round"] for r in payload["results"]} == {1, 2}
     assert all(r["workflows_per_s"] > 0 for r in payload["results"])
     served = [r for r in payload["results"] if "via gRPC" in r["contender"]]
     assert served and all(r["engine_cpu_ms_per_workflow"] > 0 for r in served)

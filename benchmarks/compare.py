@@ -79,7 +79,7 @@ PAIRS = [
     (EngineGrpcTelemetry.name, EngineGrpc.name),
 ]
 # The 2.5x target's contenders, measured again in alternating rounds after the first: this
-# machine's speed drifts by a quarter within minutes, so one measurement of each, a minute
+# machine's speed drifts by up to half within minutes, so one measurement of each, a minute
 # apart, can move the ratio that much; the median of the rounds' ratios does not.
 ROUNDS_OF = (
     LangGraphPostgresCommand.name,
@@ -227,7 +227,8 @@ async def run(
             again = [c.name for c in chosen if c.name in ROUNDS_OF]
             for round_ in range(2, rounds + 1):
                 names = again if round_ % 2 else again[::-1]
-                order += [(round_, c) for n in names for c in contenders(Path(tmp)) if c.name == n]
+                fresh = {c.name: c for c in contenders(Path(tmp))}
+                order += [(round_, fresh[name]) for name in names]
             for round_, contender in order:
                 print(
                     f"  {contender.name} at concurrency {concurrency}"

@@ -379,8 +379,8 @@ def main() -> None:
             run(server.url, args.concurrency, args.smoke, args.only, args.workflows, rounds)
         )
     print(table(results))
-    each = rounds_of_ratios(results)
-    for name, value in ratios(results).items():
+    each, overall = rounds_of_ratios(results), ratios(results)
+    for name, value in overall.items():
         rounds_note = (
             f" (median of rounds: {', '.join(map(str, each[name]))})"
             if len(each.get(name, ())) > 1
@@ -397,8 +397,8 @@ def main() -> None:
     OUT.mkdir(exist_ok=True)
     payload = {
         "results": results,
-        "ratios": ratios(results),
-        "rounds_of_ratios": rounds_of_ratios(results),
+        "ratios": overall,
+        "rounds_of_ratios": each,
         "inflight": inflight,
         "inflight_long_jobs": parked,
     }

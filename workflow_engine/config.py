@@ -10,6 +10,7 @@ capability adds its section here and reads it in its factory entry.
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 import socket
 import uuid
@@ -35,6 +36,7 @@ NODE_SOURCES = ("file", "orchestrator")
 #: users (and below 2**31, which some tools take for negative).
 JOB_UID_BASE = 2_000_000_000
 JOB_UID_COUNT = 1 << 24
+JOB_RETENTION_SECONDS = 7 * 24 * 3600.0
 
 
 def _default_holder_id() -> str:
@@ -76,6 +78,16 @@ class JobSettings:
     #: ids starting at `uid_base` by a digest of its task id (no passwd entry needed).
     uid_base: int = JOB_UID_BASE
     uid_count: int = JOB_UID_COUNT
+    #: How long a finished job's directory (``<data_dir>/jobs/<job_id>/``) is kept after its
+    #: result, then removed; within it a job id sent again gets the first run's result, after
+    #: it the job runs again. 0: kept for good.
+    retention_seconds: float = JOB_RETENTION_SECONDS
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.retention_seconds < math.inf:
+            raise ValueError(
+                f"{ENV_PREFIX}JOB_RETENTION_SECONDS: expected 0 (keep) or more seconds"
+            )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -121,6 +133,9 @@ class NodeSettings:
     limits: JobLimits = field(default_factory=JobLimits)
     job_uid_base: int = JOB_UID_BASE
     job_uid_count: int = JOB_UID_COUNT
+    #: How long a finished job's directory is kept after its result (as the engine's
+    #: ``WORKFLOW_ENGINE_JOB_RETENTION_SECONDS``); 0: kept for good.
+    job_retention_seconds: float = JOB_RETENTION_SECONDS
     #: How long SIGTERM lets running jobs finish before the node exits.
     drain_seconds: float = 30.0
     #: While a file exists at this path, /readyz answers 503 (take a node out of rotation by
@@ -145,6 +160,8 @@ class NodeSettings:
             raise ValueError(f"{prefix}OUTPUT_BYTES: expected a positive number of bytes")
         if self.drain_seconds < 0:
             raise ValueError(f"{prefix}DRAIN_SECONDS: expected 0 or more seconds")
+        if not 0 <= self.job_retention_seconds < math.inf:
+            raise ValueError(f"{prefix}JOB_RETENTION_SECONDS: expected 0 (keep) or more seconds")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -256,3 +256,19 @@ def test_an_llm_planner_without_a_usable_model_names_the_variable(
 def test_no_model_configured_keeps_the_embedded_defaults() -> None:
     s = settings_from_env({})
     assert (s.planner, s.verifier, s.llm.base_url) == ("static", "checks", "")
+
+
+def test_job_directories_are_kept_a_week_unless_told_otherwise() -> None:
+    default = settings_from_env({})
+    assert default.job.retention_seconds == default.node.job_retention_seconds == 7 * 24 * 3600
+    s = settings_from_env(
+        {
+            "WORKFLOW_ENGINE_JOB_RETENTION_SECONDS": "0",
+            "WORKFLOW_ENGINE_NODE_JOB_RETENTION_SECONDS": "86400",
+        }
+    )
+    assert (s.job.retention_seconds, s.node.job_retention_seconds) == (0, 86400)
+    for name in ("JOB_RETENTION_SECONDS", "NODE_JOB_RETENTION_SECONDS"):
+        for bad in ("-1", "nan", "inf"):
+            with pytest.raises(ValueError, match=rf"^WORKFLOW_ENGINE_{name}: expected 0 \(keep\)"):
+                settings_from_env({f"WORKFLOW_ENGINE_{name}": bad})

@@ -192,6 +192,7 @@ WORKERS: Mapping[str, Builder[Worker]] = {
         default_timeout_seconds=s.job.timeout_seconds,
         max_output_bytes=s.job.output_bytes,
         confinement=Confinement(s.job.limits, uid_base=s.job.uid_base, uid_count=s.job.uid_count),
+        retention_seconds=s.job.retention_seconds,
     ),
     "nodes": _worker_nodes,
     "simulated": lambda s, lent: SimulatedWorker(),

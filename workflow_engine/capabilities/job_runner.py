@@ -41,6 +41,14 @@ result says ``cancelled``; the cancelling engine sends SIGKILL `cancel_grace_sec
 second) later should anything still run, and so does the wrapper once the engine that started
 the job is gone (a cancel that comes after that is bounded by the deadline only).
 
+Retention: a job's directory is kept `retention_seconds` after its result was recorded (a
+directory with no result, `retention_seconds` after it last changed plus the longest a job may
+run), then removed by `prune`, which the runner calls in the background every quarter of the
+retention (at most hourly) once `start_pruning` was called. So "once per job id" holds for the
+retention: a job id sent again after its directory was removed runs again. The directory is
+first renamed to a hidden name (on the event loop's thread, never while this runner follows
+the job), so a `run` of its id sees either the whole directory or none.
+
 What a job may use (its user, limits, no network) is `job_grant`'s to say; the wrapper applies
 it just before the command. The network namespace (and, not as root, the user namespace) it
 runs in is its task's, made at the task's first job (`job_namespaces`) and entered by
@@ -68,6 +76,7 @@ from workflow_engine.capabilities import job_files as files
 from workflow_engine.capabilities.job_grant import Confinement, Grant
 from workflow_engine.capabilities.job_namespaces import TaskNamespaces
 from workflow_engine.domain.jobs import JobRequest, JobResult, rfc3339
+from workflow_engine.domain.task import MAX_TIMEOUT_SECONDS
 
 log = structlog.get_logger(__name__)
 
@@ -125,6 +134,10 @@ JOBWRAP = Path(__file__).with_name("jobwrap")
 _SHELL = "/bin/sh"
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:=@+-]{0,127}$")
 _MAX_POLL_INTERVAL = 0.5
+#: How a directory being removed by `JobRunner.prune` begins (never a job's: those begin with
+#: a letter or digit).
+_PRUNED = ".pruned-"
+_MIN_PRUNE_INTERVAL = 0.25
 #: The write ends of every runner's pipe in this process: a forked child (which is not the
 #: engine) closes them, or the wrappers would take it for their engine.
 _engine_pipes: set[int] = set()
@@ -154,10 +167,16 @@ class JobRunner:
         claim_grace_seconds: float = 10.0,
         confinement: Confinement | None = None,
         wrapper: str = "auto",
+        retention_seconds: float = 0,
     ) -> None:
         """`wrapper`: "jobwrap" (`JOBWRAP`), "sh" (`WRAPPER`), or "auto": jobwrap where it
-        was built, else sh."""
+        was built, else sh. `retention_seconds`: how long a finished job's directory is kept
+        (see the module docstring); 0 keeps it for good."""
+        if not 0 <= retention_seconds < math.inf:
+            raise ValueError(f"retention_seconds: expected 0 or more, got {retention_seconds}")
         self._jobs_dir = jobs_dir.resolve()
+        self._retention_seconds = retention_seconds
+        self._pruner: asyncio.Task[None] | None = None
         self._jobwrap = _choose_wrapper(wrapper)
         # The namespaces each task's jobs share (`job_namespaces`); jobwrap only.
         self._namespaces = TaskNamespaces(self._jobwrap) if self._jobwrap else None
@@ -218,11 +237,50 @@ class JobRunner:
         if job_dir not in self._watches:  # someone must record the cancelled result
             self._watch(job_dir, self._follow(job, job_dir))
 
+    def start_pruning(self) -> None:
+        """Remove expired job directories from now on, in the background (until `close`)."""
+        if self._retention_seconds > 0 and self._pruner is None:
+            self._pruner = asyncio.create_task(self._prune_forever(), name="job-dirs-prune")
+
+    async def prune(self) -> int:
+        """Remove the job directories whose retention has passed; how many it removed."""
+        now = time.time()
+        expired = await asyncio.to_thread(_expired, self._jobs_dir, now - self._retention_seconds)
+        doomed = [path for path in expired if path.name.startswith(_PRUNED)]
+        for job_dir in expired:
+            if job_dir.name.startswith(_PRUNED) or job_dir in self._watches:
+                continue  # left by an interrupted prune / followed here: not over for us
+            hidden = job_dir.with_name(f"{_PRUNED}{job_dir.name}-{os.urandom(4).hex()}")
+            try:
+                os.rename(job_dir, hidden)
+            except OSError:  # gone meanwhile
+                continue
+            doomed.append(hidden)
+        await asyncio.to_thread(_remove, doomed)
+        pruned = len(doomed)
+        if pruned:
+            log.info("job_dirs_pruned", count=pruned, jobs_dir=str(self._jobs_dir))
+        return pruned
+
+    async def _prune_forever(self) -> None:
+        interval = max(_MIN_PRUNE_INTERVAL, min(self._retention_seconds / 4, 3600.0))
+        while True:
+            try:
+                await self.prune()
+            except OSError as exc:  # e.g. the jobs dir unreadable: said, and tried again later
+                log.warning("job_dirs_prune_failed", jobs_dir=str(self._jobs_dir), error=str(exc))
+            await asyncio.sleep(interval)
+
     async def close(self) -> None:
         """Stop following jobs (they run on, to be re-attached by the next engine).
 
         Their watchdogs read end of file now, and keep their deadlines from here on.
         """
+        if self._pruner is not None:
+            self._pruner.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._pruner
+            self._pruner = None
         for timer in self._timers:
             timer.cancel()
         self._timers.clear()
@@ -557,6 +615,59 @@ def _signal_wrapper(pid: int, job_dir: Path, signum: int) -> bool:
         os.killpg(pid, signum)
         return True
     return False
+
+
+def _expired(jobs_dir: Path, cutoff: float) -> list[Path]:
+    """The entries of `jobs_dir` to remove: job directories whose result was recorded before
+    `cutoff` (or, with no result, that last changed before `cutoff` by more than any job may
+    run), and what an interrupted prune left."""
+    expired: list[Path] = []
+    try:
+        entries = list(os.scandir(jobs_dir))
+    except FileNotFoundError:
+        return expired
+    for entry in entries:
+        path = Path(entry.path)
+        if entry.name.startswith(_PRUNED):
+            expired.append(path)
+            continue
+        if entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
+            continue
+        try:
+            if (path / files.RESULT_FILE).stat().st_mtime < cutoff:
+                expired.append(path)
+        except FileNotFoundError:
+            with contextlib.suppress(FileNotFoundError):
+                if entry.stat(follow_symlinks=False).st_mtime < cutoff - MAX_TIMEOUT_SECONDS:
+                    expired.append(path)
+    return expired
+
+
+def _remove(paths: list[Path]) -> None:
+    """Remove these directories and all in them, also what a job made unreadable."""
+    for path in paths:
+        try:
+            shutil.rmtree(path)
+        except OSError:  # a job left directories without our permissions: give them back
+            _own_dir(str(path))
+            for parent, names, _ in os.walk(path):  # top down: each before it is listed
+                for name in names:
+                    _own_dir(os.path.join(parent, name))
+            try:
+                shutil.rmtree(path)
+            except OSError as exc:
+                log.warning("job_dir_prune_failed", job_dir=str(path), error=str(exc))
+
+
+def _own_dir(path: str) -> None:
+    """Make directory `path` ours to list and empty; never through a symbolic link."""
+    with contextlib.suppress(OSError):
+        # O_PATH opens even a directory without permissions; /proc names the one opened.
+        fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            os.chmod(f"/proc/self/fd/{fd}", 0o700)
+        finally:
+            os.close(fd)
 
 
 def _dir_name(job_id: str) -> str:

@@ -16,6 +16,9 @@ A job runs with only what it was granted (`job_grant`): no network, its own user
 engine is root, resource limits from the settings and the step; a job that asks for what this
 host cannot enforce (an image, or no network where namespaces are not allowed) is refused with
 a finding.
+
+A finished job's directory is kept for `retention_seconds` after its result, then removed (a
+job id sent again after that runs again); see `job_runner`.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ class LocalSandboxWorker:
         max_output_bytes: int = 64 * 1024,
         poll_interval: float = 0.05,
         confinement: Confinement | None = None,
+        retention_seconds: float = 0,
     ) -> None:
         self._runner = JobRunner(
             jobs_dir=jobs_dir,
@@ -49,9 +53,12 @@ class LocalSandboxWorker:
             max_output_bytes=max_output_bytes,
             poll_interval=poll_interval,
             confinement=confinement,
+            retention_seconds=retention_seconds,
         )
 
     async def __aenter__(self) -> LocalSandboxWorker:
+        """Remove finished jobs' directories once `retention_seconds` have passed (0: never)."""
+        self._runner.start_pruning()
         return self
 
     async def __aexit__(

@@ -147,6 +147,7 @@ async def serve_node(settings: NodeSettings) -> None:
                 uid_base=settings.job_uid_base,
                 uid_count=settings.job_uid_count,
             ),
+            retention_seconds=settings.job_retention_seconds,
         )
         jobs = NodeJobs(runner)
         config = uvicorn.Config(
@@ -158,5 +159,6 @@ async def serve_node(settings: NodeSettings) -> None:
             # A synchronous job can take hours: the client's keep-alive is its own business.
             timeout_keep_alive=75,
         )
-        await _NodeServer(config, jobs, settings).serve_on(sock)
+        async with runner:  # prunes expired job directories while it serves
+            await _NodeServer(config, jobs, settings).serve_on(sock)
     log.info("node_stopped")

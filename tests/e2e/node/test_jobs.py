@@ -190,3 +190,25 @@ async def test_sigterm_drains_running_jobs_and_refuses_new_ones(
     assert result["status"] == "completed" and repeat.json() == result
     assert await asyncio.to_thread(node.proc.wait, 30) == 0
     assert lines(marker) == ["ran"] and not (tmp_path / "other").exists()
+
+
+async def test_a_job_directory_is_removed_after_its_retention_and_its_id_then_runs_again(
+    nodes: list[NodeProcess], tmp_path: Path
+) -> None:
+    node = NodeProcess(
+        data_dir=tmp_path / "node",
+        extra_env={"WORKFLOW_ENGINE_NODE_JOB_RETENTION_SECONDS": "3"},
+    )
+    nodes.append(node)
+    marker = tmp_path / "runs"
+    body = counted(marker)
+    job_dir = tmp_path / "node" / "jobs" / body["job_id"]
+    async with httpx.AsyncClient(headers=node.headers, timeout=60) as client:
+        first = (await client.post(node.url + RUN, json=body)).json()
+        assert first["status"] == "completed" and job_dir.is_dir()
+        assert (await client.post(node.url + RUN, json=body)).json() == first  # within it
+        pruned = await asyncio.to_thread(node.wait_for_log, "job_dirs_pruned", 15)
+        assert pruned["count"] == 1 and not job_dir.exists()
+        again = (await client.post(node.url + RUN, json=body)).json()
+    assert again["status"] == "completed" and again["started_at"] != first["started_at"]
+    assert lines(marker) == ["ran", "ran"]

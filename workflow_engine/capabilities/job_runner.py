@@ -244,23 +244,20 @@ class JobRunner:
 
     async def prune(self) -> int:
         """Remove the job directories whose retention has passed; how many it removed."""
-        now = time.time()
-        expired = await asyncio.to_thread(_expired, self._jobs_dir, now - self._retention_seconds)
-        doomed = [path for path in expired if path.name.startswith(_PRUNED)]
-        for job_dir in expired:
-            if job_dir.name.startswith(_PRUNED) or job_dir in self._watches:
-                continue  # left by an interrupted prune / followed here: not over for us
-            hidden = job_dir.with_name(f"{_PRUNED}{job_dir.name}-{os.urandom(4).hex()}")
-            try:
-                os.rename(job_dir, hidden)
-            except OSError:  # gone meanwhile
-                continue
-            doomed.append(hidden)
+        cutoff = time.time() - self._retention_seconds
+        doomed: list[Path] = []
+        for path in await asyncio.to_thread(_expired, self._jobs_dir, cutoff):
+            if path.name.startswith(_PRUNED):  # left by an interrupted prune
+                doomed.append(path)
+            elif path not in self._watches:  # a job followed here is not over for us
+                hidden = path.with_name(f"{_PRUNED}{path.name}-{os.urandom(4).hex()}")
+                with contextlib.suppress(OSError):  # gone meanwhile
+                    os.rename(path, hidden)
+                    doomed.append(hidden)
         await asyncio.to_thread(_remove, doomed)
-        pruned = len(doomed)
-        if pruned:
-            log.info("job_dirs_pruned", count=pruned, jobs_dir=str(self._jobs_dir))
-        return pruned
+        if doomed:
+            log.info("job_dirs_pruned", count=len(doomed), jobs_dir=str(self._jobs_dir))
+        return len(doomed)
 
     async def _prune_forever(self) -> None:
         interval = max(_MIN_PRUNE_INTERVAL, min(self._retention_seconds / 4, 3600.0))

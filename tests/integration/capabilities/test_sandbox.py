@@ -13,6 +13,7 @@ import signal
 import sys
 import textwrap
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +38,23 @@ def job(job_id: str, *command: str, **fields: Any) -> JobRequest:
     )
 
 
+_opened: list[LocalSandboxWorker] = []
+
+
 def worker(tmp_path: Path, **options: Any) -> LocalSandboxWorker:
-    return LocalSandboxWorker(jobs_dir=tmp_path / "jobs", **options)
+    """A sandbox on `tmp_path`; `close_workers` closes it after the test."""
+    sandbox = LocalSandboxWorker(jobs_dir=tmp_path / "jobs", **options)
+    _opened.append(sandbox)
+    return sandbox
+
+
+@pytest.fixture(autouse=True)
+async def close_workers() -> AsyncIterator[None]:
+    """Close every sandbox the test opened, as the engine does on its way out: its runner's
+    namespace helper (`jobwrap --namespaces`) and pipe go with it, not at the end of the run."""
+    yield
+    while _opened:
+        await _opened.pop().__aexit__(None, None, None)
 
 
 def lines(path: Path) -> list[str]:
@@ -492,8 +508,10 @@ async def test_launcher_that_died_before_spawning_is_lost(tmp_path: Path) -> Non
     assert (job_dir / "supervisor.pid").read_text() == job_files.LOST_MARKER
     grant = Confinement().grant(request)
     assert isinstance(grant, Grant)
-    late = JobRunner(jobs_dir=tmp_path / "jobs")._spawn(request, job_dir, 10, grant, ())
+    late_runner = JobRunner(jobs_dir=tmp_path / "jobs")
+    late = late_runner._spawn(request, job_dir, 10, grant, ())
     _, status = await asyncio.to_thread(os.waitpid, late, 0)
+    await late_runner.close()
     assert os.waitstatus_to_exitcode(status) == 97  # could not claim it
     assert not marker.exists()
 

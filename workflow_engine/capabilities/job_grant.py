@@ -23,8 +23,9 @@ A local job (the embedded sandbox's, or a `worker-node`'s) runs with only what i
   --map-current-user --net``) per job, which makes the same ones. Whether that works here is tried
   once, with ``unshare`` and ``true``; if it does not, every job is refused, with a finding
   saying why.
-- **No image.** The local sandbox runs commands on its host: a step that names an `image`
-  is refused, never run somewhere it did not ask for.
+- **No image, no labels.** The local sandbox runs commands on its host, which has no labels:
+  a step that names an `image`, or asks for `required_labels` (which only worker nodes
+  have), is refused, never run somewhere it did not ask for.
 
 A refused job never runs: its result is a failed one whose stderr is the reason, which the
 verifier turns into the attempt's finding.
@@ -174,6 +175,12 @@ class Confinement:
                 f"refused: the local sandbox runs commands on its own host and cannot run the "
                 f"image {sandbox.image[:200]!r}; leave `image` empty, or send the step to a "
                 f"worker node that runs images"
+            )
+        if job.required_labels:
+            return (
+                f"refused: the local sandbox has no labels, and the step requires "
+                f"{', '.join(job.required_labels)[:200]}; leave `required_labels` empty, or "
+                f"run the engine with worker nodes (WORKFLOW_ENGINE_WORKER=nodes)"
             )
         if sandbox.network_policy not in NETWORK_POLICIES:
             return (

@@ -1,4 +1,5 @@
-"""Local jobs run with only what they were granted: their own user, limits, no network, no image.
+"""Local jobs run with only what they were granted: their own user, limits, no network, no image,
+no labels.
 
 Real processes through the local sandbox's runner. The tests of the user a job runs as need
 root (CI runs as root); the rest hold for any user the runner can isolate.
@@ -181,6 +182,19 @@ async def test_an_image_is_refused_and_nothing_runs(
     result = await sandbox.run("local", job("touch", str(marker), image="python:3.11"))
     assert (result.status, result.exit_code) == ("failed", None)
     assert "cannot run the image 'python:3.11'" in await finding_of(result)
+    assert not marker.exists()
+
+
+async def test_a_step_that_requires_labels_is_refused_and_nothing_runs(
+    sandbox: LocalSandboxWorker, tmp_path: Path
+) -> None:
+    marker = tmp_path / "ran"
+    request = job("touch", str(marker)).model_copy(update={"required_labels": ("gpu", "cuda")})
+    result = await sandbox.run("local", request)
+    assert (result.status, result.exit_code) == ("failed", None)
+    finding = await finding_of(result)
+    assert "the local sandbox has no labels, and the step requires gpu, cuda" in finding
+    assert "WORKFLOW_ENGINE_WORKER=nodes" in finding
     assert not marker.exists()
 
 

@@ -195,5 +195,6 @@ def describe_workers(worker: str, labels: Sequence[str]) -> str:
         )
     return (
         "a local Linux sandbox: argv run directly with /bin/sh, coreutils and the engine's "
-        "Python on PATH; no network guarantees"
+        "Python on PATH; no network guarantees; it has no labels, so leave `required_labels` "
+        "empty (a step that requires any is refused)"
     )

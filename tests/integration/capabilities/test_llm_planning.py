@@ -140,6 +140,7 @@ async def test_a_prompt_only_task_is_planned_run_and_verified(
     (asked,) = model.asked("plan")
     told = json.dumps(asked.body["messages"])
     assert PROMPT in told and CRITERION in told and "sandbox" in told
+    assert "leave `required_labels` empty" in told  # the sandbox refuses steps that ask
     schema = asked.body["response_format"]["json_schema"]["schema"]
     assert schema == json.loads(json.dumps(Plan.model_json_schema()))
 

@@ -200,7 +200,7 @@ class Engine:
             events=events,
             on_task_stored=caps.stored_tasks.stored,
             load_task_by_id=caps.task_source.load,
-            check_plannable=caps.planner.check,
+            check_startable=caps.check_startable,
         )
         recoverer = None
         if settings.recovery_enabled:

@@ -85,7 +85,7 @@ class WorkflowService:
         store: WorkflowStore,
         runs: RunManager,
         events: EventHub,
-        check_plannable: Callable[[TaskSpec], None],
+        check_startable: Callable[[TaskSpec], None],
         load_task_by_id: Callable[[str], Awaitable[TaskSpec]],
         watch_poll_seconds: float = 1.0,
         on_task_stored: Callable[[str, TaskSpec], None] | None = None,
@@ -96,9 +96,9 @@ class WorkflowService:
         self._events = events
         self._watch_poll = watch_poll_seconds
         self._on_task_stored = on_task_stored
-        # The planner's up-front check (`Planner.check`): a task it cannot plan is refused at
-        # start instead of being stored and FAILED by plan_steps.
-        self._check_plannable = check_plannable
+        # The planner's and the worker's up-front checks (`Capabilities.check_startable`): a
+        # task that cannot be planned or run is refused at start, not stored and FAILED later.
+        self._check_startable = check_startable
         # The task source (`TaskSource.load`): a StartWorkflow without a task loads it by id.
         self._load_task_by_id = load_task_by_id
 
@@ -123,8 +123,8 @@ class WorkflowService:
         """Take the lease, store the task and the first checkpoint, and run in the background.
 
         `task` is valid (a `TaskSpec` checks itself), or `None`: then it is loaded by id from
-        the task source, before anything is taken or stored. Whether it can be planned is asked
-        here.
+        the task source, before anything is taken or stored. Whether it can be planned and run is
+        asked here.
         """
         if task is None:
             task = await self._task_by_id(task_id)
@@ -134,7 +134,7 @@ class WorkflowService:
                 f"{task.metadata.project_id!r}, user {task.metadata.user_id!r}",
                 task_id=task_id,
             )
-        self._check_plannable(task)
+        self._check_startable(task)
         SECRETS.add(step_secrets(task.steps))
         ttl = self._ttl(lease_ttl_seconds)
         self._check_accepting()

@@ -1,5 +1,6 @@
 """The served engine's default worker, the local sandbox, runs a step only as it asked to run:
-a step that requires worker-node labels fails with a finding saying why, and never runs."""
+a task whose step requires worker-node labels is refused at StartWorkflow, naming the field,
+and nothing of it is stored or run."""
 
 from __future__ import annotations
 
@@ -9,14 +10,14 @@ import grpc
 import pytest
 
 from tests.e2e.process import EngineProcess
-from tests.helpers import new_task_id, shell_step, task, wait_for_status
+from tests.helpers import new_task_id, shell_step, task
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.e2e
 
 
-async def test_a_step_requiring_labels_fails_on_the_local_sandbox_and_never_runs(
+async def test_a_step_requiring_labels_is_refused_at_start_on_the_local_sandbox(
     db_url: str, tmp_path: Path, processes: list[EngineProcess]
 ) -> None:
     engine = EngineProcess(db_url=db_url, data_dir=tmp_path / "data", holder_id="engine-1")
@@ -26,8 +27,15 @@ async def test_a_step_requiring_labels_fails_on_the_local_sandbox_and_never_runs
     spec = task(shell_step("gpu", f"touch {marker}", required_labels=["gpu"]))
     async with grpc.aio.insecure_channel(engine.address) as channel:
         stub = pb_grpc.WorkflowEngineStub(channel)
-        await stub.StartWorkflow(pb.StartWorkflowRequest(task_id=task_id, task=spec))
-        done = await wait_for_status(stub, task_id)
-    assert done.status == pb.FAILED
-    assert "the local sandbox has no labels, and the step requires gpu" in done.error
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stub.StartWorkflow(pb.StartWorkflowRequest(task_id=task_id, task=spec))
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert refused.value.details() == (
+            "task.steps[0].required_labels: the local sandbox has no labels, and the step "
+            "requires gpu; leave `required_labels` empty, or run the engine with worker nodes "
+            "(WORKFLOW_ENGINE_WORKER=nodes)"
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as missing:
+            await stub.GetWorkflow(pb.GetWorkflowRequest(task_id=task_id))
+        assert missing.value.code() == grpc.StatusCode.NOT_FOUND
     assert not marker.exists()

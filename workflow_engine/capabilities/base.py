@@ -72,6 +72,15 @@ class RevisingPlanner(Protocol):
 class Worker(Protocol):
     """Runs jobs (`dispatch_step` chooses the target, `collect_result` runs or re-attaches)."""
 
+    def check(self, task: TaskSpec) -> None:
+        """Raise `InvalidArgument` naming the field when one of the task's given steps can
+        never run on this worker (the local sandbox: one that asks for an `image` or labels).
+
+        StartWorkflow calls it before anything is stored, so it must be cheap and pure, like
+        `Planner.check`; what may run somewhere some time (a label no node has yet) is accepted.
+        """
+        ...
+
     async def select_target(self, job: JobRequest) -> str:
         """Name the node the job should run on; must not start anything."""
         ...

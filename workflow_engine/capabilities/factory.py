@@ -51,6 +51,7 @@ from workflow_engine.capabilities.task_table import TaskTableSource
 from workflow_engine.capabilities.verifier import MachineVerifier
 from workflow_engine.config import ENV_PREFIX, Settings
 from workflow_engine.domain.model import JsonObject
+from workflow_engine.domain.task import TaskSpec
 
 T = TypeVar("T")
 
@@ -81,6 +82,12 @@ class Capabilities:
     #: The engine's one job tracker over `worker` (built with it): the steps' jobs and the
     #: `job` verifier's share its admission, its slots and its cancel.
     jobs: JobTracker | None = None
+
+    def check_startable(self, task: TaskSpec) -> None:
+        """Raise `InvalidArgument` naming the field when `task` certainly cannot run: the
+        planner cannot plan it, or the worker can never run one of its given steps."""
+        self.planner.check(task)
+        self.worker.check(task)
 
 
 @dataclass(frozen=True, slots=True)

@@ -55,6 +55,7 @@ from workflow_engine.capabilities.node_table import NodeList
 from workflow_engine.capabilities.nodes_file import WorkerNode
 from workflow_engine.config import NodesSettings
 from workflow_engine.domain.jobs import JobRequest, JobResult, JobStatus
+from workflow_engine.domain.task import TaskSpec
 from workflow_engine.errors import NoEligibleNode
 
 log = structlog.get_logger(__name__)
@@ -155,6 +156,10 @@ class HttpWorker:
                     await task
         if self._http is not None:
             await self._http.aclose()
+
+    def check(self, task: TaskSpec) -> None:
+        """Accept every step: nodes come and go (a label none has now may be served later), and
+        whether a node runs an image is for the node to say."""
 
     async def select_target(self, job: JobRequest) -> str:
         """The eligible node for `job`, counted against its load from now; waits a bounded

@@ -25,7 +25,8 @@ A local job (the embedded sandbox's, or a `worker-node`'s) runs with only what i
   saying why.
 - **No image, no labels.** The local sandbox runs commands on its host, which has no labels:
   a step that names an `image`, or asks for `required_labels` (which only worker nodes
-  have), is refused, never run somewhere it did not ask for.
+  have), is refused, never run somewhere it did not ask for (`step_unfit`; a task whose given
+  steps ask for either is refused by StartWorkflow already).
 
 A refused job never runs: its result is a failed one whose stderr is the reason, which the
 verifier turns into the attempt's finding.
@@ -39,6 +40,7 @@ import resource
 import shutil
 import signal
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import structlog
@@ -87,6 +89,28 @@ _RLIMITS = {
     "output_mb": (resource.RLIMIT_FSIZE, 1024 * 1024),
     "processes": (resource.RLIMIT_NPROC, 1),
 }
+
+
+def step_unfit(image: str, required_labels: Sequence[str]) -> tuple[str, str] | None:
+    """Why the local sandbox never runs a step asking for this `image` or these labels, as
+    (the step's field, the reason); None when neither stops it.
+
+    `Confinement.grant` refuses such a job; StartWorkflow refuses a task whose given steps ask
+    for either (`LocalSandboxWorker.check`), before anything is stored.
+    """
+    if image:
+        return "image", (
+            f"the local sandbox runs commands on its own host and cannot run the image "
+            f"{image[:200]!r}; leave `image` empty, or send the step to a worker node that runs "
+            f"images"
+        )
+    if required_labels:
+        return "required_labels", (
+            f"the local sandbox has no labels, and the step requires "
+            f"{', '.join(required_labels)[:200]}; leave `required_labels` empty, or run the "
+            f"engine with worker nodes (WORKFLOW_ENGINE_WORKER=nodes)"
+        )
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,18 +194,9 @@ class Confinement:
     def grant(self, job: JobRequest) -> Grant | str:
         """What `job` runs with, or why it may not run here."""
         sandbox = job.sandbox
-        if sandbox.image:
-            return (
-                f"refused: the local sandbox runs commands on its own host and cannot run the "
-                f"image {sandbox.image[:200]!r}; leave `image` empty, or send the step to a "
-                f"worker node that runs images"
-            )
-        if job.required_labels:
-            return (
-                f"refused: the local sandbox has no labels, and the step requires "
-                f"{', '.join(job.required_labels)[:200]}; leave `required_labels` empty, or "
-                f"run the engine with worker nodes (WORKFLOW_ENGINE_WORKER=nodes)"
-            )
+        unfit = step_unfit(sandbox.image, job.required_labels)
+        if unfit:
+            return f"refused: {unfit[1]}"
         if sandbox.network_policy not in NETWORK_POLICIES:
             return (
                 f"refused: unknown network_policy {sandbox.network_policy[:64]!r}; "

@@ -14,8 +14,9 @@ period), recording the result as cancelled.
 
 A job runs with only what it was granted (`job_grant`): no network, its own user when the
 engine is root, resource limits from the settings and the step; a job that asks for what this
-host cannot enforce (an image, or no network where namespaces are not allowed) is refused with
-a finding.
+host cannot enforce (an image, labels, or no network where namespaces are not allowed) is
+refused with a finding; a task whose given steps ask for an image or labels is refused at start
+(`check`).
 
 A finished job's directory is kept for `retention_seconds` after its result, then removed (a
 job id sent again after that runs again); see `job_runner`.
@@ -27,9 +28,11 @@ from pathlib import Path
 from types import TracebackType
 
 from workflow_engine.capabilities.job_files import TARGET
-from workflow_engine.capabilities.job_grant import Confinement
+from workflow_engine.capabilities.job_grant import Confinement, step_unfit
 from workflow_engine.capabilities.job_runner import JobRunner
 from workflow_engine.domain.jobs import JobRequest, JobResult
+from workflow_engine.domain.task import TaskSpec
+from workflow_engine.errors import InvalidArgument
 
 __all__ = ["TARGET", "LocalSandboxWorker"]
 
@@ -69,6 +72,14 @@ class LocalSandboxWorker:
     ) -> None:
         """Stop following the jobs still running; the next engine re-attaches them."""
         await self._runner.close()
+
+    def check(self, task: TaskSpec) -> None:
+        """Refuse a task whose given steps ask for an image or labels: they would never run."""
+        for i, step in enumerate(task.steps):
+            unfit = step_unfit(step.image, step.required_labels)
+            if unfit:
+                field, reason = unfit
+                raise InvalidArgument(f"task.steps[{i}].{field}", reason)
 
     async def select_target(self, job: JobRequest) -> str:
         """Every job runs here."""

@@ -13,6 +13,7 @@ import asyncio
 from datetime import UTC, datetime
 
 from workflow_engine.domain.jobs import JobRequest, JobResult
+from workflow_engine.domain.task import TaskSpec
 
 
 class SimulatedWorker:
@@ -22,6 +23,9 @@ class SimulatedWorker:
         self._results: dict[str, JobResult] = {}
         self._running: dict[str, asyncio.Task[None]] = {}
         self._max = max_remembered
+
+    def check(self, task: TaskSpec) -> None:
+        """Every step can be simulated."""
 
     async def select_target(self, job: JobRequest) -> str:
         return "simulated"

@@ -126,7 +126,7 @@ class Step(DomainModel):
     expect: tuple[Check, ...] = Field((), json_schema_extra={"maxItems": MAX_CHECKS})
     image: Text = ""
     #: Labels a worker node must have to run this step (capabilities, locality, models, as the
-    #: node registry spells them); the local sandbox ignores them.
+    #: node registry spells them); the local sandbox has none, and refuses a step that asks.
     required_labels: tuple[str, ...] = Field((), json_schema_extra={"maxItems": MAX_LABELS})
     #: Names of `env` entries whose values are secret: shown nowhere (see `secrets`).
     secret_env: tuple[str, ...] = ()

@@ -129,6 +129,12 @@ BAD_STARTS = [
         start(task=task(step("a", "echo", limits=pb.ResourceLimits(memory_mb=2**31)))),
         "task.steps[0].limits.memory_mb",
     ),
+    # What the default worker, the local sandbox, could never run: refused at start too.
+    (start(task=task(step("a", "true", image="python:3.11"))), "task.steps[0].image"),
+    (
+        start(task=task(step("a", "true"), step("b", "true", required_labels=["gpu"]))),
+        "task.steps[1].required_labels",
+    ),
     (start(lease_ttl_seconds=1), "lease_ttl_seconds"),
     # Nothing the planner can plan: refused at start, not FAILED by plan_steps later.
     (start(task=pb.TaskSpec()), "task.steps"),

@@ -1,7 +1,8 @@
-"""What a workflow's jobs are granted, as a gRPC client sees it: their user, limits, no image.
+"""What a workflow's jobs are granted, as a gRPC client sees it: their user, their limits.
 
 The runner's own tests (`tests/integration/capabilities/test_job_grant.py`) go through each
-grant; these check that a step's fields reach it and its refusals come back as findings.
+grant; these check that a step's fields reach it and its refusals come back as findings. (A
+task whose step names an image is refused at start: `tests/integration/api/test_bad_input.py`.)
 """
 
 from __future__ import annotations
@@ -53,14 +54,3 @@ async def test_a_step_over_its_memory_limit_fails_with_a_finding_naming_it(
     assert workflow.status == pb.FAILED
     assert "refused more memory than its limits allow" in workflow.error
     assert "memory 100 MiB" in workflow.error
-
-
-async def test_a_step_naming_an_image_is_refused_not_run_on_the_host(
-    running: RunningEngine,
-) -> None:
-    spec = task(step("s", "true", image="python:3.11"), max_attempts_per_step=1)
-    workflow = await run(running, spec)
-    assert workflow.status == pb.FAILED
-    assert "cannot run the image 'python:3.11'" in workflow.error
-    steps = json_format.MessageToDict(workflow.state)["steps"]
-    assert steps["s"]["result"]["exit_code"] is None  # it never ran

@@ -303,6 +303,30 @@ async def test_a_failed_verification_revises_the_step_and_the_next_attempt_passe
     assert "answer 200" in json.dumps(asked.body["messages"])
 
 
+async def test_a_planned_step_asking_for_labels_is_refused_then_revised_without_them(
+    engine: Start, model: ModelServer, tmp_path: Path
+) -> None:
+    """The local sandbox never runs a step that asks for labels; a model-planned one gets the
+    refusal as its finding (not run), and the revision the model makes from it runs."""
+    marker = tmp_path / "ran"
+    labelled = {**health_step("touch", str(marker)), "required_labels": ["gpu"]}
+    model.script("plan", plan(labelled))
+    model.script("step", health_step())
+    running = await engine(policy={"allow": ["echo", "touch"]}, verifier="checks")
+    wf = await run(running)
+
+    assert wf.status == pb.SUCCEEDED, wf.error
+    assert not marker.exists()  # the first attempt never ran
+    state = state_of(wf)
+    assert state["attempts_by_step"] == {"health": 2}
+    assert state["results"][0]["stdout"] == "HTTP 200 OK\n"
+    assert state["plan"]["steps"][0]["required_labels"] == []
+    (revision,) = state["revisions"]
+    assert "the local sandbox has no labels, and the step requires gpu" in revision["reason"]
+    (asked,) = model.asked("step")
+    assert "leave `required_labels` empty" in json.dumps(asked.body["messages"])
+
+
 async def test_a_revised_step_the_policy_does_not_allow_waits_for_approval_again(
     engine: Start, model: ModelServer
 ) -> None:

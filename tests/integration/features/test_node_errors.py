@@ -44,6 +44,9 @@ class FaultyVerifier(Faulty):
 
 
 class FaultyTargets(Faulty):
+    def check(self, task: TaskSpec) -> None:
+        self.inner.check(task)  # type: ignore[attr-defined]
+
     async def select_target(self, job: JobRequest) -> str:
         self.trip()
         return await self.inner.select_target(job)  # type: ignore[attr-defined]

@@ -77,7 +77,7 @@ class Worker(Protocol):
         never run on this worker (the local sandbox: one that asks for an `image` or labels).
 
         StartWorkflow calls it before anything is stored, so it must be cheap and pure, like
-        `Planner.check`; what may run somewhere some time (a label no node has yet) is accepted.
+        `Planner.check`; what may run some time (a label a node may join with) is accepted.
         """
         ...
 

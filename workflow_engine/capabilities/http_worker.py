@@ -56,7 +56,7 @@ from workflow_engine.capabilities.nodes_file import WorkerNode
 from workflow_engine.config import NodesSettings
 from workflow_engine.domain.jobs import JobRequest, JobResult, JobStatus
 from workflow_engine.domain.task import TaskSpec
-from workflow_engine.errors import NoEligibleNode
+from workflow_engine.errors import InvalidArgument, NoEligibleNode
 
 log = structlog.get_logger(__name__)
 
@@ -158,8 +158,21 @@ class HttpWorker:
             await self._http.aclose()
 
     def check(self, task: TaskSpec) -> None:
-        """Accept every step: nodes come and go (a label none has now may be served later), and
-        whether a node runs an image is for the node to say."""
+        """Refuse a step whose `required_labels` no node has all of, when the nodes are the
+        nodes file's (fixed while this engine runs). From a refreshed source (the
+        orchestrator's table) every step is accepted: a node with its labels may join. Whether
+        a node runs an image is for the node to say."""
+        if self._refresh is not None:
+            return
+        nodes = self._registry.nodes
+        for i, step in enumerate(task.steps):
+            required = frozenset(step.required_labels)
+            if required and not any(required <= node.labels for node in nodes):
+                raise InvalidArgument(
+                    f"task.steps[{i}].required_labels",
+                    f"no worker node in {self._source} has "
+                    f"{', '.join(step.required_labels)[:200]} ({_labels_by_node(nodes)})",
+                )
 
     async def select_target(self, job: JobRequest) -> str:
         """The eligible node for `job`, counted against its load from now; waits a bounded
@@ -382,3 +395,10 @@ def _auth(node: WorkerNode) -> dict[str, str]:
 def _ended(job: JobRequest, target: str, status: JobStatus, stderr: str) -> JobResult:
     """The result of a job that did not run to an exit here: no exit code, the reason."""
     return JobResult.unrun(job, status, stderr, target=target)
+
+
+def _labels_by_node(nodes: tuple[WorkerNode, ...], shown: int = 10) -> str:
+    """Each node's labels, for a message: "a has cpu, linux; b has none" (the first `shown`)."""
+    parts = [f"{n.name} has {', '.join(sorted(n.labels)) or 'none'}" for n in nodes[:shown]]
+    more = f"; and {len(nodes) - shown} more node(s)" if len(nodes) > shown else ""
+    return ("; ".join(parts) + more)[:1000] or "it lists no nodes"

@@ -16,6 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 from google.protobuf import json_format
 
@@ -266,6 +267,29 @@ async def test_with_no_eligible_node_the_attempt_fails_after_the_wait_saying_why
     assert "a-node lacks gpu" in workflow.error
     assert "b-node is not ready (readyz 503: maintenance)" in workflow.error
     assert step_state(state, "s")["attempts"] == 2
+
+
+async def test_a_step_needing_labels_no_node_in_the_file_has_is_refused_at_start(
+    cluster: Cluster, engine_for: EngineFor
+) -> None:
+    """The nodes file's nodes are all this engine has: a step only a node with both labels
+    could run is refused, naming the field, and nothing is stored or sent."""
+    a_node = cluster.add("a-node", labels=["cpu", "linux"])
+    b_node = cluster.add("b-node", labels=["gpu"])
+    running = await engine_for()
+    task_id = new_task_id()
+    spec = task(step("plain", "true"), step("s", "true", required_labels=["gpu", "linux"]))
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await running.stub.StartWorkflow(pb.StartWorkflowRequest(task_id=task_id, task=spec))
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert refused.value.details() == (
+        "task.steps[1].required_labels: no worker node in the nodes file has gpu, linux "
+        "(a-node has cpu, linux; b-node has gpu)"
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as missing:
+        await running.stub.GetWorkflow(pb.GetWorkflowRequest(task_id=task_id))
+    assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+    assert not a_node.runs and not b_node.runs
 
 
 async def test_a_node_dying_mid_job_loses_the_attempt_and_a_new_one_runs_elsewhere(

@@ -162,15 +162,18 @@ async def test_inactive_nodes_get_no_jobs_and_a_node_added_later_is_picked_up(
     served: Callable[[str], TheirWorkerNode],
     engine_for: EngineFor,
 ) -> None:
-    """A dispatch waiting for a node gets the one registered meanwhile, after a refresh; once
-    disabled, it gets no new jobs, and the finding says why."""
+    """A dispatch waiting for a node gets the one registered meanwhile, after a refresh (and
+    its labels, which no node had when the workflow started, were accepted); once disabled, it
+    gets no new jobs, and the finding says why."""
     idle, late = served("a-drained"), served("b-late")
     drained_id = await insert_node(orch, "a-drained", url=idle.url, token=TOKEN, status="drained")
     await insert_snapshot(orch, drained_id, {})
     running = await engine_for(wait_seconds=5.0)
-    task_id = await start(running, task(step("s", "true")))
+    task_id = await start(running, task(step("s", "true", required_labels=["gpu.present"])))
     await asyncio.sleep(0.5)  # the dispatch is waiting: no usable node yet
-    late_id = await insert_node(orch, "b-late", url=late.url, token=TOKEN)
+    async with orch.transaction():  # the node and its snapshot appear together
+        late_id = await insert_node(orch, "b-late", url=late.url, token=TOKEN)
+        await insert_snapshot(orch, late_id, {"gpu": {"present": True}})
     began = time.monotonic()
     workflow = await wait_for_status(running.stub, task_id)
     assert workflow.status == pb.SUCCEEDED, workflow.error

@@ -9,12 +9,13 @@ the engine starts and exited when it closes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from workflow_engine.domain.jobs import JobRequest, JobResult, Verification
 from workflow_engine.domain.model import JsonObject
 from workflow_engine.domain.task import AcceptanceCriterion, Plan, Step, TaskSpec
+from workflow_engine.errors import InvalidArgument
 
 
 class CapabilityConfigError(ValueError):
@@ -72,12 +73,13 @@ class RevisingPlanner(Protocol):
 class Worker(Protocol):
     """Runs jobs (`dispatch_step` chooses the target, `collect_result` runs or re-attaches)."""
 
-    def check(self, task: TaskSpec) -> None:
-        """Raise `InvalidArgument` naming the field when one of the task's given steps can
-        never run on this worker (the local sandbox: one that asks for an `image` or labels).
+    def unfit(self, step: Step) -> tuple[str, str] | None:
+        """Why `step` can never run on this worker, as (the step's field, the reason); None
+        when it can (the local sandbox: not with an `image` or `required_labels`).
 
-        StartWorkflow calls it before anything is stored, so it must be cheap and pure, like
-        `Planner.check`; what may run some time (a label a node may join with) is accepted.
+        Asked for a task's given steps by StartWorkflow, before anything is stored, and for
+        each step a model plans; so it must be cheap and pure, like `Planner.check`. What may
+        run some time (a label a node may join with) is not unfit.
         """
         ...
 
@@ -101,6 +103,20 @@ class Worker(Protocol):
         waiting for the job to be gone.
         """
         ...
+
+
+#: Why a worker can never run a step: (the step's field, the reason), or None (`Worker.unfit`).
+Unfit = Callable[[Step], "tuple[str, str] | None"]
+
+
+def check_steps(unfit: Unfit, steps: Sequence[Step], at: str) -> None:
+    """Raise `InvalidArgument` naming ``{at}[i].<field>`` for the first of `steps` that the
+    worker whose `unfit` this is can never run."""
+    for i, step in enumerate(steps):
+        why = unfit(step)
+        if why:
+            field, reason = why
+            raise InvalidArgument(f"{at}[{i}].{field}", reason)
 
 
 class Verifier(Protocol):

@@ -30,6 +30,7 @@ from workflow_engine.capabilities.base import (
     TaskSource,
     Verifier,
     Worker,
+    check_steps,
 )
 from workflow_engine.capabilities.command_policy import load_policy
 from workflow_engine.capabilities.context import TruncatingCompressor
@@ -87,7 +88,7 @@ class Capabilities:
         """Raise `InvalidArgument` naming the field when `task` certainly cannot run: the
         planner cannot plan it, or the worker can never run one of its given steps."""
         self.planner.check(task)
-        self.worker.check(task)
+        check_steps(self.worker.unfit, task.steps, "task.steps")
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +161,8 @@ def _model(settings: Settings, lent: Lent) -> ModelClient:
 
 def _llm_planner(settings: Settings, lent: Lent) -> Planner:
     worker = lent.worker
+    if worker is None:
+        raise CapabilityConfigError("the worker was not built")  # pragma: no cover
 
     def workers() -> str:
         # The labels of the nodes known at this plan: from the nodes file, or the orchestrator's
@@ -174,6 +177,7 @@ def _llm_planner(settings: Settings, lent: Lent) -> Planner:
         settings.llm,
         load_policy(settings.command_policy_file),
         workers,
+        worker.unfit,
     )
 
 

@@ -55,8 +55,8 @@ from workflow_engine.capabilities.node_table import NodeList
 from workflow_engine.capabilities.nodes_file import WorkerNode
 from workflow_engine.config import NodesSettings
 from workflow_engine.domain.jobs import JobRequest, JobResult, JobStatus
-from workflow_engine.domain.task import TaskSpec
-from workflow_engine.errors import InvalidArgument, NoEligibleNode
+from workflow_engine.domain.task import Step
+from workflow_engine.errors import NoEligibleNode
 
 log = structlog.get_logger(__name__)
 
@@ -157,22 +157,21 @@ class HttpWorker:
         if self._http is not None:
             await self._http.aclose()
 
-    def check(self, task: TaskSpec) -> None:
-        """Refuse a step whose `required_labels` no node has all of, when the nodes are the
-        nodes file's (fixed while this engine runs). From a refreshed source (the
-        orchestrator's table) every step is accepted: a node with its labels may join. Whether
-        a node runs an image is for the node to say."""
-        if self._refresh is not None:
-            return
+    def unfit(self, step: Step) -> tuple[str, str] | None:
+        """A step whose `required_labels` no node has all of, when the nodes are the nodes
+        file's (fixed while this engine runs). From a refreshed source (the orchestrator's
+        table) every step may run: a node with its labels may join. Whether a node runs an
+        image is for the node to say."""
+        required = frozenset(step.required_labels)
         nodes = self._registry.nodes
-        for i, step in enumerate(task.steps):
-            required = frozenset(step.required_labels)
-            if required and not any(required <= node.labels for node in nodes):
-                raise InvalidArgument(
-                    f"task.steps[{i}].required_labels",
-                    f"no worker node in {self._source} has "
-                    f"{', '.join(step.required_labels)[:200]} ({_labels_by_node(nodes)})",
-                )
+        if self._refresh is not None or not required:
+            return None
+        if any(required <= node.labels for node in nodes):
+            return None
+        return "required_labels", (
+            f"no worker node in {self._source} has {', '.join(step.required_labels)[:200]} "
+            f"({_labels_by_node(nodes)})"
+        )
 
     async def select_target(self, job: JobRequest) -> str:
         """The eligible node for `job`, counted against its load from now; waits a bounded

@@ -2,12 +2,14 @@
 
 The model is told the task, its acceptance criteria, the effective preferences and what the
 workers can run, and answers with a `Plan` in the plan's own JSON Schema; the answer is checked
-by the domain model, and an invalid one is asked for again with what was wrong (see
-`answer_valid`). A task that gives its own steps is not sent to the model: the caller planned
-it. Every model-planned command then goes through the command policy: allowed, waiting for
-approval (`requires_approval`), or refused (`PlanRefused`, the workflow fails with the rule).
+by the domain model and against what the worker can run (`Worker.unfit`: the local sandbox has
+no labels), and an invalid one is asked for again with what was wrong (see `answer_valid`). A
+task that gives its own steps is not sent to the model: the caller planned it. Every
+model-planned command then goes through the command policy: allowed, waiting for approval
+(`requires_approval`), or refused (`PlanRefused`, the workflow fails with the rule).
 
-`revise` rewrites one step from its failed verification, for the step's next attempt.
+`revise` rewrites one step from its failed verification, for the step's next attempt; its answer
+is checked the same way.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 import structlog
 
+from workflow_engine.capabilities.base import Unfit, check_steps
 from workflow_engine.capabilities.command_policy import CommandPolicy
 from workflow_engine.capabilities.model_client import ModelClient, answer_valid
 from workflow_engine.capabilities.planner import derive_plan
@@ -60,12 +63,16 @@ class LlmPlanner:
         settings: LlmSettings,
         policy: CommandPolicy,
         workers: Callable[[], str],
+        unfit: Unfit,
     ) -> None:
         self.client = client
         self._settings = settings
         self._policy = policy
         #: What the workers can run, asked at each plan (worker nodes come and go).
         self._workers = workers
+        #: Why the worker can never run a step (`Worker.unfit`): a planned step it names is
+        #: asked for again, like any invalid answer.
+        self._unfit = unfit
 
     def check(self, task: TaskSpec) -> None:
         """A task with neither steps nor a prompt gives the model nothing to plan."""
@@ -87,10 +94,17 @@ class LlmPlanner:
             messages,
             "plan",
             Plan.model_json_schema(),
-            _valid_plan,
+            self._valid_plan,
             self._settings.plan_attempts,
         )
         return self.contained(plan)
+
+    def _valid_plan(self, answer: Any) -> Plan:
+        plan: Plan = parse(Plan, answer, "plan")
+        if not plan.steps:
+            raise InvalidArgument("plan.steps", "required: at least one step")
+        check_steps(self._unfit, plan.steps, "plan.steps")
+        return plan
 
     def contained(self, plan: Plan) -> Plan:
         """`plan` with the command policy applied: steps it wants approved marked so, and
@@ -138,6 +152,9 @@ class LlmPlanner:
                 raise InvalidArgument("step.id", f"must stay {step.id!r}, got {revised.id!r}")
             if revised.depends_on != step.depends_on:
                 revised = revised.model_copy(update={"depends_on": step.depends_on})
+            unfit = self._unfit(revised)
+            if unfit:
+                raise InvalidArgument(f"step.{unfit[0]}", unfit[1])
             return revised
 
         revised: Step = await answer_valid(
@@ -158,13 +175,6 @@ class LlmPlanner:
             "preferences": merge_preferences(task.preferences),
             "workers": self._workers(),
         }
-
-
-def _valid_plan(answer: Any) -> Plan:
-    plan: Plan = parse(Plan, answer, "plan")
-    if not plan.steps:
-        raise InvalidArgument("plan.steps", "required: at least one step")
-    return plan
 
 
 def excerpt(result: JobResult, chars: int) -> JsonObject:

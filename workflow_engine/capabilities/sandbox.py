@@ -15,8 +15,8 @@ period), recording the result as cancelled.
 A job runs with only what it was granted (`job_grant`): no network, its own user when the
 engine is root, resource limits from the settings and the step; a job that asks for what this
 host cannot enforce (an image, labels, or no network where namespaces are not allowed) is
-refused with a finding; a task whose given steps ask for an image or labels is refused at start
-(`check`).
+refused with a finding; a step that asks for an image or labels is refused before that, at
+start or when a model plans it (`unfit`).
 
 A finished job's directory is kept for `retention_seconds` after its result, then removed (a
 job id sent again after that runs again); see `job_runner`.
@@ -31,8 +31,7 @@ from workflow_engine.capabilities.job_files import TARGET
 from workflow_engine.capabilities.job_grant import Confinement, step_unfit
 from workflow_engine.capabilities.job_runner import JobRunner
 from workflow_engine.domain.jobs import JobRequest, JobResult
-from workflow_engine.domain.task import TaskSpec
-from workflow_engine.errors import InvalidArgument
+from workflow_engine.domain.task import Step
 
 __all__ = ["TARGET", "LocalSandboxWorker"]
 
@@ -73,13 +72,9 @@ class LocalSandboxWorker:
         """Stop following the jobs still running; the next engine re-attaches them."""
         await self._runner.close()
 
-    def check(self, task: TaskSpec) -> None:
-        """Refuse a task whose given steps ask for an image or labels: they would never run."""
-        for i, step in enumerate(task.steps):
-            unfit = step_unfit(step.image, step.required_labels)
-            if unfit:
-                field, reason = unfit
-                raise InvalidArgument(f"task.steps[{i}].{field}", reason)
+    def unfit(self, step: Step) -> tuple[str, str] | None:
+        """A step that asks for an image or labels would never run here."""
+        return step_unfit(step.image, step.required_labels)
 
     async def select_target(self, job: JobRequest) -> str:
         """Every job runs here."""

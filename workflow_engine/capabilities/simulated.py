@@ -13,7 +13,7 @@ import asyncio
 from datetime import UTC, datetime
 
 from workflow_engine.domain.jobs import JobRequest, JobResult
-from workflow_engine.domain.task import TaskSpec
+from workflow_engine.domain.task import Step
 
 
 class SimulatedWorker:
@@ -24,8 +24,9 @@ class SimulatedWorker:
         self._running: dict[str, asyncio.Task[None]] = {}
         self._max = max_remembered
 
-    def check(self, task: TaskSpec) -> None:
+    def unfit(self, step: Step) -> tuple[str, str] | None:
         """Every step can be simulated."""
+        return None
 
     async def select_target(self, job: JobRequest) -> str:
         return "simulated"

@@ -303,28 +303,42 @@ async def test_a_failed_verification_revises_the_step_and_the_next_attempt_passe
     assert "answer 200" in json.dumps(asked.body["messages"])
 
 
-async def test_a_planned_step_asking_for_labels_is_refused_then_revised_without_them(
+async def test_a_planned_step_the_sandbox_cannot_run_is_asked_for_again(
     engine: Start, model: ModelServer, tmp_path: Path
 ) -> None:
-    """The local sandbox never runs a step that asks for labels; a model-planned one gets the
-    refusal as its finding (not run), and the revision the model makes from it runs."""
+    """The local sandbox has no labels: a plan whose step asks for some is invalid, and the
+    model is asked again with why; the labelled step is never run."""
     marker = tmp_path / "ran"
     labelled = {**health_step("touch", str(marker)), "required_labels": ["gpu"]}
-    model.script("plan", plan(labelled))
-    model.script("step", health_step())
+    model.script("plan", plan(labelled), plan(health_step()))
     running = await engine(policy={"allow": ["echo", "touch"]}, verifier="checks")
     wf = await run(running)
 
     assert wf.status == pb.SUCCEEDED, wf.error
-    assert not marker.exists()  # the first attempt never ran
+    assert not marker.exists()
+    state = state_of(wf)
+    assert state["attempts_by_step"] == {"health": 1}
+    assert state["results"][0]["stdout"] == "HTTP 200 OK\n"
+    _, again = model.asked("plan")
+    told = json.dumps(again.body["messages"])
+    assert "plan.steps[0].required_labels: the local sandbox has no labels" in told
+
+
+async def test_a_revised_step_the_sandbox_cannot_run_is_asked_for_again(
+    engine: Start, model: ModelServer
+) -> None:
+    model.script("plan", plan(health_step("echo", "HTTP 503")))
+    model.script("step", {**health_step(), "required_labels": ["gpu"]}, health_step())
+    running = await engine(verifier="checks")
+    wf = await run(running)
+
+    assert wf.status == pb.SUCCEEDED, wf.error
     state = state_of(wf)
     assert state["attempts_by_step"] == {"health": 2}
-    assert state["results"][0]["stdout"] == "HTTP 200 OK\n"
     assert state["plan"]["steps"][0]["required_labels"] == []
-    (revision,) = state["revisions"]
-    assert "the local sandbox has no labels, and the step requires gpu" in revision["reason"]
-    (asked,) = model.asked("step")
-    assert "leave `required_labels` empty" in json.dumps(asked.body["messages"])
+    _, again = model.asked("step")
+    told = json.dumps(again.body["messages"])
+    assert "step.required_labels: the local sandbox has no labels" in told
 
 
 async def test_a_revised_step_the_policy_does_not_allow_waits_for_approval_again(

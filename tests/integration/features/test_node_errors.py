@@ -44,8 +44,8 @@ class FaultyVerifier(Faulty):
 
 
 class FaultyTargets(Faulty):
-    def check(self, task: TaskSpec) -> None:
-        self.inner.check(task)  # type: ignore[attr-defined]
+    def unfit(self, step: Step) -> tuple[str, str] | None:
+        return self.inner.unfit(step)  # type: ignore[attr-defined, no-any-return]
 
     async def select_target(self, job: JobRequest) -> str:
         self.trip()

@@ -106,7 +106,7 @@ class Worker(Protocol):
 
 
 #: Why a worker can never run a step: (the step's field, the reason), or None (`Worker.unfit`).
-Unfit = Callable[[Step], "tuple[str, str] | None"]
+Unfit = Callable[[Step], tuple[str, str] | None]
 
 
 def check_steps(unfit: Unfit, steps: Sequence[Step], at: str) -> None:

@@ -162,10 +162,10 @@ class HttpWorker:
         file's (fixed while this engine runs). From a refreshed source (the orchestrator's
         table) every step may run: a node with its labels may join. Whether a node runs an
         image is for the node to say."""
+        if self._refresh is not None or not step.required_labels:
+            return None
         required = frozenset(step.required_labels)
         nodes = self._registry.nodes
-        if self._refresh is not None or not required:
-            return None
         if any(required <= node.labels for node in nodes):
             return None
         return "required_labels", (

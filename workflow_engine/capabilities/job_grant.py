@@ -95,8 +95,8 @@ def step_unfit(image: str, required_labels: Sequence[str]) -> tuple[str, str] | 
     """Why the local sandbox never runs a step asking for this `image` or these labels, as
     (the step's field, the reason); None when neither stops it.
 
-    `Confinement.grant` refuses such a job; StartWorkflow refuses a task whose given steps ask
-    for either (`LocalSandboxWorker.check`), before anything is stored.
+    `Confinement.grant` refuses such a job; `LocalSandboxWorker.unfit` says it earlier, for
+    StartWorkflow (before anything is stored) and the `llm` planner.
     """
     if image:
         return "image", (

@@ -38,6 +38,7 @@ import psycopg
 from psycopg.conninfo import make_conninfo
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_postgres import PGDATA, run_on_bench_postgres
 from contenders import (
     NODES,
     STEPS,
@@ -60,7 +61,6 @@ from contenders import (
 )
 
 from workflow_engine.logs import configure_logging
-from workflow_engine.storage.embedded import start_embedded_postgres
 
 BASELINE = LangGraphPostgres.name  # contender 1: what the targets are ratios of
 # Pairs running the same real commands, each a ratio of its own baseline (the target: 2.5x).
@@ -88,7 +88,6 @@ ROUNDS_OF = (
     EngineGrpcCommandOutcome.name,
 )
 ROOT = Path(__file__).resolve().parent.parent
-PGDATA = ROOT / ".data" / "bench-pgdata"
 OUT = ROOT / "bench-results"
 
 
@@ -99,8 +98,6 @@ async def measure(
     async with await psycopg.AsyncConnection.connect(server_url, autocommit=True) as admin:
         await admin.execute(f"CREATE DATABASE {db}")
     url = make_conninfo(server_url, dbname=db)
-    await contender.open(url, concurrency)
-    await asyncio.gather(*(contender.run(-1) for _ in range(min(concurrency, 5))))  # warm up
 
     async def stats() -> tuple[int, int]:
         async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
@@ -113,26 +110,32 @@ async def measure(
             assert row is not None
             return int(row[0]), int(row[1])
 
-    commits0, wal0 = await stats()
-    server = psutil.Process(contender.server_pid()) if hasattr(contender, "server_pid") else None
-    own0, served0 = time.process_time(), server_cpu(server)
-    machine0, postgres0 = machine_cpu(), postgres_cpu()
-    latencies: list[float] = []
-    queue = iter(range(workflows))
+    await contender.open(url, concurrency)
+    try:
+        await asyncio.gather(*(contender.run(-1) for _ in range(min(concurrency, 5))))  # warm up
+        commits0, wal0 = await stats()
+        server = (
+            psutil.Process(contender.server_pid()) if hasattr(contender, "server_pid") else None
+        )
+        own0, served0 = time.process_time(), server_cpu(server)
+        machine0, postgres0 = machine_cpu(), postgres_cpu()
+        latencies: list[float] = []
+        queue = iter(range(workflows))
 
-    async def lane() -> None:
-        for i in queue:
-            t0 = time.perf_counter()
-            await contender.run(i)
-            latencies.append(time.perf_counter() - t0)
+        async def lane() -> None:
+            for i in queue:
+                t0 = time.perf_counter()
+                await contender.run(i)
+                latencies.append(time.perf_counter() - t0)
 
-    t0 = time.perf_counter()
-    await asyncio.gather(*(lane() for _ in range(concurrency)))
-    wall = time.perf_counter() - t0
-    served = server_cpu(server) - served0
-    cpu = time.process_time() - own0 + served
-    machine, postgres = machine_cpu() - machine0, postgres_cpu() - postgres0
-    await contender.close()  # closing flushes the backends' statistics
+        t0 = time.perf_counter()
+        await asyncio.gather(*(lane() for _ in range(concurrency)))
+        wall = time.perf_counter() - t0
+        served = server_cpu(server) - served0
+        cpu = time.process_time() - own0 + served
+        machine, postgres = machine_cpu() - machine0, postgres_cpu() - postgres0
+    finally:
+        await contender.close()  # closing flushes the backends' statistics
     commits1, wal1 = await stats()
     nodes = workflows * NODES
     latencies.sort()
@@ -374,10 +377,9 @@ def main() -> None:
     args = parser.parse_args()
     rounds = args.rounds or (2 if args.smoke else 3)
     configure_logging("warning")
-    with start_embedded_postgres(PGDATA) as server:
-        results = asyncio.run(
-            run(server.url, args.concurrency, args.smoke, args.only, args.workflows, rounds)
-        )
+    results = run_on_bench_postgres(
+        lambda url: run(url, args.concurrency, args.smoke, args.only, args.workflows, rounds)
+    )
     print(table(results))
     each, overall = rounds_of_ratios(results), ratios(results)
     for name, value in overall.items():

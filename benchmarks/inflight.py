@@ -34,15 +34,14 @@ import psycopg
 from psycopg.conninfo import make_conninfo
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_postgres import run_on_bench_postgres
 from contenders import ENGINE_TASK, STEPS, engine_settings
 
 from workflow_engine.api.requests import task_from_proto
 from workflow_engine.app import Engine
 from workflow_engine.logs import configure_logging
-from workflow_engine.storage.embedded import start_embedded_postgres
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
-PGDATA = Path(__file__).resolve().parent.parent / ".data" / "bench-pgdata"
 STARTERS = 20  # concurrent starts
 
 
@@ -172,10 +171,9 @@ def main() -> None:
     )
     args = parser.parse_args()
     configure_logging("warning")
-    with start_embedded_postgres(PGDATA) as server:
-        result = asyncio.run(
-            run(server.url, args.workflows, args.job_seconds, args.probes, not args.no_wait)
-        )
+    result = run_on_bench_postgres(
+        lambda url: run(url, args.workflows, args.job_seconds, args.probes, not args.no_wait)
+    )
     print(json.dumps(result))
 
 

@@ -26,17 +26,15 @@ from pathlib import Path
 
 import grpc
 import psycopg
+from bench_postgres import PGDATA, run_on_bench_postgres
 from psycopg.conninfo import make_conninfo
 
 from workflow_engine.app import Engine, GrpcServer
 from workflow_engine.config import Settings
 from workflow_engine.logs import configure_logging
-from workflow_engine.storage.embedded import start_embedded_postgres
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
 
-ROOT = Path(__file__).resolve().parent.parent
-PGDATA = ROOT / ".data" / "bench-pgdata"
 NODES_PER_WORKFLOW = 9  # load, plan, 2 x (dispatch, collect, verify), finalize
 CLIENT_READS = "client reads (Watch/Get)"
 LOG_LINE = re.compile(r"\[(\d+)\] LOG:\s+(?:statement|execute [^:]*): (.*)")
@@ -162,8 +160,7 @@ def main() -> None:
     parser.add_argument("--workflows", type=int, default=30)
     args = parser.parse_args()
     configure_logging("warning")
-    with start_embedded_postgres(PGDATA) as server:
-        result = asyncio.run(run(server.url, args.workflows))
+    result = run_on_bench_postgres(lambda url: run(url, args.workflows))
     print(f"{'figure':<44} value")
     for key, value in result.items():
         if isinstance(value, dict):

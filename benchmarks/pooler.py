@@ -31,15 +31,15 @@ from psycopg.conninfo import make_conninfo
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench_postgres import run_on_bench_postgres  # noqa: E402  (this script's own directory)
+
 from tests.pgbouncer import PgBouncer  # noqa: E402  (the same runner the tests use)
 from workflow_engine.api.requests import task_from_proto  # noqa: E402
 from workflow_engine.app import Engine  # noqa: E402
 from workflow_engine.config import Settings  # noqa: E402
 from workflow_engine.logs import configure_logging  # noqa: E402
-from workflow_engine.storage.embedded import start_embedded_postgres  # noqa: E402
 from workflow_engine.v1 import workflow_engine_pb2 as pb  # noqa: E402
 
-PGDATA = ROOT / ".data" / "bench-pgdata"
 OUT = ROOT / "bench-results"
 TASK = pb.TaskSpec(
     prompt="pooler bench",
@@ -103,49 +103,48 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-async def main_async(workflows: int) -> list[dict[str, Any]]:
-    with start_embedded_postgres(PGDATA) as pg:
-        bouncer = PgBouncer(pg.url, ROOT / ".data" / "bench-pgbouncer")
-        try:
-            results = []
-            base = dict(
-                listen="127.0.0.1:0",
-                worker="simulated",
-                recovery_enabled=False,
-                log_level="warning",
-                lease_ttl_seconds=60,
+async def main_async(url: str, workflows: int) -> list[dict[str, Any]]:
+    bouncer = PgBouncer(url, ROOT / ".data" / "bench-pgbouncer")
+    try:
+        results = []
+        base = dict(
+            listen="127.0.0.1:0",
+            worker="simulated",
+            recovery_enabled=False,
+            log_level="warning",
+            lease_ttl_seconds=60,
+        )
+        routes = [
+            ("direct", lambda db: {"database_url": make_conninfo(url, dbname=db)}),
+            (
+                "pooled + listen URL",
+                lambda db: {
+                    "database_url": bouncer.url(db),
+                    "database_prepare": "off",
+                    "listen_database_url": make_conninfo(url, dbname=db),
+                },
+            ),
+            (
+                "pooled + none",
+                lambda db: {
+                    "database_url": bouncer.url(db),
+                    "database_prepare": "off",
+                    "listen_database_url": "none",
+                },
+            ),
+        ]
+        for name, route in routes:
+            db = await fresh_database(url)
+            print(f"  {name} ...", file=sys.stderr, flush=True)
+            settings = Settings(
+                **base,  # type: ignore[arg-type]
+                **route(db),
+                data_dir=ROOT / ".data" / "bench-pooler",
             )
-            routes = [
-                ("direct", lambda db: {"database_url": make_conninfo(pg.url, dbname=db)}),
-                (
-                    "pooled + listen URL",
-                    lambda db: {
-                        "database_url": bouncer.url(db),
-                        "database_prepare": "off",
-                        "listen_database_url": make_conninfo(pg.url, dbname=db),
-                    },
-                ),
-                (
-                    "pooled + none",
-                    lambda db: {
-                        "database_url": bouncer.url(db),
-                        "database_prepare": "off",
-                        "listen_database_url": "none",
-                    },
-                ),
-            ]
-            for name, route in routes:
-                db = await fresh_database(pg.url)
-                print(f"  {name} ...", file=sys.stderr, flush=True)
-                settings = Settings(
-                    **base,  # type: ignore[arg-type]
-                    **route(db),
-                    data_dir=ROOT / ".data" / "bench-pooler",
-                )
-                results.append(await run_route(name, settings, workflows))
-            return results
-        finally:
-            bouncer.stop()
+            results.append(await run_route(name, settings, workflows))
+        return results
+    finally:
+        bouncer.stop()
 
 
 def main() -> None:
@@ -153,7 +152,7 @@ def main() -> None:
     parser.add_argument("--workflows", type=int, default=40)
     args = parser.parse_args()
     configure_logging("warning")
-    results = asyncio.run(main_async(args.workflows))
+    results = run_on_bench_postgres(lambda url: main_async(url, args.workflows))
     columns = [k for k in results[0] if not k.startswith("_")]
     print("  ".join(f"{c:>20}" for c in columns))
     for r in results:

@@ -1,0 +1,56 @@
+"""The benchmarks' embedded PostgreSQL (one data directory for them all), and a run on it that
+ends cleanly on SIGTERM as on Ctrl-C.
+
+SIGTERM, from `kill`, `timeout` or a CI runner giving up, used to end a benchmark on the spot:
+the engines it started went with it (see `contenders.ended_with_us`), but the server stayed up,
+and every later benchmark reused it and left it up too (see `workflow_engine.storage.embedded`).
+Now SIGTERM cancels the run: every `finally` runs, the contenders close, the server this
+process started stops, and the exit status is 143. Only SIGKILL still leaves the server behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from types import FrameType
+from typing import Any, TypeVar
+
+from workflow_engine.storage.embedded import start_embedded_postgres
+
+PGDATA = Path(__file__).resolve().parent.parent / ".data" / "bench-pgdata"
+TERMINATED = 128 + signal.SIGTERM  # the status a shell gives a process SIGTERM ended
+
+T = TypeVar("T")
+
+
+def run_on_bench_postgres(
+    main: Callable[[str], Coroutine[Any, Any, T]], pgdata: Path = PGDATA
+) -> T:
+    """`main(url)` in asyncio on the embedded server for `pgdata`, started if need be and
+    stopped at the end if this process started it, also when SIGTERM ends the run."""
+    previous = signal.signal(signal.SIGTERM, _terminated)  # until the run is under way
+    try:
+        with start_embedded_postgres(pgdata) as server:
+            try:
+                return asyncio.run(_cancelled_by_sigterm(main(server.url)))
+            except asyncio.CancelledError:
+                raise SystemExit(TERMINATED) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _terminated(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(TERMINATED)
+
+
+async def _cancelled_by_sigterm(work: Coroutine[Any, Any, T]) -> T:
+    loop, task = asyncio.get_running_loop(), asyncio.current_task()
+    assert task is not None
+    loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    try:
+        return await work
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, _terminated)  # and after it, while the server stops

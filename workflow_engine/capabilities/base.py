@@ -109,14 +109,19 @@ class Worker(Protocol):
 Unfit = Callable[[Step], tuple[str, str] | None]
 
 
+def check_step(unfit: Unfit, step: Step, at: str) -> None:
+    """Raise `InvalidArgument` naming ``{at}.<field>`` when the worker whose `unfit` this is can
+    never run `step`."""
+    why = unfit(step)
+    if why:
+        field, reason = why
+        raise InvalidArgument(f"{at}.{field}", reason)
+
+
 def check_steps(unfit: Unfit, steps: Sequence[Step], at: str) -> None:
-    """Raise `InvalidArgument` naming ``{at}[i].<field>`` for the first of `steps` that the
-    worker whose `unfit` this is can never run."""
+    """`check_step` for each of `steps`, named ``{at}[i]``."""
     for i, step in enumerate(steps):
-        why = unfit(step)
-        if why:
-            field, reason = why
-            raise InvalidArgument(f"{at}[{i}].{field}", reason)
+        check_step(unfit, step, f"{at}[{i}]")
 
 
 class Verifier(Protocol):

@@ -20,7 +20,7 @@ from typing import Any
 
 import structlog
 
-from workflow_engine.capabilities.base import Unfit, check_steps
+from workflow_engine.capabilities.base import Unfit, check_step, check_steps
 from workflow_engine.capabilities.command_policy import CommandPolicy
 from workflow_engine.capabilities.model_client import ModelClient, answer_valid
 from workflow_engine.capabilities.planner import derive_plan
@@ -152,9 +152,7 @@ class LlmPlanner:
                 raise InvalidArgument("step.id", f"must stay {step.id!r}, got {revised.id!r}")
             if revised.depends_on != step.depends_on:
                 revised = revised.model_copy(update={"depends_on": step.depends_on})
-            unfit = self._unfit(revised)
-            if unfit:
-                raise InvalidArgument(f"step.{unfit[0]}", unfit[1])
+            check_step(self._unfit, revised, "step")
             return revised
 
         revised: Step = await answer_valid(

@@ -46,6 +46,13 @@ def state_of(wf: pb.Workflow) -> dict[str, Any]:
     return json_format.MessageToDict(wf.state)
 
 
+def told_again(model: ModelServer, kind: str) -> str:
+    """What the model was sent the second time it was asked for a `kind` (it names what the
+    first answer got wrong)."""
+    _, again = model.asked(kind)
+    return json.dumps(again.body["messages"])
+
+
 @pytest.fixture
 def model() -> Iterator[ModelServer]:
     server = ModelServer()
@@ -319,9 +326,9 @@ async def test_a_planned_step_the_sandbox_cannot_run_is_asked_for_again(
     state = state_of(wf)
     assert state["attempts_by_step"] == {"health": 1}
     assert state["results"][0]["stdout"] == "HTTP 200 OK\n"
-    _, again = model.asked("plan")
-    told = json.dumps(again.body["messages"])
-    assert "plan.steps[0].required_labels: the local sandbox has no labels" in told
+    assert "plan.steps[0].required_labels: the local sandbox has no labels" in told_again(
+        model, "plan"
+    )
 
 
 async def test_a_revised_step_the_sandbox_cannot_run_is_asked_for_again(
@@ -336,9 +343,7 @@ async def test_a_revised_step_the_sandbox_cannot_run_is_asked_for_again(
     state = state_of(wf)
     assert state["attempts_by_step"] == {"health": 2}
     assert state["plan"]["steps"][0]["required_labels"] == []
-    _, again = model.asked("step")
-    told = json.dumps(again.body["messages"])
-    assert "step.required_labels: the local sandbox has no labels" in told
+    assert "step.required_labels: the local sandbox has no labels" in told_again(model, "step")
 
 
 async def test_a_revised_step_the_policy_does_not_allow_waits_for_approval_again(

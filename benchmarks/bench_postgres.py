@@ -1,17 +1,20 @@
 """The benchmarks' embedded PostgreSQL (one data directory for them all), and a run on it that
-ends cleanly on SIGTERM as on Ctrl-C.
+ends cleanly on SIGTERM and on Ctrl-C.
 
 SIGTERM, from `kill`, `timeout` or a CI runner giving up, used to end a benchmark on the spot:
 the engines it started went with it (see `contenders.ended_with_us`), but the server stayed up,
 and every later benchmark reused it and left it up too (see `workflow_engine.storage.embedded`).
 Now SIGTERM cancels the run: every `finally` runs, the contenders close, the server this
-process started stops, and the exit status is 143. Only SIGKILL still leaves the server behind.
+process started stops, and the exit status is 143. Ctrl-C (SIGINT) does the same with status
+130, and says "interrupted" instead of printing the traceback of wherever it happened to land.
+Only SIGKILL still leaves the server behind.
 """
 
 from __future__ import annotations
 
 import asyncio
 import signal
+import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from types import FrameType
@@ -21,6 +24,7 @@ from workflow_engine.storage.embedded import start_embedded_postgres
 
 PGDATA = Path(__file__).resolve().parent.parent / ".data" / "bench-pgdata"
 TERMINATED = 128 + signal.SIGTERM  # the status a shell gives a process SIGTERM ended
+INTERRUPTED = 128 + signal.SIGINT  # and one Ctrl-C ended
 
 T = TypeVar("T")
 
@@ -29,7 +33,10 @@ def run_on_bench_postgres(
     main: Callable[[str], Coroutine[Any, Any, T]], pgdata: Path = PGDATA
 ) -> T:
     """`main(url)` in asyncio on the embedded server for `pgdata`, started if need be and
-    stopped at the end if this process started it, also when SIGTERM ends the run."""
+    stopped at the end if this process started it, also when SIGTERM or Ctrl-C ends the run.
+
+    asyncio.run already turns Ctrl-C into cancelling the run, then re-raises it here, after
+    the run unwound and before the server stops."""
     previous = signal.signal(signal.SIGTERM, _terminated)  # until the run is under way
     try:
         with start_embedded_postgres(pgdata) as server:
@@ -37,6 +44,9 @@ def run_on_bench_postgres(
                 return asyncio.run(_cancelled_by_sigterm(main(server.url)))
             except asyncio.CancelledError:
                 raise SystemExit(TERMINATED) from None
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        raise SystemExit(INTERRUPTED) from None
     finally:
         signal.signal(signal.SIGTERM, previous)
 

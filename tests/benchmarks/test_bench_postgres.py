@@ -1,4 +1,5 @@
-"""A benchmark ended by SIGTERM stops the embedded PostgreSQL it started, as Ctrl-C does."""
+"""A benchmark ended by SIGTERM or Ctrl-C stops the embedded PostgreSQL it started, and says so
+in a line rather than a traceback."""
 
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ pytestmark = pytest.mark.e2e
 
 # Stands in for a benchmark: its server up, a run under way in asyncio, as `make bench` has.
 BENCHMARK = f"""
-import asyncio, sys
+import asyncio, signal, sys
 from pathlib import Path
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal: not inherited ignored
 sys.path.insert(0, {str(BENCHMARKS)!r})
 from bench_postgres import run_on_bench_postgres
 
@@ -37,11 +39,26 @@ run_on_bench_postgres(run, Path(sys.argv[1]))
 """
 
 
-def test_sigterm_stops_the_server_the_benchmark_started(data_dir: Path) -> None:  # noqa: F811
+@pytest.mark.parametrize(
+    ("sent", "status"),
+    [(signal.SIGTERM, 143), (signal.SIGINT, 130)],
+    ids=["SIGTERM", "Ctrl-C"],
+)
+def test_a_signal_stops_the_server_the_benchmark_started(
+    data_dir: Path,  # noqa: F811
+    sent: signal.Signals,
+    status: int,
+) -> None:
     pgdata = data_dir / "pgdata"
-    benchmark = subprocess.Popen(
-        [sys.executable, "-c", BENCHMARK, str(pgdata)], stdout=subprocess.PIPE, text=True
-    )
+    data_dir.mkdir(parents=True)
+    stderr = data_dir / "stderr"
+    with stderr.open("w") as err:
+        benchmark = subprocess.Popen(
+            [sys.executable, "-c", BENCHMARK, str(pgdata)],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+        )
     try:
         assert benchmark.stdout is not None
         while (line := benchmark.stdout.readline()) not in ("running\n", ""):
@@ -49,10 +66,13 @@ def test_sigterm_stops_the_server_the_benchmark_started(data_dir: Path) -> None:
         assert line == "running\n"
         server = postmaster_pid(pgdata)
         assert running(server)
-        benchmark.send_signal(signal.SIGTERM)
-        assert benchmark.wait(timeout=60) == 128 + signal.SIGTERM
+        benchmark.send_signal(sent)
+        assert benchmark.wait(timeout=60) == status
         assert "closed" in benchmark.stdout.read().splitlines()  # the run unwound
         assert wait_until_gone(server), "the benchmark's PostgreSQL outlived it"
+        said = stderr.read_text()
+        assert "Traceback" not in said
+        assert ("interrupted" in said.splitlines()) == (sent == signal.SIGINT)
     finally:
         benchmark.kill()
         benchmark.wait()

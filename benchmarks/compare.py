@@ -86,6 +86,7 @@ ROUNDS_OF = (
     EngineCommandInProcess.name,
     EngineGrpcCommand.name,
     EngineGrpcCommandOutcome.name,
+    EngineGrpcCommandProcesses.name,
 )
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench-results"

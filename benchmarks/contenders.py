@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 import grpc
+import psutil
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from langgraph.graph import END, START, StateGraph
 from psycopg.types.json import Jsonb
@@ -326,6 +327,82 @@ def free_port() -> int:
         return port
 
 
+#: Connections `spread_channels` opens at most, in all, to spread its channels evenly.
+MAX_REDIALS = 50
+
+
+def connection(address: str) -> grpc.aio.Channel:
+    """A channel on a connection of its own (gRPC would share one between channels)."""
+    return grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
+
+
+async def spread_channels(
+    address: str, server_pid: int, count: int, processes: int
+) -> list[grpc.aio.Channel]:
+    """`count` channels to `serve` at `address` (pid `server_pid`), spread as evenly as `count`
+    allows over its `processes` engine processes.
+
+    Each channel is one connection, and the kernel hands a connection to one of the processes
+    listening on the port by a hash of its addresses (`SO_REUSEPORT`): 4 connections to 2
+    processes land 3:1 or 4:0 five times in eight, and a row would measure that luck rather
+    than the engine. So a connection that lands on a process that has its share already is
+    replaced by a new one (a new client port, a new hash), for at most `MAX_REDIALS` tries.
+    """
+    if processes <= 1:
+        return [connection(address) for _ in range(count)]
+    port = int(address.rsplit(":", 1)[1])
+    share = -(-count // processes)  # ceil
+    engines = [
+        process
+        for process in [psutil.Process(server_pid), *psutil.Process(server_pid).children(True)]
+        if any(
+            c.status == psutil.CONN_LISTEN and c.laddr.port == port
+            for c in process.net_connections("tcp")
+        )
+    ]
+    me = psutil.Process()
+    kept: list[grpc.aio.Channel] = []
+    spare: list[grpc.aio.Channel] = []
+    per_engine: dict[int, int] = {}
+    seen = {c.laddr.port for c in me.net_connections("tcp") if c.raddr and c.raddr.port == port}
+    for _ in range(MAX_REDIALS):
+        if len(kept) == count:
+            break
+        channel = connection(address)
+        await asyncio.wait_for(channel.channel_ready(), 10)
+        mine = {c.laddr.port for c in me.net_connections("tcp") if c.raddr and c.raddr.port == port}
+        new, seen = mine - seen, mine
+        pid = await accepted_by(engines, port, new)
+        if pid is not None and per_engine.get(pid, 0) < share:
+            per_engine[pid] = per_engine.get(pid, 0) + 1
+            kept.append(channel)
+        else:
+            spare.append(channel)
+    missing = count - len(kept)
+    kept += spare[:missing]  # out of tries: as many as asked for, even if uneven
+    for channel in spare[missing:]:
+        await channel.close()
+    return kept
+
+
+async def accepted_by(
+    engines: list[psutil.Process], port: int, client_ports: set[int]
+) -> int | None:
+    """The pid of the one engine holding the connection from `client_ports` (a connection
+    the client sees as ready may wait a moment in the kernel before an engine takes it)."""
+    for _ in range(40):
+        holders = [
+            engine.pid
+            for engine in engines
+            for c in engine.net_connections("tcp")
+            if c.laddr.port == port and c.raddr and c.raddr.port in client_ports
+        ]
+        if holders:
+            return holders[0] if len(holders) == 1 else None
+        await asyncio.sleep(0.025)
+    return None
+
+
 async def wait_serving(address: str, proc: asyncio.subprocess.Process) -> None:
     """Until the engine at `address` answers its health check SERVING (it may still be
     migrating the database)."""
@@ -414,10 +491,9 @@ class EngineGrpc:
         self._drain = asyncio.create_task(self._read_rest())
         # A client per 5 concurrent workflows, each on its own connection (gRPC would share one
         # between channels): with several engine processes, each connection reaches one of them.
-        self.channels = [
-            grpc.aio.insecure_channel(self.address, options=[("grpc.use_local_subchannel_pool", 1)])
-            for _ in range(max(1, concurrency // 5))
-        ]
+        self.channels = await spread_channels(
+            self.address, self.proc.pid, max(1, concurrency // 5), self.processes
+        )
         self.stubs = [pb_grpc.WorkflowEngineStub(c) for c in self.channels]
         self._next = 0
 

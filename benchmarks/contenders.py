@@ -336,11 +336,9 @@ def connection(address: str) -> grpc.aio.Channel:
     return grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
 
 
-async def spread_channels(
-    address: str, server_pid: int, count: int, processes: int
-) -> list[grpc.aio.Channel]:
+async def spread_channels(address: str, server_pid: int, count: int) -> list[grpc.aio.Channel]:
     """`count` channels to `serve` at `address` (pid `server_pid`), spread as evenly as `count`
-    allows over its `processes` engine processes.
+    allows over its engine processes (the processes listening on the port).
 
     Each channel is one connection, and the kernel hands a connection to one of the processes
     listening on the port by a hash of its addresses (`SO_REUSEPORT`): 4 connections to 2
@@ -348,31 +346,36 @@ async def spread_channels(
     than the engine. So a connection that lands on a process that has its share already is
     replaced by a new one (a new client port, a new hash), for at most `MAX_REDIALS` tries.
     """
-    if processes <= 1:
-        return [connection(address) for _ in range(count)]
     port = int(address.rsplit(":", 1)[1])
-    share = -(-count // processes)  # ceil
+    server = psutil.Process(server_pid)
     engines = [
         process
-        for process in [psutil.Process(server_pid), *psutil.Process(server_pid).children(True)]
+        for process in [server, *server.children(recursive=True)]
         if any(
             c.status == psutil.CONN_LISTEN and c.laddr.port == port
             for c in process.net_connections("tcp")
         )
     ]
+    if len(engines) <= 1:
+        return [connection(address) for _ in range(count)]
+    share = -(-count // len(engines))  # ceil
     me = psutil.Process()
+
+    def my_ports() -> set[int]:
+        return {c.laddr.port for c in me.net_connections("tcp") if c.raddr and c.raddr.port == port}
+
     kept: list[grpc.aio.Channel] = []
     spare: list[grpc.aio.Channel] = []
     per_engine: dict[int, int] = {}
-    seen = {c.laddr.port for c in me.net_connections("tcp") if c.raddr and c.raddr.port == port}
+    seen = my_ports()
     for _ in range(MAX_REDIALS):
         if len(kept) == count:
             break
         channel = connection(address)
         await asyncio.wait_for(channel.channel_ready(), 10)
-        mine = {c.laddr.port for c in me.net_connections("tcp") if c.raddr and c.raddr.port == port}
-        new, seen = mine - seen, mine
-        pid = await accepted_by(engines, port, new)
+        mine = my_ports()
+        pid = await accepted_by(engines, port, mine - seen)
+        seen = mine
         if pid is not None and per_engine.get(pid, 0) < share:
             per_engine[pid] = per_engine.get(pid, 0) + 1
             kept.append(channel)
@@ -491,9 +494,7 @@ class EngineGrpc:
         self._drain = asyncio.create_task(self._read_rest())
         # A client per 5 concurrent workflows, each on its own connection (gRPC would share one
         # between channels): with several engine processes, each connection reaches one of them.
-        self.channels = await spread_channels(
-            self.address, self.proc.pid, max(1, concurrency // 5), self.processes
-        )
+        self.channels = await spread_channels(self.address, self.proc.pid, max(1, concurrency // 5))
         self.stubs = [pb_grpc.WorkflowEngineStub(c) for c in self.channels]
         self._next = 0
 

@@ -40,7 +40,7 @@ async def test_channels_spread_evenly_over_two_engine_processes(
     )
     try:
         # 8 connections left to the kernel's hash split 4:4 only 70 times in 256.
-        channels = await spread_channels(supervisor.address, supervisor.proc.pid, 8, 2)
+        channels = await spread_channels(supervisor.address, supervisor.proc.pid, 8)
         try:
             assert len(channels) == 8
             spec = task(shell_step("wait", "sleep 10"))

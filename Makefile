@@ -104,7 +104,7 @@ bench: install pgbouncer
 bench-pooler: install pgbouncer
 	$(BIN)/python benchmarks/pooler.py
 
-# Where the in-process engine's CPU goes (py-spy samples, summed by layer).
+# Where the served engine's time goes, real `true` steps (py-spy samples by layer; schedstat).
 profile: install
 	$(BIN)/python benchmarks/profile.py
 

@@ -336,6 +336,22 @@ def connection(address: str) -> grpc.aio.Channel:
     return grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
 
 
+def engine_processes(address: str, server_pid: int) -> list[psutil.Process]:
+    """The processes of `serve` (pid `server_pid`) that run workflows: those listening on
+    `address`'s port (`serve` itself, or the engine processes it supervises)."""
+    port = int(address.rsplit(":", 1)[1])
+
+    def listening(process: psutil.Process) -> bool:
+        try:
+            connections = process.net_connections("tcp")
+        except psutil.NoSuchProcess:  # a job that ended meanwhile
+            return False
+        return any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in connections)
+
+    server = psutil.Process(server_pid)
+    return [process for process in [server, *server.children(recursive=True)] if listening(process)]
+
+
 async def spread_channels(address: str, server_pid: int, count: int) -> list[grpc.aio.Channel]:
     """`count` channels to `serve` at `address` (pid `server_pid`), spread as evenly as `count`
     allows over its engine processes (the processes listening on the port).
@@ -347,15 +363,7 @@ async def spread_channels(address: str, server_pid: int, count: int) -> list[grp
     replaced by a new one (a new client port, a new hash), for at most `MAX_REDIALS` tries.
     """
     port = int(address.rsplit(":", 1)[1])
-    server = psutil.Process(server_pid)
-    engines = [
-        process
-        for process in [server, *server.children(recursive=True)]
-        if any(
-            c.status == psutil.CONN_LISTEN and c.laddr.port == port
-            for c in process.net_connections("tcp")
-        )
-    ]
+    engines = engine_processes(address, server_pid)
     if len(engines) <= 1:
         return [connection(address) for _ in range(count)]
     share = -(-count // len(engines))  # ceil

@@ -32,6 +32,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_postgres import run_on_bench_postgres
 from compare import contenders, measure
+from contenders import engine_processes
 
 from workflow_engine.logs import configure_logging
 
@@ -94,14 +95,6 @@ def py_spy(args: argparse.Namespace, output: Path, *target: str) -> list[str]:
     return command + (["--native"] if args.native else []) + list(target)
 
 
-def engine_processes(server_pid: int) -> list[psutil.Process]:
-    """The processes that run workflows: `serve` itself, or the engine processes it supervises
-    when it runs several."""
-    server = psutil.Process(server_pid)
-    children = [c for c in server.children() if "serve" in c.cmdline()]
-    return children or [server]
-
-
 def folded(tmp: Path, process: psutil.Process) -> Path:
     """Where py-spy writes `process`'s samples."""
     return tmp / f"{process.pid}.folded"
@@ -125,7 +118,7 @@ async def profile_served(url: str, args: argparse.Namespace, tmp: Path) -> dict[
     if run.done():
         run.result()  # its error, if it failed
         raise SystemExit("the run ended before sampling began: raise --workflows")
-    engines = engine_processes(contender.server_pid())
+    engines = engine_processes(contender.address, contender.server_pid())
     # The threads' time before sampling: py-spy pauses the process for every sample.
     before = [schedstat(p) for p in engines]
     await asyncio.sleep(SCHED_SECONDS)

@@ -8,14 +8,21 @@ Now SIGTERM cancels the run: every `finally` runs, the contenders close, the ser
 process started stops, and the exit status is 143. Ctrl-C (SIGINT) does the same with status
 130, and says "interrupted" instead of printing the traceback of wherever it happened to land.
 Only SIGKILL still leaves the server behind.
+
+One benchmark at a time per data directory: a second one started meanwhile would share the
+cores (so both figures are wrong) and the server (so the first to end stops it under the
+other). It waits for the first to end, saying which process it waits for.
 """
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import os
 import signal
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar
@@ -39,7 +46,7 @@ def run_on_bench_postgres(
     the run unwound and before the server stops."""
     previous = signal.signal(signal.SIGTERM, _terminated)  # until the run is under way
     try:
-        with start_embedded_postgres(pgdata) as server:
+        with _alone_on(pgdata), start_embedded_postgres(pgdata) as server:
             try:
                 return asyncio.run(_cancelled_by_sigterm(main(server.url)))
             except asyncio.CancelledError:
@@ -49,6 +56,32 @@ def run_on_bench_postgres(
         raise SystemExit(INTERRUPTED) from None
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+@contextmanager
+def _alone_on(pgdata: Path) -> Iterator[None]:
+    """Hold `pgdata`'s benchmark lock (next to it) for the block, waiting for whoever holds it.
+
+    An advisory lock on an open file: the kernel lets go of it when its holder ends, however it
+    ends, so a benchmark killed with SIGKILL does not block the next one."""
+    pgdata.parent.mkdir(parents=True, exist_ok=True)
+    with open(pgdata.parent / f"{pgdata.name}.lock", "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "unknown"
+            print(
+                f"waiting for the benchmark (pid {holder}) running on {pgdata} to end:"
+                " benchmarks measure one at a time",
+                file=sys.stderr,
+                flush=True,
+            )
+            fcntl.flock(lock, fcntl.LOCK_EX)  # a signal still ends the wait
+        lock.truncate(0)
+        lock.write(f"{os.getpid()}\n")
+        lock.flush()
+        yield
 
 
 def _terminated(signum: int, frame: FrameType | None) -> None:

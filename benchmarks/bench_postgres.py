@@ -17,16 +17,15 @@ other). It waits for the first to end, saying which process it waits for.
 from __future__ import annotations
 
 import asyncio
-import fcntl
-import os
+import contextlib
 import signal
 import sys
-from collections.abc import Callable, Coroutine, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar
 
+from workflow_engine import pid_file
 from workflow_engine.storage.embedded import start_embedded_postgres
 
 PGDATA = Path(__file__).resolve().parent.parent / ".data" / "bench-pgdata"
@@ -58,30 +57,18 @@ def run_on_bench_postgres(
         signal.signal(signal.SIGTERM, previous)
 
 
-@contextmanager
-def _alone_on(pgdata: Path) -> Iterator[None]:
-    """Hold `pgdata`'s benchmark lock (next to it) for the block, waiting for whoever holds it.
+def _alone_on(pgdata: Path) -> contextlib.AbstractContextManager[None]:
+    """Hold `pgdata`'s benchmark lock (next to it) for the block, waiting for whoever holds it."""
 
-    An advisory lock on an open file: the kernel lets go of it when its holder ends, however it
-    ends, so a benchmark killed with SIGKILL does not block the next one."""
-    pgdata.parent.mkdir(parents=True, exist_ok=True)
-    with open(pgdata.parent / f"{pgdata.name}.lock", "a+") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            lock.seek(0)
-            holder = lock.read().strip() or "unknown"
-            print(
-                f"waiting for the benchmark (pid {holder}) running on {pgdata} to end:"
-                " benchmarks measure one at a time",
-                file=sys.stderr,
-                flush=True,
-            )
-            fcntl.flock(lock, fcntl.LOCK_EX)  # a signal still ends the wait
-        lock.truncate(0)
-        lock.write(f"{os.getpid()}\n")
-        lock.flush()
-        yield
+    def wait(holder: str) -> None:
+        print(
+            f"waiting for the benchmark (pid {holder}) running on {pgdata} to end:"
+            " benchmarks measure one at a time",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    return pid_file.held(pgdata.parent / f"{pgdata.name}.lock", wait)
 
 
 def _terminated(signum: int, frame: FrameType | None) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import os
 import signal
 import socket
@@ -24,6 +23,7 @@ from pathlib import Path
 import structlog
 import uvicorn
 
+from workflow_engine import pid_file
 from workflow_engine.capabilities.job_grant import Confinement
 from workflow_engine.capabilities.sandbox import LocalSandboxWorker
 from workflow_engine.config import NodeSettings
@@ -122,16 +122,11 @@ def bind(listen: str) -> socket.socket:
 @contextlib.contextmanager
 def lock_data_dir(data_dir: Path) -> Iterator[None]:
     """Hold the data directory for this process; `NodeInUse` if another node holds it."""
-    data_dir.mkdir(parents=True, exist_ok=True)
-    with (data_dir / LOCK_FILE).open("a+") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise NodeInUse(f"--data-dir: {data_dir} is in use by another worker node") from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"{os.getpid()}\n")
-        handle.flush()
+
+    def in_use(holder: str) -> None:
+        raise NodeInUse(f"--data-dir: {data_dir} is in use by another worker node (pid {holder})")
+
+    with pid_file.held(data_dir / LOCK_FILE, in_use):
         yield
 
 

@@ -239,7 +239,8 @@ async def test_an_unknown_path_is_a_problem_document(client: httpx.AsyncClient) 
 
 
 def test_a_second_node_on_the_same_data_dir_is_refused(node: NodeProcess) -> None:
-    with pytest.raises(RuntimeError, match=r"exit 2.*in use by another worker node"):
+    holder = rf"in use by another worker node \(pid {node.proc.pid}\)"  # names the holder
+    with pytest.raises(RuntimeError, match=rf"exit 2.*{holder}"):
         NodeProcess(data_dir=node.data_dir).kill()  # killed, should it start after all
     assert node.alive()
 

@@ -368,6 +368,7 @@ class WorkflowService:
         ttl: float,
         changes: Sequence[Change] = (),
     ) -> Run:
+        self._events.forget(task_id=record.task_id)  # others may have written since it ran here
         return self._runs.launch(
             fence=Fence(record.task_id, record.run_id, holder, lease.epoch),
             ttl_seconds=ttl,
@@ -438,7 +439,7 @@ class WorkflowService:
         await self._check_scope(task_id, scope)
         with self._events.subscribe(task_id) as news:
             record: WorkflowRecord | None = None
-            if not self._events.recent(task_id, next_seq):
+            if not self._feed_holds_the_end(task_id, next_seq):
                 # NOT_FOUND before anything is streamed; and the table may be ahead of the feed.
                 record = await self._store.get(task_id)
                 SECRETS.add(state_secrets(record.state))  # it may run elsewhere
@@ -465,6 +466,15 @@ class WorkflowService:
                 except TimeoutError:
                     record = await self._store.get(task_id)
                     news.stale = True
+
+    def _feed_holds_the_end(self, task_id: str, from_seq: int) -> bool:
+        """Whether this process's event feed may stand in for the table at a watch's start: it
+        holds `from_seq`, and the table holds nothing newer that it does not know of (a run
+        here writes the workflow, and anyone else's event empties the feed; or its newest event
+        ended the workflow). A feed left by a run that went on elsewhere does not."""
+        if not self._events.recent(task_id, from_seq):
+            return False
+        return self._runs.is_live(task_id) or self._events.ended(task_id)
 
     async def list_workflows(self, query: WorkflowQuery) -> WorkflowPage:
         """One page of workflows matching `query`, newest update first (no state, no history)."""

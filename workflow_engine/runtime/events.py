@@ -5,7 +5,10 @@ the events it appended (`WriteOutcome`), the saver hands them to `written`, and 
 its latest few (`FEED_EVENTS`) in a feed. A watcher takes events from the feed only while the
 feed holds the very next sequence number it needs, so it can never skip one; anything else
 (a workflow running in another process, a watcher catching up from an old sequence, an event
-another writer appended, such as a cancel) is read from `workflow_events`.
+another writer appended, such as a cancel) is read from `workflow_events`. A watch starts from
+the feed only when the feed holds the table's end: a run here is writing the workflow (its feed
+starts afresh with the run), or the feed's newest event ended it; otherwise it reads the table
+first, so it never waits for events that another process already wrote.
 
 One dedicated connection per process LISTENs on ``workflow_events`` (a trigger notifies with
 ``task_id:seq``). A notification for a sequence the feed already holds is this process's own
@@ -37,6 +40,7 @@ import psycopg
 import structlog
 
 from workflow_engine.domain.records import WorkflowEventRecord
+from workflow_engine.domain.status import TERMINAL_STATUSES
 
 log = structlog.get_logger(__name__)
 
@@ -132,7 +136,23 @@ class EventHub:
         stale = feed.writing == 0 and feed.notified > _last_seq(feed)
         if feed.writing == 0:
             feed.notified = 0
+        if stale:
+            feed.events.clear()  # someone else wrote past this write: the table holds the end
         self._wake(task_id, stale=stale)
+
+    def ended(self, task_id: str) -> bool:
+        """Whether the feed's newest event ended the workflow (nothing can follow it)."""
+        feed = self._feeds.get(task_id)
+        if feed is None or not feed.events:
+            return False
+        newest = feed.events[-1]
+        return newest.kind == "status" and newest.status in TERMINAL_STATUSES
+
+    def forget(self, task_id: str) -> None:
+        """Drop the task's feed: a run of it starts here after others may have written it."""
+        feed = self._feeds.get(task_id)
+        if feed is not None:
+            feed.events.clear()
 
     def started(self, task_id: str, event: WorkflowEventRecord) -> None:
         """A workflow was started here: its first event opens the task's feed."""
@@ -159,19 +179,23 @@ class EventHub:
             subscription.woken.set()
 
     def _notified(self, payload: str) -> None:
-        """A `workflow_events` notification: ``task_id:seq`` (or a bare task id)."""
+        """A `workflow_events` notification: ``task_id:seq`` (or a bare task id).
+
+        An event past the feed's newest that this process did not write means the feed no
+        longer holds the table's end: it is emptied, watched or not, so no later watch trusts it.
+        """
         task_id, _, seq_text = payload.partition(":")
-        if task_id not in self._waiters:
-            return
         feed = self._feeds.get(task_id)
-        if feed is not None and seq_text.isdigit():
-            seq = int(seq_text)
-            if seq <= _last_seq(feed):
+        if feed is not None:
+            seq = int(seq_text) if seq_text.isdigit() else None
+            if seq is not None and seq <= _last_seq(feed):
                 return  # this process wrote it, and its watchers have it
-            if feed.writing:
+            if seq is not None and feed.writing:
                 feed.notified = max(feed.notified, seq)  # decided when the write answers
                 return
-        self._wake(task_id, stale=True)
+            feed.events.clear()
+        if task_id in self._waiters:
+            self._wake(task_id, stale=True)
 
     async def _listen(self, conninfo: str) -> None:
         delay = 0.1

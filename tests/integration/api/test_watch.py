@@ -12,10 +12,11 @@ import asyncio
 from dataclasses import replace
 
 import psycopg
+import pytest
 
 from tests.conftest import RunningEngine, start_engine, stop_engine
 from tests.helpers import new_task_id, shell_step, step, task, wait_for_status, watch_until_end
-from workflow_engine.config import Settings
+from workflow_engine.config import LISTEN_NONE, Settings
 from workflow_engine.runtime.events import FEED_EVENTS
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
@@ -141,3 +142,105 @@ async def test_a_watch_for_some_kinds_gets_those_and_the_end(running: RunningEng
         running.stub, task_id, from_sequence=2, kinds=[pb.NODE_COMPLETED, pb.STATUS_CHANGED]
     )
     assert both == history[1:]
+
+
+async def _watched_quickly(
+    stubs: list[pb_grpc.WorkflowEngineStub], task_id: str, history: list[pb.WorkflowEvent]
+) -> None:
+    """50 watches from each stub get every event in order, each well within the poll interval
+    (the engines poll every 60 s: a watch that waits for a poll times out here)."""
+    for stub in stubs:
+        for _ in range(50):
+            assert await watch_until_end(stub, task_id, from_sequence=1, timeout=2) == history
+
+
+@pytest.mark.parametrize("notifications", ["on", "off"])
+async def test_a_workflow_two_replicas_wrote_is_watched_whole_from_either_at_once(
+    settings: Settings, notifications: str
+) -> None:
+    # One replica runs the first step and pauses for approval; the other takes the decision and
+    # finishes it. The first one's feed still holds what it wrote, which is not the end; with
+    # notifications off nothing tells it so, and the watch must not trust it anyway.
+    slow_poll = replace(settings, watch_poll_seconds=60)
+    if notifications == "off":
+        slow_poll = replace(slow_poll, listen_database_url=LISTEN_NONE)
+    first = await start_engine(slow_poll)
+    other = await start_engine(replace(slow_poll, holder_id="test-engine-2"))
+    try:
+        task_id = new_task_id()
+        spec = task(step("a", "true"), step("b", "true", requires_approval=True))
+        await first.stub.StartWorkflow(pb.StartWorkflowRequest(task_id=task_id, task=spec))
+        await wait_for_status(first.stub, task_id, {pb.WAITING_FOR_APPROVAL})
+        decision = pb.ApprovalDecision(step_id="b", verdict=pb.APPROVE)
+        await other.stub.ResumeWorkflow(
+            pb.ResumeWorkflowRequest(task_id=task_id, decision=decision)
+        )
+        await wait_for_status(other.stub, task_id, {pb.SUCCEEDED})
+        history = await _history(other.stub, task_id)
+        assert {e.run_id for e in history} and history[-1].status == pb.SUCCEEDED
+        await _watched_quickly([first.stub, other.stub], task_id, history)
+        if notifications == "off":
+            return  # a cancel elsewhere reaches a live run here at its next lease renewal
+
+        cancelled = new_task_id()
+        spec = task(step("quick", "true"), shell_step("long", "sleep 30"))
+        await first.stub.StartWorkflow(pb.StartWorkflowRequest(task_id=cancelled, task=spec))
+        await wait_for_status(first.stub, cancelled, {pb.RUNNING})
+        await asyncio.sleep(0.3)  # into the long step
+        await other.stub.CancelWorkflow(pb.CancelWorkflowRequest(task_id=cancelled))
+        history = await _history(other.stub, cancelled)
+        assert history[-1].status == pb.CANCELLED
+        await _watched_quickly([first.stub, other.stub], cancelled, history)
+    finally:
+        await stop_engine(other)
+        await stop_engine(first)
+
+
+async def test_a_run_resumed_here_does_not_serve_an_older_feed_of_its_workflow(
+    settings: Settings,
+) -> None:
+    # Notifications off: nothing tells this replica what the other one wrote. It ran the first
+    # step, the other ran the second and started the third's job, then stopped mid-job; this
+    # replica's recovery adopts the workflow and waits for the job. Its feed still holds its
+    # own first events; a watch must get everything in the table now, not wait for the job.
+    quiet = replace(settings, watch_poll_seconds=60, listen_database_url=LISTEN_NONE)
+    here = await start_engine(replace(quiet, recovery_interval_seconds=60))
+    other = await start_engine(replace(quiet, holder_id="test-engine-2"))
+    task_id = new_task_id()
+    try:
+        spec = task(
+            step("a", "true"),
+            step("b", "true", requires_approval=True),
+            shell_step("c", "sleep 4"),
+        )
+        await here.stub.StartWorkflow(pb.StartWorkflowRequest(task_id=task_id, task=spec))
+        await wait_for_status(here.stub, task_id, {pb.WAITING_FOR_APPROVAL})
+        decision = pb.ApprovalDecision(step_id="b", verdict=pb.APPROVE)
+        await other.stub.ResumeWorkflow(
+            pb.ResumeWorkflowRequest(task_id=task_id, decision=decision)
+        )
+        for _ in range(100):
+            wf = await other.stub.GetWorkflow(pb.GetWorkflowRequest(task_id=task_id))
+            if wf.state["current_step_index"] == 2 and wf.last_node_id == "dispatch_step":
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("the third step's job never started")
+    finally:
+        await other.server.stop(drain_timeout=0.1)  # abandons the job's node, hands it over
+        await other.channel.close()
+    try:
+        assert await here.engine.service.recover(task_id)
+        in_table = await _history(here.stub, task_id)
+        call = here.stub.WatchWorkflow(pb.WatchWorkflowRequest(task_id=task_id, from_sequence=1))
+        streamed = []
+        async with asyncio.timeout(2):
+            async for event in call:
+                streamed.append(event)
+                if len(streamed) == len(in_table):
+                    break
+        call.cancel()
+        assert streamed == in_table
+        assert (await watch_until_end(here.stub, task_id, timeout=30))[-1].status == pb.SUCCEEDED
+    finally:
+        await stop_engine(here)

@@ -83,3 +83,31 @@ async def test_other_notifications_make_watchers_stale() -> None:
     with hub.subscribe(TASK) as news:
         hub._notified(TASK)  # no sequence (an older engine's trigger)
         assert news.stale
+
+
+async def test_someone_elses_event_empties_the_feed_watched_or_not() -> None:
+    # No watcher is subscribed when the other process's events are notified: the feed must
+    # still stop standing in for the table, or the next watch would wait for them.
+    hub = EventHub(None)
+    wrote(hub, 1, 2, 3)
+    hub._notified(f"{TASK}:4")
+    assert hub.recent(TASK, 1) is None
+    wrote(hub, 5)  # this process writes again, after the gap: only that is served
+    assert [e.seq for e in hub.recent(TASK, 5) or []] == [5]
+
+    hub.writing(TASK)
+    hub._notified(f"{TASK}:7")  # past the write in flight, which turns out to be 6
+    hub.written(TASK, [event(6)])
+    assert hub.recent(TASK, 5) is None
+
+
+async def test_the_feed_says_whether_its_newest_event_ended_the_workflow() -> None:
+    hub = EventHub(None)
+    wrote(hub, 1)
+    assert not hub.ended(TASK)
+    hub.writing(TASK)
+    done = WorkflowEventRecord(2, "status", None, "SUCCEEDED", datetime.now(UTC), "run")
+    hub.written(TASK, [done])
+    assert hub.ended(TASK)
+    hub.forget(TASK)
+    assert not hub.ended(TASK) and hub.recent(TASK, 1) is None

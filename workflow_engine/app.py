@@ -159,7 +159,7 @@ class Engine:
     ) -> Engine:
         SECRETS.add([settings.mcp.bearer_token, settings.node.token])
         pool = await open_pool(url, settings)
-        store = WorkflowStore(pool)
+        store = WorkflowStore(pool, process=settings.process)
         try:
             applied = await run_migrations(pool)
             log.info("schema_ready", migrations=applied)

@@ -261,8 +261,13 @@ class Settings:
     data_dir: Path = Path(".data")
     #: Default lease time to live; a running workflow renews it every third of that.
     lease_ttl_seconds: int = 30
-    #: This process's identity as a lease holder, when a request does not name one.
+    #: This engine's identity as a lease holder, when a request does not name one. Every engine
+    #: process `serve` starts holds leases under this same id (what the orchestrator sees).
     holder_id: str = field(default_factory=_default_holder_id)
+    #: This engine process's name, recorded with each lease it takes (`holder_process`): set by
+    #: `serve` for each process it starts (the holder id and the process's slot, e.g.
+    #: ``engine-a/2``, kept when the process is restarted); empty means the holder id.
+    process_name: str = ""
     #: Engine processes `serve` runs, sharing the port (see `supervisor`); 1 runs the engine in
     #: the process itself. Default: the cores this process may use.
     processes: int = field(default_factory=lambda: len(os.sched_getaffinity(0)))
@@ -441,6 +446,11 @@ class Settings:
                 raise ValueError(
                     f"{ENV_PREFIX}NODES_{name.upper()}: expected 0 <= seconds <= 86400"
                 )
+
+    @property
+    def process(self) -> str:
+        """This engine process's name (`process_name`, else the holder id)."""
+        return self.process_name or self.holder_id
 
     @property
     def prepare_threshold(self) -> int | None:

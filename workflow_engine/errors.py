@@ -88,10 +88,19 @@ class WorkflowExists(WorkflowEngineError):
 class LeaseHeld(WorkflowEngineError):
     """Another holder has a live lease on the task."""
 
-    def __init__(self, task_id: str, holder_id: str | None, expires_at: datetime | None) -> None:
+    def __init__(
+        self,
+        task_id: str,
+        holder_id: str | None,
+        expires_at: datetime | None,
+        process: str | None = None,
+    ) -> None:
         expiry = expires_at.isoformat() if expires_at else "never"
+        # The engine process is named when it says more than the holder (one of several).
+        where = f" (engine process {process!r})" if process and process != holder_id else ""
         super().__init__(
-            f"task {task_id} is leased by holder {holder_id!r} until {expiry}", task_id=task_id
+            f"task {task_id} is leased by holder {holder_id!r}{where} until {expiry}",
+            task_id=task_id,
         )
         self.holder_id = holder_id
         self.expires_at = expires_at

@@ -3,9 +3,11 @@
 One Python process runs Python on one core at a time, so one engine process leaves the other
 cores idle. With `processes` above 1, `serve` becomes this supervisor: it prepares what the
 engines share (the embedded PostgreSQL when no URL is given, the schema), reserves the address,
-and starts N complete engine processes (`workflow-engine serve` with `processes=1`), each its
-own lease holder with its own pool, runs and recovery. They all listen on the same address
-with `SO_REUSEPORT`, so the kernel spreads incoming connections across them. A client's channel
+and starts N complete engine processes (`workflow-engine serve` with `processes=1`), each with
+its own pool, runs and recovery. They hold leases under the one configured holder id (what the
+orchestrator sees), each lease naming the process that took it (`holder/slot`, a name a
+restarted process keeps). They all listen on the same address with `SO_REUSEPORT`, so the
+kernel spreads incoming connections across them. A client's channel
 is one connection: a `StartWorkflow` and the `WatchWorkflow` after it on the same channel reach
 the same process, which serves the watch from its own writes.
 
@@ -83,7 +85,7 @@ class Supervisor:
         self._address = address
         # Where the engines record their metrics for the supervisor to sum ("": metrics off).
         self._metrics_dir = metrics_dir
-        self._started = 0  # engines started so far; each one's number names its holder id
+        self._started = 0  # engines started so far
         self._engines: dict[int, _Engine] = {}  # by slot
         self._stopping = False
 
@@ -106,7 +108,10 @@ class Supervisor:
             "WORKFLOW_ENGINE_PROCESSES": "1",
             "WORKFLOW_ENGINE_DATABASE_URL": self._database_url,
             "WORKFLOW_ENGINE_LISTEN": self._address,
-            "WORKFLOW_ENGINE_HOLDER_ID": f"{settings.holder_id}/{self._started}",
+            # One holder id for the whole engine, as the orchestrator configured it; each
+            # process's name (kept by its restarts) tells whose lease is whose.
+            "WORKFLOW_ENGINE_HOLDER_ID": settings.holder_id,
+            "WORKFLOW_ENGINE_PROCESS_NAME": f"{settings.holder_id}/{slot}",
             READY_FD_ENV: str(write_fd),
             PARENT_ENV: str(os.getpid()),
         }

@@ -17,11 +17,11 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 pytestmark = pytest.mark.e2e
 
 
-async def leases_by_holder(db_url: str) -> dict[str, int]:
+async def leases_by_process(db_url: str) -> dict[str, int]:
     async with await psycopg.AsyncConnection.connect(db_url) as conn:
         cur = await conn.execute(
-            "SELECT holder_id, count(*) FROM task_workflow_leases"
-            " WHERE holder_id IS NOT NULL GROUP BY holder_id"
+            "SELECT holder_process, count(*) FROM task_workflow_leases"
+            " WHERE holder_id IS NOT NULL GROUP BY holder_process"
         )
         return {holder: count for holder, count in await cur.fetchall()}
 
@@ -47,8 +47,8 @@ async def test_channels_spread_evenly_over_two_engine_processes(
             for channel in channels:
                 stub = pb_grpc.WorkflowEngineStub(channel)
                 await stub.StartWorkflow(pb.StartWorkflowRequest(task_id=new_task_id(), task=spec))
-            # A workflow's lease is held by the engine process its call reached.
-            assert await leases_by_holder(db_url) == {"pair/1": 4, "pair/2": 4}
+            # A workflow's lease is taken by the engine process its call reached.
+            assert await leases_by_process(db_url) == {"pair/1": 4, "pair/2": 4}
         finally:
             for channel in channels:
                 await channel.close()

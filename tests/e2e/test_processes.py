@@ -1,7 +1,9 @@
 """`workflow-engine serve` with two engine processes on one port, under one supervisor.
 
-Each engine is its own lease holder; connections spread across them; a killed engine is
-replaced and its workflows adopted with nothing run twice; SIGTERM drains them all; a killed
+The engines hold leases under the one configured holder id, each lease naming its process, so
+the orchestrator's own statements see the holder it configured; connections spread across
+them; a watch of a workflow both wrote gets every event at once from either; a killed engine
+is replaced and its workflows adopted with nothing run twice; SIGTERM drains them all; a killed
 supervisor leaves no engine behind.
 """
 
@@ -11,6 +13,7 @@ import asyncio
 import os
 import socket
 import time
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -20,7 +23,16 @@ import psycopg
 import pytest
 
 from tests.e2e.process import EngineProcess
-from tests.helpers import new_task_id, open_to_jobs, shell_step, task, watch_until_end
+from tests.helpers import (
+    new_task_id,
+    open_to_jobs,
+    shell_step,
+    step,
+    task,
+    wait_for_status,
+    watch_until_end,
+)
+from tests.integration.orchestrator import their_code
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
 
@@ -56,15 +68,44 @@ def alive(pid: int) -> bool:
     return True
 
 
-async def holders(db_url: str) -> set[str]:
+async def holders(db_url: str) -> set[tuple[str, str]]:
+    """The (holder, engine process) of every live lease."""
     async with await psycopg.AsyncConnection.connect(db_url) as conn:
         cur = await conn.execute(
-            "SELECT DISTINCT holder_id FROM task_workflow_leases WHERE holder_id IS NOT NULL"
+            "SELECT DISTINCT holder_id, holder_process FROM task_workflow_leases"
+            " WHERE holder_id IS NOT NULL"
         )
-        return {row[0] for row in await cur.fetchall()}
+        return {(row[0], row[1]) for row in await cur.fetchall()}
 
 
-async def test_two_engines_share_the_port_each_its_own_lease_holder(
+async def process_of(db_url: str, task_id: str) -> str:
+    """The engine process that took the task's lease last."""
+    async with await psycopg.AsyncConnection.connect(db_url) as conn:
+        cur = await conn.execute(
+            "SELECT holder_process FROM task_workflow_leases WHERE task_id = %s", (task_id,)
+        )
+        row = await cur.fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+async def one_stub_per_process(
+    stubs: list[pb_grpc.WorkflowEngineStub], db_url: str
+) -> list[pb_grpc.WorkflowEngineStub]:
+    """A stub whose connection reaches engine process 1, and one reaching process 2 (each
+    found by the process a quick workflow started through it ran in)."""
+    found: dict[str, pb_grpc.WorkflowEngineStub] = {}
+    for stub in stubs:
+        probe = new_task_id()
+        await stub.StartWorkflow(
+            pb.StartWorkflowRequest(task_id=probe, task=task(step("p", "true")))
+        )
+        found.setdefault(await process_of(db_url, probe), stub)
+    assert sorted(found) == ["pair/1", "pair/2"], f"the connections reached only {found}"
+    return [found["pair/1"], found["pair/2"]]
+
+
+async def test_two_engines_share_the_port_and_the_configured_holder_id(
     db_url: str, tmp_path: Path, processes: list[EngineProcess]
 ) -> None:
     supervisor = EngineProcess(
@@ -77,11 +118,93 @@ async def test_two_engines_share_the_port_each_its_own_lease_holder(
         ids = [new_task_id() for _ in stubs]
         for stub, task_id in zip(stubs, ids, strict=True):
             await stub.StartWorkflow(pb.StartWorkflowRequest(task_id=task_id, task=spec))
-        assert await holders(db_url) == {"pair/1", "pair/2"}
+        assert await holders(db_url) == {("pair", "pair/1"), ("pair", "pair/2")}
         ends = await asyncio.gather(
             *(watch_until_end(stub, t) for stub, t in zip(stubs, ids, strict=True))
         )
     assert all(events[-1].status == pb.SUCCEEDED for events in ends)
+
+
+async def test_the_orchestrators_own_start_sees_the_holder_it_configured(
+    db_url: str, tmp_path: Path, processes: list[EngineProcess]
+) -> None:
+    # The orchestrator configured the engine as "pair" and started through it with its lease
+    # id as the idempotency key: its own acquire (read, then write) must answer
+    # already_running for "pair", whichever engine process runs the workflow; and a resume
+    # reaching the other process must not take the live run from its sibling.
+    supervisor = EngineProcess(
+        db_url=db_url, data_dir=tmp_path / "data", holder_id="pair", extra_env=TWO
+    )
+    processes.append(supervisor)
+    async with connections(supervisor.address, 12) as stubs:
+        first, second = await one_stub_per_process(stubs, db_url)
+        task_id, lease_id = new_task_id(), str(uuid.uuid4())
+        spec = task(shell_step("wait", "sleep 5"))
+        started = await first.StartWorkflow(
+            pb.StartWorkflowRequest(task_id=task_id, idempotency_key=lease_id, task=spec)
+        )
+        assert (started.status, started.holder_id, started.lease_id) == (
+            pb.STARTED,
+            "pair",
+            lease_id,
+        )
+        async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+            theirs = await their_code.acquire(conn, task_id, "pair", lease_id)
+            assert theirs.status == "already_running"
+            other = await their_code.acquire(conn, task_id, "someone-else")
+            assert other.status == "conflict"
+        again = await second.StartWorkflow(
+            pb.StartWorkflowRequest(task_id=task_id, idempotency_key=lease_id, task=spec)
+        )
+        assert again.status == pb.ALREADY_RUNNING
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await second.ResumeWorkflow(pb.ResumeWorkflowRequest(task_id=task_id))
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "holder 'pair' (engine process 'pair/1')" in (refused.value.details() or "")
+        assert await process_of(db_url, task_id) == "pair/1"
+        events = await watch_until_end(second, task_id, timeout=30)
+    assert events[-1].status == pb.SUCCEEDED
+    assert {e.run_id for e in events} == {started.run_id}
+
+
+async def test_a_workflow_both_engines_wrote_is_watched_whole_from_either_at_once(
+    db_url: str, tmp_path: Path, processes: list[EngineProcess]
+) -> None:
+    # Paused in one engine, approved and finished in the other (or cancelled by the other):
+    # 50 watches through each engine get every event, in order, long before a 60 s poll.
+    supervisor = EngineProcess(
+        db_url=db_url,
+        data_dir=tmp_path / "data",
+        holder_id="pair",
+        extra_env={**TWO, "WORKFLOW_ENGINE_WATCH_POLL_SECONDS": "60"},
+    )
+    processes.append(supervisor)
+    async with connections(supervisor.address, 12) as stubs:
+        first, second = await one_stub_per_process(stubs, db_url)
+        approved = new_task_id()
+        spec = task(step("a", "true"), step("b", "true", requires_approval=True))
+        await first.StartWorkflow(pb.StartWorkflowRequest(task_id=approved, task=spec))
+        await wait_for_status(first, approved, {pb.WAITING_FOR_APPROVAL})
+        decision = pb.ApprovalDecision(step_id="b", verdict=pb.APPROVE)
+        await second.ResumeWorkflow(pb.ResumeWorkflowRequest(task_id=approved, decision=decision))
+        await wait_for_status(second, approved, {pb.SUCCEEDED})
+        assert await process_of(db_url, approved) == "pair/2"
+
+        cancelled = new_task_id()
+        spec = task(step("quick", "true"), shell_step("long", "sleep 30"))
+        await first.StartWorkflow(pb.StartWorkflowRequest(task_id=cancelled, task=spec))
+        await asyncio.sleep(0.5)  # into the long step
+        await second.CancelWorkflow(pb.CancelWorkflowRequest(task_id=cancelled))
+
+        for task_id in (approved, cancelled):
+            history = list(
+                (await second.GetWorkflow(pb.GetWorkflowRequest(task_id=task_id))).history
+            )
+            assert history[-1].status in (pb.SUCCEEDED, pb.CANCELLED)
+            for stub in (first, second):
+                for _ in range(50):
+                    watched = await watch_until_end(stub, task_id, from_sequence=1, timeout=2)
+                    assert watched == history
 
 
 async def test_sigterm_drains_every_engine_and_the_supervisor_exits_0(

@@ -56,6 +56,7 @@ def workflow_to_proto(record: WorkflowRecord) -> pb.Workflow:
         error=SECRETS.redact(redact(record.error, secrets)),
         pending_approval=approval_to_proto(state),
         blocked_reason=record.blocked_reason,
+        stopped_reason=record.stopped_reason,
     )
 
 
@@ -74,6 +75,7 @@ EVENT_KINDS: dict[str, pb.EventKind.ValueType] = {
     "approval_decided": pb.APPROVAL_DECIDED,
     "overridden": pb.OVERRIDDEN,
     "blocked": pb.BLOCKED,
+    "stopped": pb.STOPPED,
 }
 
 

@@ -113,6 +113,7 @@ def list_item_to_proto(item: WorkflowListItem) -> pb.Workflow:
         lease_expires_at=convert.to_timestamp(item.lease_expires_at),
         summary=SECRETS.redact(item.summary),
         error=SECRETS.redact(item.error),
+        stopped_reason=item.stopped_reason,
     )
 
 

@@ -34,6 +34,8 @@ class Lease:
     epoch: int
     expires_at: datetime | None
     live: bool
+    #: The engine process that took it (`Settings.process_name`), if the engine took it.
+    holder_process: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +58,9 @@ class WorkflowRecord:
     #: Why the engine will not run this workflow until an operator decides ('' when it will):
     #: another writer changed its state or last_node_id.
     blocked_reason: str = ""
+    #: Why its run stopped although it did not end ('' when it runs or ended): another writer
+    #: released or took its lease. ResumeWorkflow continues it.
+    stopped_reason: str = ""
     #: Whose it is: the task metadata's user and project.
     user_id: str = ""
     project_id: str = ""
@@ -145,6 +150,7 @@ class WorkflowListItem:
     error: str
     lease_holder_id: str | None
     lease_expires_at: datetime | None
+    stopped_reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -128,15 +128,26 @@ class RunManager:
         if run.status in TERMINAL_STATUSES:
             await self._jobs.cancel(task_id)  # no job outlives its workflow (a forced end)
         if outcome.endswith("lease lost"):
-            # Taken over, or revoked by a cancel elsewhere: only the latter stops the jobs.
-            try:
-                cancelled = (await self._store.get(task_id)).status == WorkflowStatus.CANCELLED
-            except (WorkflowEngineError, psycopg.Error) as exc:
-                log.warning("run_end_status_unknown", task_id=task_id, error=repr(exc))
-                cancelled = False
-            if cancelled:
-                await self._jobs.cancel(task_id)
+            await self._after_lease_lost(run.fence)
         return outcome
+
+    async def _after_lease_lost(self, fence: Fence) -> None:
+        """A run stopped because its lease is gone. Released or taken by another writer (the
+        orchestrator): say so in the row, for callers to see, and leave the jobs for whoever
+        resumes it. Taken over by another replica: nothing to say. Revoked by a cancel
+        elsewhere: stop its jobs."""
+        task_id = fence.task_id
+        try:
+            reason = await self._store.note_stopped(fence)
+            if reason:
+                log.warning("run_stopped_by_another_writer", task_id=task_id, reason=reason)
+                return
+            cancelled = (await self._store.get(task_id)).status == WorkflowStatus.CANCELLED
+        except (WorkflowEngineError, psycopg.Error) as exc:
+            log.warning("run_end_status_unknown", task_id=task_id, error=repr(exc))
+            cancelled = False
+        if cancelled:
+            await self._jobs.cancel(task_id)
 
     async def admit(self, job: JobRequest) -> None:
         """Let `job` start only while its run holds the lease (confirmed by the database)."""

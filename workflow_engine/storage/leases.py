@@ -36,9 +36,10 @@ def fence_sql(holder: str = "%(holder_id)s", epoch: str = "%(epoch)s") -> str:
 _ACQUIRE = """
 INSERT INTO task_workflow_leases AS l
     (id, task_id, lease_id, holder_id, expires_at, created_at, updated_at, epoch,
-     engine_lease_id, handed_over)
+     engine_lease_id, handed_over, holder_process)
 VALUES (gen_random_uuid(), %(task_id)s, %(lease_id)s, %(holder_id)s,
-        now() + make_interval(secs => %(ttl)s), now(), now(), 1, %(lease_id)s, false)
+        now() + make_interval(secs => %(ttl)s), now(), now(), 1, %(lease_id)s, false,
+        %(process)s)
 ON CONFLICT (task_id) DO UPDATE
    SET lease_id = EXCLUDED.lease_id,
        holder_id = EXCLUDED.holder_id,
@@ -46,12 +47,18 @@ ON CONFLICT (task_id) DO UPDATE
        epoch = l.epoch + 1,
        updated_at = now(),
        engine_lease_id = EXCLUDED.lease_id,
-       handed_over = false
+       handed_over = false,
+       holder_process = EXCLUDED.holder_process
  WHERE """
 
-# Whom each kind of acquire may take the lease from.
+# Whom each kind of acquire may take the lease from. A holder takes over its own live lease only
+# in the engine process that took it (a restarted process keeps its name, `process_name`), never
+# from another process of the same engine that may be running the workflow right now.
 _TAKE_FREE = "l.holder_id IS NULL OR l.expires_at IS NULL OR l.expires_at <= now()"
-_TAKE_OWN = " OR (%(take_own)s AND l.holder_id = %(holder_id)s)"
+_TAKE_OWN = (
+    " OR (%(take_own)s AND l.holder_id = %(holder_id)s"
+    " AND l.holder_process IS NOT DISTINCT FROM %(process)s)"
+)
 # Automatic recovery takes only what the engine left for another replica: a lease the engine
 # itself took last, and then handed over (drain) or let expire (crash). A lease the
 # orchestrator released (holder null, not handed over) or took itself stays where it is.
@@ -60,14 +67,14 @@ ORPHANED = (
     " AND ((l.holder_id IS NULL AND l.handed_over) OR l.expires_at <= now())"
 )
 _RETURNING = """
-RETURNING task_id::text, lease_id::text, holder_id, epoch, expires_at, true
+RETURNING task_id::text, lease_id::text, holder_id, epoch, expires_at, true, holder_process
 """
 ACQUIRE = _ACQUIRE + _TAKE_FREE + _TAKE_OWN + _RETURNING
 ACQUIRE_ORPHANED = _ACQUIRE + ORPHANED + _RETURNING
 
 CURRENT = """
 SELECT task_id::text, lease_id::text, holder_id, epoch, expires_at,
-       holder_id IS NOT NULL AND expires_at > now()
+       holder_id IS NOT NULL AND expires_at > now(), holder_process
   FROM task_workflow_leases
  WHERE task_id = %(task_id)s
 """
@@ -120,6 +127,7 @@ def _lease(row: tuple[Any, ...]) -> Lease:
         epoch=int(row[3]),
         expires_at=row[4],
         live=bool(row[5]),
+        holder_process=row[6],
     )
 
 
@@ -130,13 +138,16 @@ async def acquire(
     lease_id: str,
     holder_id: str,
     ttl_seconds: float,
+    process: str | None = None,
     take_own: bool = False,
     orphaned_only: bool = False,
 ) -> Lease | None:
-    """Take the lease in one statement; `None` when another holder has it live.
+    """Take the lease for `holder_id`, in engine process `process`, in one statement; `None`
+    when another holder (or another process of this one) has it live.
 
-    `take_own`: also from this holder's live lease (a resume). `orphaned_only`: only a lease
-    the engine handed over or let expire (automatic recovery; see `ORPHANED`).
+    `take_own`: also from this holder's live lease taken in this process (a resume).
+    `orphaned_only`: only a lease the engine handed over or let expire (automatic recovery;
+    see `ORPHANED`).
     """
     cur = await conn.execute(
         ACQUIRE_ORPHANED if orphaned_only else ACQUIRE,
@@ -144,6 +155,7 @@ async def acquire(
             "task_id": task_id,
             "lease_id": lease_id,
             "holder_id": holder_id,
+            "process": process,
             "ttl": ttl_seconds,
             "take_own": take_own,
         },

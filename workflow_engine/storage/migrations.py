@@ -177,6 +177,18 @@ MIGRATIONS: list[LiteralString] = [
     END;
     $$;
     """,
+    # 5: the lease's holder is the configured one, whichever engine process holds it; and why
+    # a run stopped without ending (issue 47).
+    """
+    ALTER TABLE task_workflow_leases
+        -- Which engine process took the lease (`Settings.process_name`): several processes of
+        -- one engine share its holder id, and a process may take over only its own lease.
+        ADD COLUMN IF NOT EXISTS holder_process text;
+    ALTER TABLE workflow_checkpoints
+        -- Why the workflow's run stopped although it did not end (its lease was released or
+        -- taken by another writer); '' when it runs or ended. A resume clears it.
+        ADD COLUMN IF NOT EXISTS stopped_reason text NOT NULL DEFAULT '';
+    """,
 ]
 
 

@@ -34,7 +34,7 @@ SELECT c.task_id::text AS task_id, c.run_id::text AS run_id, c.status, c.last_no
        l.holder_id AS lease_holder_id, l.expires_at AS lease_expires_at,
        CASE WHEN c.blocked_reason <> '' THEN c.blocked_reason
             WHEN c.changed_outside THEN %(outside_change)s ELSE '' END AS blocked_reason,
-       c.user_id, c.project_id
+       c.stopped_reason, c.user_id, c.project_id
   FROM workflow_checkpoints c
   LEFT JOIN task_workflow_leases l ON l.task_id = c.task_id
  WHERE c.task_id = %(task_id)s AND c.engine_owned
@@ -63,7 +63,7 @@ SELECT seq, kind, node_id, status, created_at, run_id, detail, actor
 # the order of workflow_checkpoints_list_idx. `list_statement` appends the WHERE clause.
 _LIST_WORKFLOWS = """
 SELECT c.task_id::text AS task_id, c.run_id::text AS run_id, c.status, c.last_node_id,
-       c.updated_at, c.summary, c.error,
+       c.updated_at, c.summary, c.error, c.stopped_reason,
        l.holder_id AS lease_holder_id, l.expires_at AS lease_expires_at
   FROM workflow_checkpoints c
   LEFT JOIN task_workflow_leases l ON l.task_id = c.task_id

@@ -66,7 +66,8 @@ _START = (
     SELECT task_id, 1, %(run_id)s, 'status', NULL, 'RUNNING' FROM cp
     RETURNING created_at
 )
-SELECT lease_id, holder_id, epoch, expires_at, event.created_at FROM lease, event
+SELECT lease_id, holder_id, epoch, expires_at, event.created_at, holder_process
+  FROM lease, event
 """
 )
 
@@ -127,6 +128,7 @@ UPDATE workflow_checkpoints c
        state = CASE WHEN cur.ours THEN cur.state ELSE c.state END,
        changed_outside = c.changed_outside AND NOT %(ends)s,
        blocked_reason = CASE WHEN %(ends)s THEN '' ELSE c.blocked_reason END,
+       stopped_reason = CASE WHEN %(ends)s THEN '' ELSE c.stopped_reason END,
        error = CASE WHEN %(error)s = '' THEN c.error ELSE %(error)s END,
        event_seq = c.event_seq + 1,
        updated_at = now()
@@ -172,6 +174,35 @@ UPDATE workflow_checkpoints SET event_seq = event_seq + 1
 RETURNING event_seq, status
 """
 
+# Why a run whose lease is gone stopped, when another writer (not the engine) took it away:
+# at the run's own epoch (an engine takeover or a cancel moves the epoch on), either released
+# without the engine handing it over, or acquired under a lease id the engine did not write.
+# The holder that took it, or NULL when it was released.
+_STOPPED_BY = """
+SELECT l.holder_id FROM task_workflow_leases AS l
+ WHERE l.task_id = %(task_id)s AND l.epoch = %(epoch)s
+   AND ((l.holder_id IS NULL AND NOT l.handed_over)
+        OR l.lease_id IS DISTINCT FROM l.engine_lease_id)
+   FOR UPDATE
+"""
+
+# Say so in the row (once; a resume clears it) while the workflow is still the engine's to run.
+_NOTE_STOPPED = """
+UPDATE workflow_checkpoints
+   SET stopped_reason = %(reason)s, event_seq = event_seq + 1, updated_at = now()
+ WHERE task_id = %(task_id)s AND engine_owned AND status = 'RUNNING'
+   AND blocked_reason = '' AND stopped_reason = ''
+RETURNING event_seq, status
+"""
+
+_CLEAR_STOPPED = "UPDATE workflow_checkpoints SET stopped_reason = '' WHERE task_id = %(task_id)s"
+
+#: `stopped_reason` when the orchestrator released the lease of a running workflow.
+RELEASED_ELSEWHERE = (
+    "the lease was released by another holder (not this engine); "
+    "ResumeWorkflow continues the workflow"
+)
+
 _INSERT_EVENT = """
 INSERT INTO workflow_events (task_id, seq, run_id, kind, node_id, status, detail, actor)
 VALUES (%(task_id)s, %(seq)s, %(run_id)s, %(kind)s, NULL, %(status)s, %(detail)s, %(actor)s)
@@ -190,12 +221,14 @@ async def create(
     *,
     task_id: str,
     holder_id: str,
+    process: str,
     idempotency_key: str | None,
     ttl_seconds: float,
     spec: JsonObject,
     initial_state: JsonObject,
 ) -> StartOutcome:
-    """Take the lease, store the task, its first checkpoint row and event: one statement."""
+    """Take the lease (for `holder_id`, in engine process `process`), store the task, its
+    first checkpoint row and event: one statement."""
     lease_id = idempotency_key or str(uuid.uuid4())
     run_id = str(uuid.uuid4())
     metadata = spec.get("metadata") or {}
@@ -203,6 +236,7 @@ async def create(
         "task_id": task_id,
         "lease_id": lease_id,
         "holder_id": holder_id,
+        "process": process,
         "ttl": ttl_seconds,
         "take_own": False,
         "state": Jsonb(initial_state),
@@ -226,7 +260,7 @@ async def create(
         except psycopg.errors.UniqueViolation:
             row = None  # the workflow exists: the statement, lease and all, was rolled back
         if row is not None:
-            lease = Lease(task_id, row[0], row[1], int(row[2]), row[3], live=True)
+            lease = Lease(task_id, row[0], row[1], int(row[2]), row[3], True, row[5])
             return StartOutcome(
                 status="STARTED",
                 run_id=run_id,
@@ -275,7 +309,7 @@ async def _explain_refused_start(
         if live is None or live.holder_id == holder_id:
             return StartOutcome("ALREADY_RUNNING", record.run_id, record.status, live)
     if live is not None:
-        raise LeaseHeld(task_id, live.holder_id, live.expires_at)
+        raise LeaseHeld(task_id, live.holder_id, live.expires_at, live.holder_process)
     if record is not None:
         raise WorkflowExists(task_id, record.status)
     return None
@@ -291,6 +325,7 @@ async def claim_for_resume(
     *,
     task_id: str,
     holder_id: str,
+    process: str,
     ttl_seconds: float,
     max_recoveries: int | None = None,
 ) -> ResumeClaim:
@@ -305,7 +340,10 @@ async def claim_for_resume(
     """
     try:
         return await in_transaction(
-            pool, lambda conn: _claim_once(conn, task_id, holder_id, ttl_seconds, max_recoveries)
+            pool,
+            lambda conn: _claim_once(
+                conn, task_id, holder_id, process, ttl_seconds, max_recoveries
+            ),
         )
     except _Refused:
         raise await _lease_held(pool, task_id) from None
@@ -315,15 +353,16 @@ async def _lease_held(pool: Pool, task_id: str) -> LeaseHeld:
     """`LeaseHeld` naming whoever holds the task's lease now (a claim found it live)."""
     async with pool.connection() as conn:
         lease = await leases.current(conn, task_id)
-    return LeaseHeld(
-        task_id, lease.holder_id if lease else None, lease.expires_at if lease else None
-    )
+    if lease is None:
+        return LeaseHeld(task_id, None, None)
+    return LeaseHeld(task_id, lease.holder_id, lease.expires_at, lease.holder_process)
 
 
 async def _claim_once(
     conn: Connection,
     task_id: str,
     holder_id: str,
+    process: str,
     ttl_seconds: float,
     max_recoveries: int | None,
 ) -> ResumeClaim:
@@ -338,12 +377,16 @@ async def _claim_once(
         task_id=task_id,
         lease_id=str(uuid.uuid4()),
         holder_id=holder_id,
+        process=process,
         ttl_seconds=ttl_seconds,
         take_own=True,
         orphaned_only=max_recoveries is not None,
     )
     if lease is None:
         raise _Refused("lease")
+    if record.stopped_reason:  # it runs again
+        await conn.execute(_CLEAR_STOPPED, {"task_id": task_id})
+        record = await _lock_workflow(conn, task_id)
     if max_recoveries is not None:
         cur = await conn.execute(_COUNT_RECOVERY, {"task_id": task_id})
         counted = await cur.fetchone()
@@ -364,6 +407,7 @@ async def restart_from(
     *,
     task_id: str,
     holder_id: str,
+    process: str,
     ttl_seconds: float,
     state: Callable[[JsonObject], JsonObject],
     actor: str,
@@ -388,6 +432,7 @@ async def restart_from(
             task_id=task_id,
             lease_id=str(uuid.uuid4()),
             holder_id=holder_id,
+            process=process,
             ttl_seconds=ttl_seconds,
             take_own=True,
         )
@@ -479,6 +524,35 @@ async def set_status(pool: Pool, fence: Fence, status: str, error: str = "") -> 
             return record is not None
         await _set_status(conn, record, status, error)
         return True
+
+    return await in_transaction(pool, once)
+
+
+async def note_stopped(pool: Pool, fence: Fence) -> str:
+    """Record why the run of `fence` stopped, if another writer (not the engine) released or
+    took its lease: `stopped_reason` and a ``stopped`` event. Returns the reason ('' when the
+    lease went elsewhere in the engine, or was revoked by a cancel: nothing to say)."""
+
+    async def once(conn: Connection) -> str:
+        cur = await conn.execute(_STOPPED_BY, {"task_id": fence.task_id, "epoch": fence.epoch})
+        row = await cur.fetchone()
+        if row is None:
+            return ""
+        taker: str | None = row[0]
+        reason = (
+            RELEASED_ELSEWHERE
+            if taker is None
+            else f"the lease was taken by holder {taker!r} (not this engine)"
+        )
+        record = await select_workflow(conn, fence.task_id, lock=True)
+        if record is None:
+            return ""
+        cur = await conn.execute(_NOTE_STOPPED, {"task_id": fence.task_id, "reason": reason})
+        noted = await cur.fetchone()
+        if noted is None:
+            return ""
+        await _insert_event(conn, record, noted[0], "stopped", noted[1], reason, taker or "")
+        return reason
 
     return await in_transaction(pool, once)
 

@@ -31,8 +31,10 @@ from workflow_engine.storage.queries import MAX_HISTORY_EVENTS
 class WorkflowStore:
     """The engine's reads and writes of workflow rows, outside the per-node checkpoint."""
 
-    def __init__(self, pool: Pool) -> None:
+    def __init__(self, pool: Pool, *, process: str = "") -> None:
         self._pool = pool
+        # This engine process's name, recorded with every lease it takes (see `leases.acquire`).
+        self._process = process
 
     # Writes: one transaction each (see `workflow_rows`).
 
@@ -51,6 +53,7 @@ class WorkflowStore:
             self._pool,
             task_id=task_id,
             holder_id=holder_id,
+            process=self._process,
             idempotency_key=idempotency_key,
             ttl_seconds=ttl_seconds,
             spec=spec,
@@ -70,6 +73,7 @@ class WorkflowStore:
             self._pool,
             task_id=task_id,
             holder_id=holder_id,
+            process=self._process,
             ttl_seconds=ttl_seconds,
             max_recoveries=max_recoveries,
         )
@@ -99,6 +103,7 @@ class WorkflowStore:
             self._pool,
             task_id=task_id,
             holder_id=holder_id,
+            process=self._process,
             ttl_seconds=ttl_seconds,
             state=state,
             actor=actor,
@@ -114,6 +119,10 @@ class WorkflowStore:
     async def block(self, fence: Fence, reason: str) -> bool:
         """Record why the workflow waits for an operator, from a runner holding its lease."""
         return await workflow_rows.block(self._pool, fence, reason)
+
+    async def note_stopped(self, fence: Fence) -> str:
+        """Record why a run that lost its lease stopped; see `workflow_rows.note_stopped`."""
+        return await workflow_rows.note_stopped(self._pool, fence)
 
     async def orphans(self, limit: int = 100) -> list[str]:
         """Task ids of RUNNING workflows whose lease was released or has expired."""

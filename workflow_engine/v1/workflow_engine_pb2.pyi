@@ -153,6 +153,10 @@ class _EventKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_EventKind.V
     """The engine found the workflow's row changed by another writer and holds it for an
     operator; detail says why (see Workflow.blocked_reason).
     """
+    STOPPED: _EventKind.ValueType  # 7
+    """The run stopped because another writer released or took its lease; detail says why (see
+    Workflow.stopped_reason), actor names the holder that took it.
+    """
 
 class EventKind(_EventKind, metaclass=_EventKindEnumTypeWrapper): ...
 
@@ -168,6 +172,10 @@ OVERRIDDEN: EventKind.ValueType  # 5
 BLOCKED: EventKind.ValueType  # 6
 """The engine found the workflow's row changed by another writer and holds it for an
 operator; detail says why (see Workflow.blocked_reason).
+"""
+STOPPED: EventKind.ValueType  # 7
+"""The run stopped because another writer released or took its lease; detail says why (see
+Workflow.stopped_reason), actor names the holder that took it.
 """
 Global___EventKind: _TypeAlias = EventKind  # noqa: Y015
 
@@ -702,6 +710,7 @@ class Workflow(_message.Message):
     HISTORY_FIELD_NUMBER: _builtins.int
     PENDING_APPROVAL_FIELD_NUMBER: _builtins.int
     BLOCKED_REASON_FIELD_NUMBER: _builtins.int
+    STOPPED_REASON_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     run_id: _builtins.str
     status: Global___WorkflowStatus.ValueType
@@ -713,6 +722,12 @@ class Workflow(_message.Message):
     """Set when the engine will not run the workflow until an operator decides: another writer
     changed its state or last_node_id. UpdateWorkflow accept_outside_state, force_branch
     MARK_FAILED, or CancelWorkflow decide; ResumeWorkflow and other updates are refused.
+    """
+    stopped_reason: _builtins.str
+    """Set when the workflow's run stopped although the workflow did not end (status stays
+    RUNNING, no lease is held): another writer released the lease ("the lease was released by
+    another holder") or took it. Nothing runs it until ResumeWorkflow, which continues it from
+    its last checkpoint and clears this; automatic recovery leaves it alone.
     """
     @_builtins.property
     def state(self) -> _struct_pb2.Struct: ...
@@ -744,10 +759,11 @@ class Workflow(_message.Message):
         history: _abc.Iterable[Global___WorkflowEvent] | None = ...,
         pending_approval: Global___ApprovalRequest | None = ...,
         blocked_reason: _builtins.str = ...,
+        stopped_reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["lease_expires_at", b"lease_expires_at", "pending_approval", b"pending_approval", "state", b"state", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocked_reason", b"blocked_reason", "error", b"error", "history", b"history", "last_node_id", b"last_node_id", "lease_expires_at", b"lease_expires_at", "lease_holder_id", b"lease_holder_id", "pending_approval", b"pending_approval", "run_id", b"run_id", "state", b"state", "status", b"status", "summary", b"summary", "task_id", b"task_id", "updated_at", b"updated_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocked_reason", b"blocked_reason", "error", b"error", "history", b"history", "last_node_id", b"last_node_id", "lease_expires_at", b"lease_expires_at", "lease_holder_id", b"lease_holder_id", "pending_approval", b"pending_approval", "run_id", b"run_id", "state", b"state", "status", b"status", "stopped_reason", b"stopped_reason", "summary", b"summary", "task_id", b"task_id", "updated_at", b"updated_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -121,10 +121,23 @@ async def test_their_release_mid_run_stops_the_engine_for_good(
     assert stopped["task_workflow_leases"]["holder_id"] is None  # not taken back
     assert stopped["task_workflow_leases"]["lease_id"] == started.lease_id
     assert not marker.exists()
+    # What callers see: still RUNNING, but stopped, with the reason, in GetWorkflow, its
+    # history and ListWorkflows; a running workflow says none of that.
+    wf = await engine.stub.GetWorkflow(pb.GetWorkflowRequest(task_id=task_id))
+    assert wf.status == pb.RUNNING and not wf.lease_holder_id
+    assert "released by another holder" in wf.stopped_reason
+    assert wf.history[-1].kind == pb.STOPPED and wf.history[-1].detail == wf.stopped_reason
+    listed = await engine.stub.ListWorkflows(pb.ListWorkflowsRequest())
+    assert [w.stopped_reason for w in listed.workflows if w.task_id == task_id] == [
+        wf.stopped_reason
+    ]
     # An explicit resume is an invitation: the engine carries on from its last checkpoint.
     await engine.stub.ResumeWorkflow(pb.ResumeWorkflowRequest(task_id=task_id))
+    running = await engine.stub.GetWorkflow(pb.GetWorkflowRequest(task_id=task_id))
+    assert running.stopped_reason == "" and running.lease_holder_id
     wf = await wait_for_status(engine.stub, task_id)
     assert wf.status == pb.SUCCEEDED, wf.error
+    assert wf.stopped_reason == ""
     assert marker.exists()
 
 
@@ -232,6 +245,9 @@ async def test_their_acquire_after_the_engine_lease_expired(
     assert held["task_workflow_leases"]["holder_id"] == "their-runner"
     assert held["task_workflow_leases"]["lease_id"] == acquired.lease_id
     assert held["workflow_checkpoints"]["last_node_id"] == "dispatch_step"  # the engine stopped
+    assert held["workflow_checkpoints"]["stopped_reason"] == (
+        "the lease was taken by holder 'their-runner' (not this engine)"
+    )
     async with await psycopg.AsyncConnection.connect(direct_url, autocommit=True) as conn:
         again = await their_code.acquire(conn, task_id, "their-runner", acquired.lease_id)
         assert again.status == "already_running"  # their idempotent answer still holds

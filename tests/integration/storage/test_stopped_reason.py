@@ -46,16 +46,20 @@ async def _started(store: WorkflowStore) -> tuple[Fence, str]:
     return Fence(task_id, started.run_id, "engine", started.lease.epoch), started.lease.lease_id
 
 
+async def expire(conn: Any, task_id: str) -> None:
+    await conn.execute(
+        "UPDATE task_workflow_leases SET expires_at = now() - interval '1 second'"
+        " WHERE task_id = %s",
+        (task_id,),
+    )
+
+
 async def their_release(conn: Any, store: WorkflowStore, fence: Fence, lease_id: str) -> None:
     await their_code.release(conn, fence.task_id, lease_id)
 
 
 async def their_acquire(conn: Any, store: WorkflowStore, fence: Fence, lease_id: str) -> None:
-    await conn.execute(
-        "UPDATE task_workflow_leases SET expires_at = now() - interval '1 second'"
-        " WHERE task_id = %s",
-        (fence.task_id,),
-    )
+    await expire(conn, fence.task_id)
     assert (await their_code.acquire(conn, fence.task_id, "their-runner")).status == "started"
 
 
@@ -71,11 +75,7 @@ async def their_acquire_then_release(
 
 
 async def another_replica(conn: Any, store: WorkflowStore, fence: Fence, lease_id: str) -> None:
-    await conn.execute(
-        "UPDATE task_workflow_leases SET expires_at = now() - interval '1 second'"
-        " WHERE task_id = %s",
-        (fence.task_id,),
-    )
+    await expire(conn, fence.task_id)
     claim = await store.claim_for_resume(task_id=fence.task_id, holder_id="B", ttl_seconds=30)
     assert claim.lease is not None
 

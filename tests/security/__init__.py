@@ -1,0 +1,1 @@
+"""Tests that play the attacker: one per promise, each failing when its promise breaks."""

@@ -31,6 +31,11 @@ from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
 
 TEMPLATE_DB = f"workflow_engine_template_{os.getpid()}"
 
+# pytest's temporary directories (`tmp_path`: the engines' data directories, the marks jobs
+# leave) outside /tmp: a local job has a /tmp of its own (jobwrap), so what it is to share
+# with a test must be elsewhere, as a deployment shares a directory with its jobs.
+os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", "/var/tmp")
+
 
 # Outside pytest's temporary directories: pytest deletes old ones, which would pull the data
 # directory from under a server that another pytest run on this machine is still using.

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
+import os
 import shutil
 import time
 import uuid
@@ -39,6 +41,36 @@ def open_to_jobs(path: Path) -> Path:
         ancestor.chmod(ancestor.stat().st_mode & 0o777 | 0o111)  # enter, not list
     path.chmod(0o777)
     return path
+
+
+def job_pids(token: str) -> list[int]:
+    """The host's pids of the live processes whose command line holds `token`.
+
+    A local job runs in a PID namespace of its own, so the pids it can tell (``$$``, ``$!``)
+    are its namespace's, not the host's: a test finds a job's processes by what they run (a
+    path in the script, or a `unique_sleep`).
+    """
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/cmdline", "rb") as cmdline:
+                argv = cmdline.read()
+        except OSError:  # gone meanwhile
+            continue
+        # Not the job's wrapper, whose command line holds the whole command.
+        if token.encode() in argv and not argv.split(b"\0")[0].endswith(b"jobwrap"):
+            found.append(int(entry.name))
+    return found
+
+
+def unique_sleep(seconds: int) -> str:
+    """A `sleep` argument of about `seconds` that no other process runs (see `job_pids`)."""
+    return f"{seconds}.{next(_sleeps)}{time.time_ns() % 10**9:09d}"
+
+
+_sleeps = itertools.count(1)
 
 
 def new_task_id() -> str:

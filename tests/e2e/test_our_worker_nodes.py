@@ -21,7 +21,7 @@ from google.protobuf import json_format
 
 from tests.conftest import RunningEngine, start_engine, stop_engine
 from tests.e2e.process import EngineProcess
-from tests.helpers import new_task_id, shell_step, task, wait_for_status
+from tests.helpers import job_pids, new_task_id, shell_step, task, unique_sleep, wait_for_status
 from tests.node_process import NodeProcess
 from workflow_engine.config import NodesSettings, Settings
 from workflow_engine.v1 import workflow_engine_pb2 as pb
@@ -298,11 +298,14 @@ async def test_cancel_stops_the_job_on_our_node(
     engine: RunningEngine, fleet: Fleet, tmp_path: Path
 ) -> None:
     pid_file = tmp_path / "pid"
+    sleeper = unique_sleep(30)
     task_id = new_task_id()
-    spec = task(shell_step("s", f"echo $$ > {pid_file}; exec sleep 30", required_labels=["gpu"]))
+    spec = task(
+        shell_step("s", f"echo $$ > {pid_file}; exec sleep {sleeper}", required_labels=["gpu"])
+    )
     await engine.stub.StartWorkflow(pb.StartWorkflowRequest(task_id=task_id, task=spec))
     await _until(lambda: pid_file.exists() and pid_file.read_text().strip() != "")
-    pid = int(pid_file.read_text())
+    (pid,) = job_pids(sleeper)
     await engine.stub.CancelWorkflow(pb.CancelWorkflowRequest(task_id=task_id, reason="stop"))
     await _until(lambda: not _alive(pid), timeout=10)  # the node stopped its process group
     (job_id,) = fleet.jobs_on(fleet.gpu)

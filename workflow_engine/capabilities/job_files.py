@@ -32,6 +32,7 @@ the same way (its ``result.json`` is read once its supervisor ends).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import itertools
 import json
 import os
@@ -106,6 +107,37 @@ def job_env(request: dict[str, Any], work_dir: Path) -> dict[str, str]:
     env["WORKFLOW_ENGINE_REMEDIATION"] = json.dumps(list(request.get("remediation") or ()))
     env["WORKFLOW_ENGINE_CONTEXT"] = json.dumps(list(request.get("context") or ()))
     return env
+
+
+def job_data(request: dict[str, Any], env: dict[str, str]) -> int:
+    """A memfd holding what ``jobwrap`` reads on fd 6: the request's JSON, a NUL, then the
+    command's environment as ``NAME=VALUE`` entries each ended by a NUL (the caller closes it).
+
+    A name or value that would split an entry (a NUL; an ``=`` or nothing in a name) is
+    refused: it could only smuggle in another variable.
+    """
+    entries = []
+    for name, value in env.items():
+        if not name or "=" in name or "\0" in name or "\0" in value:
+            raise ValueError(f"env: {name[:64]!r} cannot be passed to a command")
+        entries.append(f"{name}={value}\0")
+    data = (json.dumps(request) + "\0" + "".join(entries)).encode("utf-8", "surrogateescape")
+    made = os.memfd_create("job", os.MFD_CLOEXEC)
+    try:
+        # Clear of the descriptors the wrapper gets things on (3 to 6), which spawning it
+        # overwrites in order.
+        fd = fcntl.fcntl(made, fcntl.F_DUPFD_CLOEXEC, 10)
+    finally:
+        os.close(made)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def read_claim(job_dir: Path) -> str | None:

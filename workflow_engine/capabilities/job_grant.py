@@ -3,11 +3,19 @@
 A local job (the embedded sandbox's, or a `worker-node`'s) runs with only what it was granted:
 
 - **Its task's own user.** When the engine runs as root, each job's command runs as the user
-  id of its task (`JobSettings.uid_base` plus a digest of the task id: a workflow's steps and
-  attempts may share files, other workflows' jobs may not touch them), with no supplementary
-  groups and no capabilities; its work directory is that user's and nobody else's. The job's
-  wrapper stays the engine's user, so the files that make up its result (exit status, claim)
-  are out of the command's reach. Not root: the job runs as the engine's user.
+  id of its task, drawn from `JobSettings.uid_base` on and recorded by the runner
+  (`job_users`: never derived from the task id a caller chose; a workflow's steps and
+  attempts share it and may share files, other workflows' jobs may not touch them), with no
+  supplementary groups and no capabilities; its work directory is that user's and nobody
+  else's. The job's wrapper stays the engine's user, so the files that make up its result
+  (exit status, claim) are out of the command's reach. Not root: the job runs as the
+  engine's user.
+- **Its own processes and mounts** (``jobwrap``; see there): a PID namespace whose init ends
+  every process of the job when its command ends, a fresh /proc, private /tmp, /dev/shm and
+  /run, and of the jobs directory its own job directory only.
+- **Its environment, and only it.** The step's env reaches the command after it became the
+  job's user, never a process that runs as root (the wrapper's environment is fixed); a name
+  or value that cannot be passed as one variable is refused.
 - **Limits** (``setrlimit``, or ``ulimit`` in the shell wrapper, just before the command):
   CPU time, address space, open files and the largest file written (stdout and stderr
   included) per process; processes at once when it has a user of its own (the kernel counts
@@ -34,18 +42,20 @@ verifier turns into the attempt's finding.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import resource
+import secrets
 import shutil
 import signal
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import structlog
 
 from workflow_engine.capabilities.job_files import SAFE_PATH
+from workflow_engine.capabilities.job_users import JobUsers
 from workflow_engine.config import JOB_UID_BASE, JOB_UID_COUNT, JobLimits
 from workflow_engine.domain.jobs import JobRequest, Limits
 
@@ -190,6 +200,17 @@ class Confinement:
         self._as_root = os.geteuid() == 0 if own_users is None else own_users
         # None until the first job tries it: the argv that isolates a job, or why nothing can.
         self._isolation: tuple[tuple[str, ...], str] | None = None
+        # Where the tasks' users are recorded: the runner's jobs directory (`keep_users_in`).
+        self._users: JobUsers | None = None
+
+    def keep_users_in(self, jobs_dir: Path) -> None:
+        """Record the tasks' users in `jobs_dir` (the runner's) from now on; see `job_users`."""
+        if self._as_root:
+            self._users = JobUsers(jobs_dir, base=self._uid_base, count=self._uid_count)
+
+    def release_idle_users(self, idle_seconds: float) -> int:
+        """Free the user ids of tasks with no job started for `idle_seconds`."""
+        return self._users.release_idle(idle_seconds) if self._users is not None else 0
 
     def grant(self, job: JobRequest) -> Grant | str:
         """What `job` runs with, or why it may not run here."""
@@ -202,7 +223,20 @@ class Confinement:
                 f"refused: unknown network_policy {sandbox.network_policy[:64]!r}; "
                 f"expected one of {', '.join(NETWORK_POLICIES)}"
             )
-        uid = self._uid_for(job.task_id) if self._as_root else None
+        unfit_env = next(
+            (n for n, v in sandbox.env.items() if not n or "=" in n or "\0" in n + v), None
+        )
+        if unfit_env is not None:
+            return f"refused: env {unfit_env[:64]!r} cannot be passed to a command as one variable"
+        uid = None
+        if self._as_root:
+            uid = self._uid_for(job.task_id)
+            if uid is None:
+                return (
+                    f"refused: every user id from {self._uid_base} to "
+                    f"{self._uid_base + self._uid_count - 1} is taken by a task whose jobs may "
+                    f"still run or be kept"
+                )
         prefix, problem = self._isolate()
         if problem:
             return (
@@ -218,9 +252,12 @@ class Confinement:
             isolation="net" if self._as_root else "userns",
         )
 
-    def _uid_for(self, task_id: str) -> int:
-        digest = int.from_bytes(hashlib.sha256(task_id.encode()).digest()[:8], "big")
-        return self._uid_base + digest % self._uid_count
+    def _uid_for(self, task_id: str) -> int | None:
+        """The task's recorded user; without a runner's record (a `Confinement` used on its
+        own), one drawn at random for this job alone."""
+        if self._users is None:
+            return self._uid_base + secrets.randbelow(self._uid_count)
+        return self._users.for_task(task_id)
 
     def _limits_for(self, asked: Limits, uid: int | None) -> dict[str, int]:
         limits = {}

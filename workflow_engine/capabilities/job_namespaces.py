@@ -34,7 +34,7 @@ import structlog
 
 log = structlog.get_logger(__name__)
 
-#: A received descriptor is moved to this number or above, clear of the 3, 4 and 5 a wrapper
+#: A received descriptor is moved to this number or above, clear of the 3 to 6 a wrapper
 #: gets them on.
 _LOWEST_FD = 10
 #: The engine's ends of every helper's socket in this process: a forked child closes them, so

@@ -128,6 +128,8 @@ echo "$?" >../exit_status
 kill -9 0
 """
 REQUEST_ENV = "WORKFLOW_ENGINE_JOB_REQUEST"
+#: The whole environment of ``jobwrap``, which runs as root: fixed, nothing of the job's.
+WRAPPER_ENV = {"PATH": files.SAFE_PATH, "LANG": "C.UTF-8"}
 #: The same wrapper as a small program (``jobwrap.c``, built beside it when the package is
 #: installed): one exec instead of three and no watchdog fork, so a job costs about half.
 JOBWRAP = Path(__file__).with_name("jobwrap")
@@ -181,6 +183,7 @@ class JobRunner:
         # The namespaces each task's jobs share (`job_namespaces`); jobwrap only.
         self._namespaces = TaskNamespaces(self._jobwrap) if self._jobwrap else None
         self._confinement = confinement or Confinement()
+        self._confinement.keep_users_in(self._jobs_dir)
         self._jobs_dir_made = False
         self._default_timeout_seconds = default_timeout_seconds
         self._max_output_bytes = max_output_bytes
@@ -208,7 +211,7 @@ class JobRunner:
                 _warn_if_request_differs(job, job_dir)
                 watch = self._watch(job_dir, self._follow(job, job_dir))
             else:
-                grant = self._confinement.grant(job)
+                grant = self._confinement.grant(job) if self._wrapper_may_run() else _NEEDS_JOBWRAP
                 if isinstance(grant, str):
                     log.warning("sandbox_job_refused", job_id=job.job_id, reason=grant)
                     return files.record_unrun(job, job_dir, "failed", grant)
@@ -243,7 +246,10 @@ class JobRunner:
             self._pruner = asyncio.create_task(self._prune_forever(), name="job-dirs-prune")
 
     async def prune(self) -> int:
-        """Remove the job directories whose retention has passed; how many it removed."""
+        """Remove the job directories whose retention has passed, and free the users of tasks
+        none of whose jobs can still run or be kept; how many directories it removed."""
+        idle = self._retention_seconds + MAX_TIMEOUT_SECONDS
+        await asyncio.to_thread(self._confinement.release_idle_users, idle)
         cutoff = time.time() - self._retention_seconds
         doomed: list[Path] = []
         for path in await asyncio.to_thread(_expired, self._jobs_dir, cutoff):
@@ -296,6 +302,12 @@ class JobRunner:
 
     def _job_dir(self, job_id: str) -> Path:
         return self._jobs_dir / _dir_name(job_id)
+
+    def _wrapper_may_run(self) -> bool:
+        """Whether this runner's wrapper may start jobs: as root, only ``jobwrap``, which keeps
+        the job's environment from every process that runs as root. The shell wrapper and
+        util-linux ``unshare`` would run as root with it (``LD_PRELOAD``, say)."""
+        return self._jobwrap is not None or os.geteuid() != 0
 
     def _mkdir(self, job_dir: Path) -> None:
         """Create `job_dir` (FileExistsError if it exists): the claim on its job id."""
@@ -387,8 +399,7 @@ class JobRunner:
             raise OSError(f"coreutils `sleep` is not on {files.SAFE_PATH}")
         request = job.to_json()
         work_dir = job_dir / files.WORK_DIR
-        env = files.job_env(request, work_dir)
-        env[REQUEST_ENV] = json.dumps(request)
+        job_env = files.job_env(request, work_dir)
         deadline = math.ceil(time.clock_gettime(time.CLOCK_BOOTTIME) + timeout)
         grace = self._cancel_grace_seconds
         # jobwrap makes the work directory and, only if it has something to say, its log: off
@@ -405,7 +416,13 @@ class JobRunner:
             (os.POSIX_SPAWN_DUP2, 1, 2),
             (os.POSIX_SPAWN_DUP2, self._engine_pipe(), 3),
         ]
+        job_data = -1
         if self._jobwrap is not None:
+            # jobwrap runs as root: its environment is the fixed one, and the job's own reaches
+            # the command only after it became the job's user (read from fd 6).
+            env = dict(WRAPPER_ENV)
+            job_data = files.job_data(request, job_env)
+            file_actions.append((os.POSIX_SPAWN_DUP2, job_data, 6))
             program = self._jobwrap
             isolation = grant.isolation
             if shared:  # jobwrap enters them: the network namespace on fd 4, the user's on 5
@@ -415,21 +432,30 @@ class JobRunner:
             argv = [program, str(job_dir), str(deadline), str(grace), isolation, uid]
             argv += [*grant.rlimit_args(), "--", *job.sandbox.command]
         else:
+            # Never as root (`_wrapper_may_run`): the shell wrapper and util-linux `unshare` run
+            # with the job's environment, as the engine's own user.
+            if not self._wrapper_may_run():
+                raise OSError(_NEEDS_JOBWRAP)
             assert self._sleep_bin is not None
+            env = {**job_env, REQUEST_ENV: json.dumps(request)}
             program = _SHELL
             argv = [_SHELL, "-c", WRAPPER, str(job_dir), str(deadline), str(grace)]
             argv += [self._sleep_bin, *grant.ulimit_args(), "--", *grant.prefix]
             argv += job.sandbox.command
-        return os.posix_spawn(
-            program,
-            argv,
-            env,
-            file_actions=file_actions,
-            # Its own session: signals to the engine's process group do not reach it.
-            setsid=True,
-            # Python ignores these; a command gets them as a shell would give them.
-            setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
-        )
+        try:
+            return os.posix_spawn(
+                program,
+                argv,
+                env,
+                file_actions=file_actions,
+                # Its own session: signals to the engine's process group do not reach it.
+                setsid=True,
+                # Python ignores these; a command gets them as a shell would give them.
+                setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
+            )
+        finally:
+            if job_data >= 0:
+                os.close(job_data)
 
     async def _follow(self, job: JobRequest, job_dir: Path) -> JobResult:
         """Wait for a job some other process (or an earlier engine) started, and its result."""
@@ -517,7 +543,9 @@ def _choose_wrapper(wrapper: str) -> str | None:
         log.warning(
             "jobwrap_not_built",
             path=str(JOBWRAP),
-            effect="local jobs run through the shell wrapper, at more CPU per job",
+            effect="local jobs are refused (as root)"
+            if os.geteuid() == 0
+            else "local jobs run through the shell wrapper, at more CPU per job",
             fix="install the package where a C compiler is (cc), or run `make install`",
         )
     if wrapper == "sh" or not built:
@@ -526,6 +554,11 @@ def _choose_wrapper(wrapper: str) -> str | None:
 
 
 _told_not_built: list[bool] = []  # whether `jobwrap_not_built` was logged in this process
+_NEEDS_JOBWRAP = (
+    f"refused: as root, local jobs run only through jobwrap, which keeps the job's environment "
+    f"from every process that runs as root, and it is not built here ({JOBWRAP}); install the "
+    f"package where a C compiler is (cc), or run `make install`"
+)
 
 
 def _deadline_passed(pid: int, job_dir: Path) -> None:

@@ -8,18 +8,27 @@
  * what the shell wrapper there (`WRAPPER`) does, in one exec instead of three (sh, util-linux
  * unshare, the command) and without forking a watchdog:
  *
+ *   - reads the job from fd 6 (a memfd the engine wrote): the request's JSON, a NUL, then
+ *     the command's environment as NAME=VALUE entries each ended by a NUL. Its own
+ *     environment is the engine's fixed one: nothing a caller wrote reaches a process that
+ *     runs as root (the loader reads LD_PRELOAD and the like from the environment);
  *   - claims the job by creating supervisor.pid exclusively, or runs nothing (exit 97);
  *   - runs nothing if the job was cancelled first (exit 98); writes request.json; makes
  *     work/ (owned by UID when there is one); says why in supervisor.log if it cannot (its
  *     stdout and stderr are /dev/null: that file is made only when there is something to say);
- *   - runs COMMAND in work/ with stdout.log and stderr.log, its limits, no network and its
- *     own user: ISOLATION is "net" (a new network namespace; as root), "userns" (a new user
- *     namespace mapping this user, and a network namespace in it), "join-net" or
- *     "join-userns" (enter the network namespace open on fd 4, and for the latter first the
- *     user namespace on fd 5: those its task's jobs share, made by `--namespaces`) or
- *     "none"; UID is "-" or the user (and group) to run as; each LIMIT is
+ *   - runs COMMAND in work/ with stdout.log and stderr.log, its limits, no network, its own
+ *     user and its own processes and mounts: ISOLATION is "net" (a new network namespace; as
+ *     root), "userns" (a new user namespace mapping this user, and a network namespace in
+ *     it), "join-net" or "join-userns" (enter the network namespace open on fd 4, and for the
+ *     latter first the user namespace on fd 5: those its task's jobs share, made by
+ *     `--namespaces`) or "none"; UID is "-" or the user (and group) to run as; each LIMIT is
  *     RESOURCE=SOFT:HARD with RESOURCE one of cpu, as, nofile, fsize, nproc, in setrlimit's
- *     units;
+ *     units. Unless ISOLATION is "none", the job gets a PID namespace and a mount namespace
+ *     of its own: a small init (this program, pid 1 there) starts the command and, when the
+ *     command ends, exits, and the kernel then kills every process left in the namespace
+ *     (a `setsid` child included); the job sees only its own processes (a fresh /proc), an
+ *     empty private /tmp, /run and /dev/shm (no host socket lives there for it), and in the
+ *     jobs directory only its own job directory;
  *   - while the engine lives (fd 3 stays open) it only waits; once fd 3 reads end of file it
  *     keeps the deadline itself (DEADLINE: whole seconds of CLOCK_BOOTTIME), or, for a
  *     cancelled job, GRACE seconds: then it writes timed_out (not for a cancel) and kills
@@ -37,12 +46,14 @@
  * long as a process is in it or a descriptor names it, so nothing is left to clean up.
  *
  * Exit statuses of its own: 95 a limit could not be set, 96 no job or work directory, 97
- * claimed already, 98 cancelled before it ran; the command's 126/127 when it cannot be run.
+ * claimed already, 98 cancelled before it ran, 125 the job's namespaces, mounts or user could
+ * not be set up; the command's 126/127 when it cannot be run.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <limits.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
@@ -50,6 +61,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -62,7 +75,11 @@
 #define ENGINE_PIPE 3
 #define SHARED_NETNS 4
 #define SHARED_USERNS 5
-#define REQUEST_ENV "WORKFLOW_ENGINE_JOB_REQUEST"
+#define JOB_DATA 6
+/* The most the job's data on fd 6 may hold (a request is at most a few MiB). */
+#define MAX_JOB_DATA (64 << 20)
+/* What the job's private /run and /dev/shm may hold; /tmp holds its output limit (fsize). */
+#define SMALL_TMPFS "size=16m,nr_inodes=4096,mode=1777"
 
 static volatile sig_atomic_t terminated;
 
@@ -243,15 +260,125 @@ static int serve_namespaces(const char *isolation) {
     return 0; /* the engine is gone, or let go of this helper */
 }
 
-/* In the forked child: become the job (namespaces, limits, user, files) and exec it. */
-static void run_command(char **command, const char *isolation, const char *user, int nlimits,
+/* The job's data from fd 6 (see the top of this file): the request's JSON, returned, and
+ * the command's environment in `*env`; NULL when it cannot be read. */
+static char *read_job(char ***env) {
+    size_t size = 0, room = 1 << 16;
+    char *data = malloc(room + 1);
+    while (data != NULL) {
+        if (size == room) {
+            char *bigger = room < MAX_JOB_DATA ? realloc(data, 2 * room + 1) : NULL;
+            if (bigger == NULL) break;
+            data = bigger;
+            room *= 2;
+        }
+        ssize_t n = read(JOB_DATA, data + size, room - size);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) break;
+        if (n == 0) {
+            close(JOB_DATA);
+            data[size] = '\0';
+            char *end = data + size, *first = memchr(data, '\0', size);
+            first = first == NULL ? end : first + 1;
+            size_t count = 0;
+            for (char *entry = first; entry < end; entry += strlen(entry) + 1) count++;
+            char **vars = calloc(count + 1, sizeof *vars);
+            if (vars == NULL) break;
+            count = 0;
+            for (char *entry = first; entry < end; entry += strlen(entry) + 1) vars[count++] = entry;
+            *env = vars;
+            return data;
+        }
+        size += (size_t)n;
+    }
+    free(data);
+    return NULL;
+}
+
+/* Mount `what` (a tmpfs when `fd` < 0, else a bind of the directory open on `fd`) on `where`,
+ * if there is such a directory; whether that worked (or there is none). */
+static int cover(const char *where, int fd, const char *options) {
+    struct stat seen;
+    if (stat(where, &seen) != 0) return errno == ENOENT;
+    if (!S_ISDIR(seen.st_mode)) return 1;
+    if (fd >= 0) {
+        char source[64];
+        snprintf(source, sizeof source, "/proc/self/fd/%d", fd);
+        return mount(source, where, NULL, MS_BIND, NULL) == 0;
+    }
+    return mount("tmpfs", where, "tmpfs", MS_NOSUID | MS_NODEV, options) == 0;
+}
+
+/* Whether `path` is `dir` or beneath it. */
+static int beneath(const char *path, const char *dir) {
+    size_t n = strlen(dir);
+    return strncmp(path, dir, n) == 0 && (path[n] == '/' || path[n] == '\0');
+}
+
+/* `mkdir -p path` (as the init, before the job runs: nobody else writes there yet). */
+static int make_path(char *path) {
+    for (char *slash = strchr(path + 1, '/'); slash != NULL; slash = strchr(slash + 1, '/')) {
+        *slash = '\0';
+        int made = mkdir(path, 0711) == 0 || errno == EEXIST;
+        *slash = '/';
+        if (!made) return 0;
+    }
+    return mkdir(path, 0711) == 0 || errno == EEXIST;
+}
+
+/* In the job's init, in its new PID namespace: give the job a mount namespace of its own in
+ * which /tmp and /dev/shm are its job directory's tmp/, /run is empty, the jobs directory
+ * holds its own job directory only, and /proc shows its own processes. NULL, or what failed. */
+static const char *contain(const char *job_dir, int in_userns) {
+    static char why[PATH_MAX + 80];
+    char path[PATH_MAX];
+    const char *failed = NULL;
+    if (snprintf(path, sizeof path, "%s/tmp", job_dir) >= (int)sizeof path) return "path too long";
+    if (unshare(CLONE_NEWNS) != 0) return "no mount namespace";
+    /* Opened in the new namespace (a bind's source must be in it), before anything hides them */
+    int job = open(job_dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    int tmp = open(path, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    char *jobs = strdup(job_dir), *cut = jobs ? strrchr(jobs, '/') : NULL;
+    if (job < 0 || tmp < 0 || cut == NULL || cut == jobs) {
+        failed = "cannot open its job directory";
+    } else if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) {
+        failed = "cannot make its mounts private";
+    } else if (!cover("/tmp", tmp, NULL) || !cover("/dev/shm", tmp, NULL) ||
+               !cover("/run", -1, "size=1m,nr_inodes=256,mode=755")) {
+        failed = "cannot make /tmp, /dev/shm and /run its own";
+    } else {
+        *cut = '\0';
+        int hidden = beneath(jobs, "/tmp") || beneath(jobs, "/dev/shm") || beneath(jobs, "/run");
+        snprintf(path, sizeof path, "%s", job_dir);
+        if (hidden ? !make_path(jobs) : !cover(jobs, -1, "size=1m,nr_inodes=256,mode=711"))
+            failed = "cannot hide the other jobs";
+        else if (!make_path(path) || !cover(path, job, NULL))
+            failed = "cannot show its own job directory";
+        /* A container that masks parts of /proc lets no user namespace mount a fresh one:
+         * there (the engine is not root) the job gets an empty /proc rather than the host's. */
+        else if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) != 0 &&
+                 !(in_userns && cover("/proc", -1, "size=4k,nr_inodes=16,mode=555")))
+            failed = "cannot mount its own /proc";
+        else if (snprintf(path, sizeof path, "%s/work", job_dir) >= (int)sizeof path ||
+                 chdir(path) != 0)
+            failed = "cannot enter work/";
+    }
+    int saved = errno;
+    free(jobs);
+    if (job >= 0) close(job);
+    if (tmp >= 0) close(tmp);
+    if (failed == NULL) return NULL;
+    snprintf(why, sizeof why, "%s: %s", failed, strerror(saved));
+    return why;
+}
+
+/* In the forked command: become the job (limits, user, environment, files) and exec it. */
+static void run_command(char **command, char **env, const char *user, int nlimits,
                         char **limits, int out, int err) {
     signal(SIGTERM, SIG_DFL);
-    const char *why = isolate(isolation);
-    if (why != NULL) {
-        dprintf(err, "jobwrap: %s\n", why);
-        _exit(125);
-    }
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
     for (int i = 0; i < nlimits; i++) {
         if (!set_limit(limits[i])) {
             dprintf(err, "jobwrap: cannot set the limit %s: %s\n", limits[i], strerror(errno));
@@ -270,10 +397,52 @@ static void run_command(char **command, const char *isolation, const char *user,
     close(out);
     close(err);
     close(ENGINE_PIPE);
+    environ = env; /* only now, as the job's user: what the caller wrote is the job's alone */
     execvp(command[0], command);
     int failure = errno;
     fprintf(stderr, "jobwrap: cannot run %s: %s\n", command[0], strerror(failure));
     _exit(failure == ENOENT ? 127 : 126);
+}
+
+static void forward_term(int signum) {
+    (void)signum;
+    kill(-1, SIGTERM); /* from pid 1: every other process of the job's PID namespace */
+}
+
+/* The job's init, pid 1 of its PID namespace: contain the job, start the command, reap
+ * whatever ends, and exit with the command's status as soon as it ends, which makes the kernel
+ * kill every process left in the namespace. A SIGTERM (a cancel) is passed on to them all. */
+static void be_init(const char *job_dir, int in_userns, char **command, char **env,
+                    const char *user, int nlimits, char **limits, int out, int err) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL); /* the wrapper gone (killed): the whole job goes */
+    close(ENGINE_PIPE);
+    const char *why = contain(job_dir, in_userns);
+    if (why != NULL) {
+        dprintf(err, "jobwrap: %s\n", why);
+        _exit(125);
+    }
+    struct sigaction term = {0};
+    term.sa_handler = forward_term;
+    sigaction(SIGTERM, &term, NULL);
+    pid_t command_pid = fork(); /* SIGTERM is blocked until the command exists to get it */
+    if (command_pid < 0) {
+        dprintf(err, "jobwrap: cannot fork: %s\n", strerror(errno));
+        _exit(125);
+    }
+    if (command_pid == 0) run_command(command, env, user, nlimits, limits, out, err);
+    close(out);
+    close(err);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    for (;;) {
+        int status;
+        pid_t ended = waitpid(-1, &status, 0);
+        if (ended < 0 && errno == EINTR) continue;
+        if (ended < 0) _exit(125);
+        if (ended == command_pid)
+            _exit(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+    }
 }
 
 int main(int argc, char **argv) {
@@ -308,23 +477,27 @@ int main(int argc, char **argv) {
     sigaction(SIGTERM, &term, NULL);
     if (terminated) kill_group();
     if (access("cancel", F_OK) == 0) return 98;
-    const char *request = getenv(REQUEST_ENV);
-    if (request != NULL) {
-        size_t size = strlen(request) + 2;
-        char *line = malloc(size);
-        if (line == NULL) return 96;
-        snprintf(line, size, "%s\n", request);
-        write_file("request.json", line, O_TRUNC);
-        free(line);
-        unsetenv(REQUEST_ENV);
-    }
-    if (mkdir("work", 0700) != 0 && errno != EEXIST) {
-        complain("jobwrap: cannot make work/: %s\n", strerror(errno));
+    char **env = NULL;
+    char *request = read_job(&env);
+    if (request == NULL) {
+        complain("jobwrap: cannot read the job from fd %d: %s\n", JOB_DATA, strerror(errno));
         return 96;
     }
-    if (strcmp(user, "-") != 0) { /* the job's user owns its work directory, and only that */
+    size_t line_size = strlen(request) + 2;
+    char *line = malloc(line_size);
+    if (line == NULL) return 96;
+    snprintf(line, line_size, "%s\n", request);
+    write_file("request.json", line, O_TRUNC);
+    free(line);
+    /* work/ (its working directory) and tmp/ (its /tmp) are the job's user's, and only that */
+    if ((mkdir("work", 0700) != 0 && errno != EEXIST) ||
+        (mkdir("tmp", 0700) != 0 && errno != EEXIST)) {
+        complain("jobwrap: cannot make work/ and tmp/: %s\n", strerror(errno));
+        return 96;
+    }
+    if (strcmp(user, "-") != 0) {
         uid_t id = (uid_t)strtoul(user, NULL, 10);
-        if (chown("work", id, id) != 0) {
+        if (chown("work", id, id) != 0 || chown("tmp", id, id) != 0) {
             complain("jobwrap: cannot give work/ to user %s: %s\n", user, strerror(errno));
             return 96;
         }
@@ -341,17 +514,41 @@ int main(int argc, char **argv) {
     }
     if (terminated) kill_group();
 
-    pid_t child = fork();
-    if (child < 0) {
-        complain("jobwrap: cannot fork: %s\n", strerror(errno));
-        return 96;
+    /* Into the job's namespaces: its network (and user) namespace, and a PID namespace whose
+     * first process, forked next, is the job's init. This process stays outside it. */
+    int contained = strcmp(isolation, "none") != 0;
+    const char *why = isolate(isolation);
+    char no_pid_namespace[128];
+    if (why == NULL && contained && unshare(CLONE_NEWPID) != 0) {
+        snprintf(no_pid_namespace, sizeof no_pid_namespace, "no PID namespace: %s",
+                 strerror(errno));
+        why = no_pid_namespace;
     }
-    if (child == 0) run_command(command, isolation, user, nlimits, limits, out, err);
+    pid_t child = -1;
+    if (why == NULL) {
+        sigset_t term, before;
+        sigemptyset(&term);
+        sigaddset(&term, SIGTERM);
+        sigprocmask(SIG_BLOCK, &term, &before); /* the init's own handler takes over */
+        child = fork();
+        if (child == 0 && contained)
+            be_init(job_dir, strstr(isolation, "userns") != NULL, command, env, user, nlimits,
+                    limits, out, err);
+        if (child == 0) run_command(command, env, user, nlimits, limits, out, err);
+        sigprocmask(SIG_SETMASK, &before, NULL);
+        if (child < 0) {
+            complain("jobwrap: cannot fork: %s\n", strerror(errno));
+            return 96;
+        }
+    } else {
+        dprintf(err, "jobwrap: %s\n", why);
+    }
     close(out);
     close(err);
-    if (strncmp(isolation, "join-", 5) == 0) { /* the command holds its namespaces now */
-        close(SHARED_NETNS);
-        close(SHARED_USERNS);
+    if (child < 0) { /* nothing ran: the job failed as a command that cannot start would */
+        umask(022);
+        write_file("../exit_status", "125\n", O_TRUNC);
+        kill_group();
     }
 
     /* Wait for the command; once the engine is gone, keep its deadline (or a cancel's grace). */

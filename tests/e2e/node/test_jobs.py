@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from tests.e2e.node.bodies import run_body
+from tests.helpers import job_pids, unique_sleep
 from tests.node_process import NodeProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
@@ -120,19 +121,22 @@ async def test_cancel_stops_a_running_job_and_its_process_group(
     node: NodeProcess, client: httpx.AsyncClient, tmp_path: Path
 ) -> None:
     pids = tmp_path / "pids"
+    sleeper = unique_sleep(60)
     # The shell and a child of it, both in the job's process group; neither ends by itself.
     body = run_body(
-        "/bin/sh", "-c", f"sleep 60 & echo $$ $! > {pids}.tmp; mv {pids}.tmp {pids}; wait"
+        "/bin/sh", "-c", f"sleep {sleeper} & echo $$ $! > {pids}.tmp; mv {pids}.tmp {pids}; wait"
     )
     run = asyncio.create_task(client.post(node.url + RUN, json=body))
     await wait_for(pids)
+    shell_and_child = sorted(set(job_pids(str(pids))) | set(job_pids(sleeper)))
+    assert len(shell_and_child) == 2
     cancel_url = f"{node.url}/v1/worker/jobs/{body['job_id']}:cancel"
     cancel = await client.post(cancel_url, json={"task_id": body["task_id"]})
     assert cancel.status_code == 202
     assert cancel.json() == {"version": 1, "job_id": body["job_id"], "cancel_requested": True}
     result = (await run).json()
     assert result["status"] == "cancelled" and result["exit_code"] is None, result
-    assert all(process_gone(int(pid)) for pid in pids.read_text().split())
+    assert all(process_gone(pid) for pid in shell_and_child)
     assert (await client.post(cancel_url)).status_code == 202  # idempotent
     assert (await client.post(node.url + RUN, json=body)).json() == result
 

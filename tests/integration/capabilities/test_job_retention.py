@@ -71,6 +71,7 @@ async def test_prune_removes_only_jobs_whose_retention_has_passed(tmp_path: Path
         assert await runner.prune() == 3
 
         assert sorted(p.name for p in jobs_dir.iterdir()) == [
+            ".users",  # the tasks' users (job_users)
             "fresh",
             "recent-unfinished",
             "running",
@@ -105,7 +106,7 @@ async def test_prune_removes_what_a_job_locked_and_nothing_it_links_to(tmp_path:
         assert await runner.prune() == 1
     finally:
         await runner.close()
-    assert list((tmp_path / "jobs").iterdir()) == []
+    assert [p.name for p in (tmp_path / "jobs").iterdir()] == [".users"]
     assert (outside / "keep").is_dir()
     assert (outside.stat().st_mode & 0o777, (outside / "keep").stat().st_mode & 0o777) == (
         0o755,

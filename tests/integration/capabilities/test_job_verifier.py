@@ -13,7 +13,16 @@ import pytest
 from google.protobuf import json_format
 
 from tests.conftest import RunningEngine, start_engine, stop_engine
-from tests.helpers import JOB_PYTHON, check, new_task_id, step, task, wait_for_status
+from tests.helpers import (
+    JOB_PYTHON,
+    check,
+    job_pids,
+    new_task_id,
+    step,
+    task,
+    unique_sleep,
+    wait_for_status,
+)
 from workflow_engine.config import Settings
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
@@ -74,14 +83,15 @@ async def test_cancel_stops_a_verification_job_that_is_running(
     """The verification job goes through the engine's job tracker, so CancelWorkflow stops it
     as it stops the steps' jobs (its whole process group)."""
     pid_file = tmp_path / "analyst.pid"
-    command = f"/bin/sh -c 'echo $$ > {pid_file}; exec sleep 30'"
+    sleeper = unique_sleep(30)
+    command = f"/bin/sh -c 'echo $$ > {pid_file}; exec sleep {sleeper}'"
     running = await start_engine(replace(settings, verifier="job", verifier_command=command))
     try:
         task_id = new_task_id()
         spec = task(step("build", "echo", "ready"))
         await running.stub.StartWorkflow(pb.StartWorkflowRequest(task_id=task_id, task=spec))
         await _until(lambda: pid_file.exists() and pid_file.read_text().strip() != "")
-        pid = int(pid_file.read_text())
+        (pid,) = job_pids(sleeper)
         await running.stub.CancelWorkflow(pb.CancelWorkflowRequest(task_id=task_id))
         await _until(lambda: not _alive(pid), timeout=10)
         wf = await wait_for_status(running.stub, task_id)

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import job_pids, unique_sleep
 from workflow_engine.capabilities import job_files
 from workflow_engine.capabilities.job_grant import Confinement, Grant
 from workflow_engine.capabilities.job_runner import JobRunner
@@ -114,8 +115,8 @@ async def test_argv_is_not_run_through_a_shell(tmp_path: Path) -> None:
 
 
 async def test_timeout_kills_the_process_group(tmp_path: Path) -> None:
-    bg_pid_file = tmp_path / "bg.pid"
-    script = f"sleep 30 & echo $! > {bg_pid_file}; sleep 5"
+    sleeper = unique_sleep(30)
+    script = f"sleep {sleeper} & sleep 5"
     started = time.monotonic()
     result = await worker(tmp_path).run(
         "local", job("timeout-1", "sh", "-c", script, timeout_seconds=1)
@@ -126,7 +127,7 @@ async def test_timeout_kills_the_process_group(tmp_path: Path) -> None:
     assert "timed out after 1 s" in result.stderr
     assert 0.9 <= elapsed < 3
     # SIGKILLed with the group before the result: gone as soon as the kernel has run its exit.
-    await wait_until(lambda: process_gone(int(bg_pid_file.read_text())), timeout=2)
+    await wait_until(lambda: not job_pids(sleeper), timeout=2)
 
 
 async def test_default_timeout_applies_when_the_job_has_none(tmp_path: Path) -> None:
@@ -227,7 +228,7 @@ async def test_unsafe_job_ids_stay_inside_the_jobs_dir(tmp_path: Path) -> None:
     result = await worker(tmp_path).run("local", job("../../escape", "true"))
     assert result.status == "completed"
     assert not (tmp_path / "escape").exists()
-    [job_dir] = (tmp_path / "jobs").iterdir()
+    [job_dir] = [p for p in (tmp_path / "jobs").iterdir() if p.name != ".users"]
     assert job_dir.name.startswith("job-")
 
 
@@ -320,14 +321,14 @@ async def test_a_job_that_ended_while_no_engine_ran_is_read_from_its_files(
 
 async def test_the_deadline_holds_without_an_engine(tmp_path: Path) -> None:
     marker = tmp_path / "marker"
-    bg_pid_file = tmp_path / "bg.pid"
-    script = f"sleep 30 & echo $! > {bg_pid_file}; echo ran >> {marker}; sleep 30"
+    sleeper = unique_sleep(30)
+    script = f"sleep {sleeper} & echo ran >> {marker}; sleep 30"
     await engine_killed_mid_job(
         tmp_path / "jobs", "deadline-1", ("sh", "-c", script), marker, timeout_seconds=1
     )
     pid = wrapper_pid(tmp_path, "deadline-1")
     await wait_until(lambda: process_gone(pid), timeout=5)
-    await wait_until(lambda: process_gone(int(bg_pid_file.read_text())), timeout=2)
+    await wait_until(lambda: not job_pids(sleeper), timeout=2)
 
     result = await worker(tmp_path).run(
         "local", job("deadline-1", "sh", "-c", script, timeout_seconds=1)
@@ -343,6 +344,7 @@ async def test_a_killed_wrapper_makes_the_job_lost_not_rerun(tmp_path: Path) -> 
     request = job(
         "killed-1", "sh", "-c", f"echo $$ > {child_pid_file}; echo ran >> {marker}; sleep 30"
     )
+    command_of = str(child_pid_file)  # in the shell's command line, as the host sees it
     sandbox = worker(tmp_path)
     running = asyncio.ensure_future(sandbox.run("local", request))
     await wait_until(lambda: lines(marker))
@@ -353,7 +355,7 @@ async def test_a_killed_wrapper_makes_the_job_lost_not_rerun(tmp_path: Path) -> 
     assert result.status == "failed"
     assert "lost" in result.stderr
     assert "ended without recording" in result.stderr
-    await wait_until(lambda: process_gone(int(child_pid_file.read_text())), timeout=2)
+    await wait_until(lambda: not job_pids(command_of), timeout=2)
     assert await worker(tmp_path).run("local", request) == result
     assert lines(marker) == ["ran"]
 

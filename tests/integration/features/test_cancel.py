@@ -1,7 +1,7 @@
 """CancelWorkflow is durable and prompt, stops the workflow's running jobs, and lets none start.
 
-The jobs here are real processes under the local sandbox; each writes its pid (and its
-background child's) so the test can see them go.
+The jobs here are real processes under the local sandbox; each writes a file once it runs, and
+the test finds its processes by what they run (`job_pids`) to see them go.
 """
 
 from __future__ import annotations
@@ -18,7 +18,14 @@ import psycopg
 import pytest
 
 from tests.conftest import RunningEngine, start_engine, stop_engine
-from tests.helpers import new_task_id, shell_step, task, wait_for_status
+from tests.helpers import (
+    job_pids,
+    new_task_id,
+    shell_step,
+    task,
+    unique_sleep,
+    wait_for_status,
+)
 from tests.integration.orchestrator import their_code
 from workflow_engine.config import Settings
 from workflow_engine.graph.nodes import job_id_for
@@ -82,15 +89,17 @@ async def test_cancel_answers_at_once_and_kills_the_jobs_process_group(
     running: RunningEngine, settings: Settings, tmp_path: Path
 ) -> None:
     pids = tmp_path / "pids"
-    script = f"sleep 600 & echo $$ $! > {pids}; wait"
+    sleeper = unique_sleep(600)
+    script = f"sleep {sleeper} & echo $$ $! > {pids}; wait"
     task_id = await start_one_step(running.stub, "long", script)
-    job_pids = [int(p) for p in (await wait_for_file(pids)).split()]
-    assert all(alive(pid) for pid in job_pids)
+    await wait_for_file(pids)
+    shell_and_child = sorted(set(job_pids(str(pids))) | set(job_pids(sleeper)))
+    assert len(shell_and_child) == 2 and all(alive(pid) for pid in shell_and_child)
 
     wf = await cancel(running, task_id)  # a 2 s deadline: the answer does not wait for the job
 
     assert wf.status == pb.CANCELLED
-    await wait_gone(job_pids)  # the shell and its background child
+    await wait_gone(shell_and_child)
     for _ in range(100):
         try:
             result = job_result(settings, task_id, "long")
@@ -107,9 +116,10 @@ async def test_a_job_that_ignores_sigterm_is_killed(
     pid_file = tmp_path / "pid"
     script = STUBBORN.format(pid_file=pid_file)
     task_id = await start_one_step(running.stub, "stubborn", script)
-    pid = int(await wait_for_file(pid_file))
+    await wait_for_file(pid_file)
+    pids = job_pids(str(pid_file))
     await cancel(running, task_id)
-    await wait_gone([pid])  # SIGKILL once the grace period is over
+    await wait_gone(pids)  # SIGKILL once the grace period is over
     await asyncio.sleep(0.5)
     assert job_result(settings, task_id, "stubborn")["status"] == "cancelled"
 
@@ -137,12 +147,13 @@ async def test_no_job_starts_after_the_workflow_is_cancelled(
     )
     task_id = new_task_id()
     await running.stub.StartWorkflow(pb.StartWorkflowRequest(task_id=task_id, task=spec))
-    pid = int(await wait_for_file(first))
+    await wait_for_file(first)
+    pids = job_pids(str(first))
     wf = await running.stub.GetWorkflow(pb.GetWorkflowRequest(task_id=task_id))
     assert wf.state["steps"]["second"]["status"] == "dispatched"
 
     await cancel(running, task_id)
-    await wait_gone([pid])
+    await wait_gone(pids)
     await asyncio.sleep(4)  # longer than `first` would have run: its slot is long free
     assert not second.exists()
 
@@ -176,7 +187,8 @@ async def test_drain_does_not_wait_for_cancelled_work(settings: Settings, tmp_pa
     script = STUBBORN.format(pid_file=pid_file)
     try:
         task_id = await start_one_step(replica.stub, "stubborn", script)
-        pid = int(await wait_for_file(pid_file))
+        await wait_for_file(pid_file)
+        pids = job_pids(str(pid_file))
         await cancel(replica, task_id)
     finally:
         started = time.monotonic()
@@ -184,7 +196,7 @@ async def test_drain_does_not_wait_for_cancelled_work(settings: Settings, tmp_pa
         await replica.server.stop()  # the engine's own drain timeout: 60 s
         drained_in = time.monotonic() - started
     assert drained_in < 20, drained_in
-    await wait_gone([pid])
+    await wait_gone(pids)
 
 
 async def test_a_cancel_on_another_replica_stops_the_job_where_it_runs(
@@ -201,9 +213,10 @@ async def test_a_cancel_on_another_replica_stops_the_job_where_it_runs(
             lease_ttl_seconds=60,
         )
     )
-    pid = int(await wait_for_file(pid_file))
+    await wait_for_file(pid_file)
+    pids = job_pids(str(pid_file))
     await cancel(second_replica, task_id)
-    await wait_gone([pid], timeout=8)
+    await wait_gone(pids, timeout=8)
     for _ in range(100):
         if not running.engine.runs.is_live(task_id):
             break

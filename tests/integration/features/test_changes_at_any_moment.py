@@ -14,7 +14,15 @@ import psycopg
 import pytest
 
 from tests.conftest import RunningEngine
-from tests.helpers import new_task_id, shell_step, step, task, wait_for_status
+from tests.helpers import (
+    job_pids,
+    new_task_id,
+    shell_step,
+    step,
+    task,
+    unique_sleep,
+    wait_for_status,
+)
 from tests.integration.features.test_cancel import wait_for_file, wait_gone
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
@@ -156,15 +164,17 @@ async def test_an_override_does_not_wait_for_the_running_job_and_ends_it_with_th
     """The run abandons collect_result (the job would run ten minutes), applies the override at
     once, and when the forced branch ends the workflow its job is stopped too."""
     pid_file = tmp_path / "pid"
+    sleeper = unique_sleep(600)
     task_id = new_task_id()
-    spec = task(shell_step("long", f"echo $$ > {pid_file}; exec sleep 600"))
+    spec = task(shell_step("long", f"echo $$ > {pid_file}; exec sleep {sleeper}"))
     await running.stub.StartWorkflow(pb.StartWorkflowRequest(task_id=task_id, task=spec))
-    pid = int(await wait_for_file(pid_file))
+    await wait_for_file(pid_file)
+    pids = job_pids(sleeper)
     answer = await running.stub.UpdateWorkflow(
         pb.UpdateWorkflowRequest(task_id=task_id, operator="op", force_branch=pb.MARK_FAILED),
         timeout=5,
     )
     assert answer.status == pb.FAILED
-    await wait_gone([pid])
+    await wait_gone(pids)
     done = await wait_for_status(running.stub, task_id)
     assert done.status == pb.FAILED

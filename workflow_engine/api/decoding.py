@@ -5,12 +5,16 @@ string field holding invalid UTF-8) comes back to the client as UNKNOWN. Here th
 handlers are registered with a deserializer that never raises: it returns an
 `UndecodableRequest` instead, which the servicer refuses with the path of the offending field,
 found by walking the wire format against the message descriptor.
+
+Whoever can reach the port chooses the bytes, so naming the field is cheap and bounded: one
+pass over the bytes without copying them, no deeper than protobuf itself goes, and at most
+`DIAGNOSED_FIELDS` fields.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import grpc
@@ -19,6 +23,15 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor, ServiceDescr
 from google.protobuf.message import DecodeError, Message
 
 from workflow_engine.errors import InvalidArgument
+
+#: Messages nested deeper than this are not entered: protobuf's own recursion limit, so a
+#: request it refused for depth is named at the field where the depth runs out.
+MAX_DEPTH = 100
+#: Fields the walk reads before it gives up naming one (the request is then named as a
+#: whole): a few milliseconds of the event loop, whatever the size and shape of the bytes.
+DIAGNOSED_FIELDS = 2_000
+
+Deserializer = Callable[[bytes], Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,73 +45,121 @@ class UndecodableRequest:
         return InvalidArgument(self.field, self.problem)
 
 
-def lenient_deserializer(cls: type[Message]) -> Callable[[bytes], Any]:
+def lenient_deserializer(cls: type[Message]) -> Deserializer:
     def parse(data: bytes) -> Message | UndecodableRequest:
         try:
             return cls.FromString(data)
         except DecodeError as exc:
-            field = find_bad_field(cast(Descriptor, cls.DESCRIPTOR), data) or "request"
-            return UndecodableRequest(field, f"cannot be decoded ({exc})")
+            found = find_bad_field(cast(Descriptor, cls.DESCRIPTOR), data)
+            return found or UndecodableRequest("request", f"cannot be decoded ({exc})")
 
     return parse
 
 
-def find_bad_field(descriptor: Descriptor, data: bytes, prefix: str = "") -> str | None:
-    """The path of the first string field that is not UTF-8, or of malformed wire data."""
-    pos = 0
-    counts: dict[int, int] = {}
-    name = prefix.rstrip(".") or "request"
-    try:
-        while pos < len(data):
-            key, pos = _varint(data, pos)
-            number, wire = key >> 3, key & 7
-            field = descriptor.fields_by_number.get(number)
-            name = f"{prefix}{field.name}" if field else f"{prefix}<field {number}>"
-            if field is not None and field.is_repeated:
-                index = counts.get(number, 0)
-                counts[number] = index + 1
-                name = f"{name}[{index}]"
-            if wire == 0:
-                _, pos = _varint(data, pos)
-            elif wire == 1:
-                pos += 8
-            elif wire == 5:
-                pos += 4
-            elif wire == 2:
-                length, pos = _varint(data, pos)
-                chunk, pos = data[pos : pos + length], pos + length
-                if len(chunk) != length:
-                    return name
-                if field is None:
-                    continue
-                if field.type == FieldDescriptor.TYPE_STRING:
-                    chunk.decode("utf-8")
-                elif field.message_type is not None:
-                    found = find_bad_field(field.message_type, chunk, name + ".")
-                    if found:
-                        return found
-            else:
-                return name
-            if pos > len(data):
-                return name
-    except UnicodeDecodeError:
-        return name
-    except IndexError:
-        return prefix.rstrip(".") or None
-    return None
+def find_bad_field(descriptor: Descriptor, data: bytes) -> UndecodableRequest | None:
+    """The first string field that is not UTF-8, malformed wire data, or a message nested past
+    `MAX_DEPTH`, by path; None if the first `DIAGNOSED_FIELDS` fields show none."""
+    return _Walk(descriptor, data).run()
 
 
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return result, pos
-        shift += 7
-        if shift > 63:
-            raise IndexError("varint too long")
+@dataclass(slots=True)
+class _Frame:
+    """A message the walk is inside: its type, where its bytes end, its path component."""
+
+    descriptor: Descriptor
+    end: int
+    name: str
+    seen: dict[int, int] = field(default_factory=dict)  # repeated field number -> count
+
+    def component(self, number: int, known: FieldDescriptor | None) -> str:
+        """The path component of the next field numbered `number` in this message."""
+        if known is None:
+            return f"<field {number}>"
+        if not known.is_repeated:
+            return known.name
+        index = self.seen.get(number, 0)
+        self.seen[number] = index + 1
+        return f"{known.name}[{index}]"
+
+
+class _Walk:
+    """One pass over `data` by offsets, with a stack of the messages it is inside (no
+    recursion, so no depth reaches Python's recursion limit; no slices, so nothing is
+    copied)."""
+
+    def __init__(self, descriptor: Descriptor, data: bytes) -> None:
+        self.view = memoryview(data)
+        self.pos = 0
+        self.stack = [_Frame(descriptor, len(data), "")]
+
+    def run(self) -> UndecodableRequest | None:
+        for _ in range(DIAGNOSED_FIELDS):
+            while self.stack and self.pos >= self.stack[-1].end:
+                self.stack.pop()  # the message ended: its parent's next field
+            if not self.stack:
+                return None
+            found = self._field(self.stack[-1])
+            if found is not None:
+                return found
+        return None
+
+    def _field(self, frame: _Frame) -> UndecodableRequest | None:
+        key = self._varint(frame.end)
+        if key is None:
+            return self._bad(None, "truncated or malformed")
+        number, wire = key >> 3, key & 7
+        known = frame.descriptor.fields_by_number.get(number)
+        name = frame.component(number, known)
+        if wire == 2:
+            length = self._varint(frame.end)
+            if length is None or self.pos + length > frame.end:
+                return self._bad(name, "truncated or malformed")
+            return self._chunk(known, name, self.pos + length)
+        if wire == 0:
+            ends = self._varint(frame.end) is not None
+        elif wire in (1, 5):
+            self.pos += 8 if wire == 1 else 4
+            ends = self.pos <= frame.end
+        else:
+            ends = False  # groups (3, 4) are not proto3; 6 and 7 are not wire types
+        return None if ends else self._bad(name, "truncated or malformed")
+
+    def _chunk(
+        self, known: FieldDescriptor | None, name: str, end: int
+    ) -> UndecodableRequest | None:
+        """A length-delimited field ending at `end`: a message is entered, a string checked."""
+        if known is not None and known.message_type is not None:
+            if len(self.stack) > MAX_DEPTH:
+                return self._bad(name, f"messages nested more than {MAX_DEPTH} deep")
+            self.stack.append(_Frame(known.message_type, end, name))
+            return None  # its fields are read next
+        start, self.pos = self.pos, end
+        if known is not None and known.type == FieldDescriptor.TYPE_STRING:
+            try:
+                str(self.view[start:end], "utf-8")
+            except UnicodeDecodeError:
+                return self._bad(name, "not UTF-8")
+        return None
+
+    def _varint(self, end: int) -> int | None:
+        """The varint at `pos` (moving past it), or None if it runs past `end` or 10 bytes."""
+        result = shift = 0
+        pos = self.pos
+        while pos < end and shift < 64:
+            byte = self.view[pos]
+            pos += 1
+            result |= (byte & 0x7F) << shift
+            if not byte & 0x80:
+                self.pos = pos
+                return result
+            shift += 7
+        return None
+
+    def _bad(self, name: str | None, problem: str) -> UndecodableRequest:
+        path = [frame.name for frame in self.stack[1:]]
+        if name is not None:
+            path.append(name)
+        return UndecodableRequest(".".join(path) or "request", f"cannot be decoded: {problem}")
 
 
 def generic_handler(

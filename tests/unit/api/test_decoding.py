@@ -1,0 +1,57 @@
+"""Naming the field of undecodable bytes costs little whatever the bytes (issue 48, finding
+3)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from tests.wire import deep_update, field, varint
+from workflow_engine.api.decoding import UndecodableRequest, lenient_deserializer
+from workflow_engine.v1 import workflow_engine_pb2 as pb
+
+NOT_UTF8 = field(1, b"\xff\xfe")  # task_id
+
+
+def naming(cls: type[Any], body: bytes) -> UndecodableRequest:
+    found = lenient_deserializer(cls)(body)
+    assert isinstance(found, UndecodableRequest), found
+    return found
+
+
+@pytest.mark.parametrize(
+    ("body", "path", "problem"),
+    [
+        (NOT_UTF8 + field(3, b"why"), "task_id", "not UTF-8"),
+        (field(4, field(1, field(1, b"k") + field(2, field(3, b"\xff")))), "set_state", "UTF-8"),
+        (field(3, b"why")[:-1], "reason", "truncated"),
+        (deep_update(300, size=1), "set_state.fields[0].value.struct_value.", "nested"),
+    ],
+)
+def test_the_bad_field_is_named(body: bytes, path: str, problem: str) -> None:
+    found = naming(pb.UpdateWorkflowRequest, body)
+    assert found.field.startswith(path) and problem in found.problem, found
+
+
+# The shapes that made the walk expensive: depth times size (each level copied the rest),
+# depth alone (recursion ran out of stack: UNKNOWN), breadth (one step per field: seconds).
+COSTLY = {
+    "3.5 MB inside 300 levels": (pb.UpdateWorkflowRequest, deep_update(300)),
+    "20,000 levels": (pb.UpdateWorkflowRequest, deep_update(20_000, size=1)),
+    "2,000,000 fields, then one not UTF-8": (
+        pb.StartWorkflowRequest,
+        (varint(5 << 3) + b"\x01") * 2_000_000 + NOT_UTF8,  # lease_ttl_seconds, repeated
+    ),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(COSTLY))
+def test_naming_the_field_is_bounded(shape: str) -> None:
+    cls, body = COSTLY[shape]
+    started = time.perf_counter()
+    found = naming(cls, body)
+    took = time.perf_counter() - started
+    print(f"{shape}: {took * 1000:.1f} ms, {found.field[:40]}")
+    assert took < 0.2  # protobuf's parse and the walk: tens of milliseconds; seconds before

@@ -22,6 +22,10 @@ may only read. Missing or wrong credentials are UNAUTHENTICATED, a role that may
 method PERMISSION_DENIED; neither reaches the service, so nothing changes. Health is always open;
 reflection is open while it is enabled (`WORKFLOW_ENGINE_REFLECTION`).
 
+Nor is a refused caller's request decoded: grpcio decodes a request before any interceptor's
+behaviour runs, so `AuthInterceptor` registers a deserializer that only keeps the bytes
+(`decoding.deferred`) and decodes them once the caller is known and may call the method.
+
 A caller with ``projects`` and/or ``users`` is scoped to them (a tenant): it sees, lists,
 watches and changes only workflows whose task metadata has one of those projects and one of
 those users, and starts only such workflows. The service enforces that (`scope()`), answering
@@ -45,6 +49,7 @@ from typing import Any
 
 import grpc
 
+from workflow_engine.api.decoding import Undecoded, deferred
 from workflow_engine.api.interceptors import Behavior, MethodInterceptor
 from workflow_engine.domain.records import Scope
 from workflow_engine.secrets import SECRETS
@@ -242,7 +247,12 @@ class AuthInterceptor(MethodInterceptor):
         super().__init__(service)
         self._auth = authenticator
 
-    async def _admit(self, method: str, request: Any, context: Any) -> None:
+    def request_deserializer(self, handler: grpc.RpcMethodHandler[Any, Any]) -> Any:
+        decode = handler.request_deserializer
+        return deferred(decode) if decode is not None else None
+
+    async def _admit(self, method: str, request: Any, context: Any) -> Any:
+        """The decoded request, once its caller is known and may call `method`."""
         try:
             identity = self._auth.identify(context)
         except Unauthenticated as exc:
@@ -253,6 +263,8 @@ class AuthInterceptor(MethodInterceptor):
                 grpc.StatusCode.PERMISSION_DENIED,
                 f"{identity.name} ({identity.role}) may not call {method}",
             )
+        if isinstance(request, Undecoded):
+            request = request.decoded()
         if (
             method == "ResumeWorkflow"
             and identity.role == DECISIONS_ONLY
@@ -263,18 +275,17 @@ class AuthInterceptor(MethodInterceptor):
                 f"{identity.name} (operator) may call ResumeWorkflow only with a decision",
             )
         _CALLER.set(identity)  # each call runs in its own task: this is the call's caller
+        return request
 
     def wrap_unary(self, method: str, inner: Behavior) -> Behavior:
         async def behavior(request: Any, context: Any) -> Any:
-            await self._admit(method, request, context)
-            return await inner(request, context)
+            return await inner(await self._admit(method, request, context), context)
 
         return behavior
 
     def wrap_stream(self, method: str, inner: Behavior) -> Behavior:
         async def behavior(request: Any, context: Any) -> AsyncIterator[Any]:
-            await self._admit(method, request, context)
-            async for item in inner(request, context):
+            async for item in inner(await self._admit(method, request, context), context):
                 yield item
 
         return behavior

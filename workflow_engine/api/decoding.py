@@ -8,7 +8,8 @@ found by walking the wire format against the message descriptor.
 
 Whoever can reach the port chooses the bytes, so naming the field is cheap and bounded: one
 pass over the bytes without copying them, no deeper than protobuf itself goes, and at most
-`DIAGNOSED_FIELDS` fields.
+`DIAGNOSED_FIELDS` fields. Where callers authenticate, nothing is decoded before the caller is
+known: `api.auth` registers `deferred` deserializers and decodes the `Undecoded` bytes itself.
 """
 
 from __future__ import annotations
@@ -43,6 +44,22 @@ class UndecodableRequest:
 
     def error(self) -> InvalidArgument:
         return InvalidArgument(self.field, self.problem)
+
+
+@dataclass(frozen=True, slots=True)
+class Undecoded:
+    """A request's bytes and the deserializer that has not run yet."""
+
+    body: bytes
+    decode: Deserializer
+
+    def decoded(self) -> Any:
+        return self.decode(self.body)
+
+
+def deferred(decode: Deserializer) -> Deserializer:
+    """A deserializer that only keeps the bytes, for `decode` to run when asked."""
+    return lambda body: Undecoded(body, decode)
 
 
 def lenient_deserializer(cls: type[Message]) -> Deserializer:

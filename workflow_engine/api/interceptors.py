@@ -31,6 +31,11 @@ class MethodInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
     def wrap_stream(self, method: str, inner: Behavior) -> Behavior:
         raise NotImplementedError
 
+    def request_deserializer(self, handler: grpc.RpcMethodHandler[Any, Any]) -> Any:
+        """What turns a wrapped method's request bytes into the request its behaviour gets:
+        the service's own deserializer, unless an interceptor decodes later itself."""
+        return handler.request_deserializer
+
     async def intercept_service(
         self,
         continuation: Callable[
@@ -54,13 +59,13 @@ class MethodInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
                 self.wrap_unary(method, handler.unary_unary),
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=self.request_deserializer(handler),
                 response_serializer=handler.response_serializer,
             )
         if handler.unary_stream is not None:
             return grpc.unary_stream_rpc_method_handler(
                 self.wrap_stream(method, handler.unary_stream),
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=self.request_deserializer(handler),
                 response_serializer=handler.response_serializer,
             )
         return handler

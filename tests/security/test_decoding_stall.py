@@ -10,14 +10,13 @@ without credentials held a health check for seconds.
 from __future__ import annotations
 
 import asyncio
-import time
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.conftest import RunningEngine
 from tests.security.conftest import as_caller
+from tests.security.stalls import HealthWatch
 from tests.wire import deep_update
 
 UPDATE = "/workflow_engine.v1.WorkflowEngine/UpdateWorkflow"
@@ -37,19 +36,11 @@ async def call(served: RunningEngine, body: bytes, metadata: Metadata) -> grpc.a
 async def attack_while_timing_health(
     served: RunningEngine, body: bytes, metadata: Metadata, calls: int
 ) -> tuple[list[grpc.aio.AioRpcError], float]:
-    """Send `body` `calls` times at once while polling health: the answers, and the longest
+    """Send `body` `calls` times at once while health is polled: the answers, and the longest
     a health check waited."""
-    health = health_pb2_grpc.HealthStub(served.channel)
-    await health.Check(health_pb2.HealthCheckRequest(), timeout=10)  # the channel is ready
-    attacks = asyncio.gather(*(call(served, body, metadata) for _ in range(calls)))
-    worst, checks = 0.0, 0
-    while not attacks.done() or checks < 3:
-        asked = time.perf_counter()
-        await health.Check(health_pb2.HealthCheckRequest(), timeout=30)
-        worst = max(worst, time.perf_counter() - asked)
-        checks += 1
-        await asyncio.sleep(0.005)
-    return await attacks, worst
+    async with HealthWatch(served.channel) as health:
+        answers = await asyncio.gather(*(call(served, body, metadata) for _ in range(calls)))
+    return answers, health.worst
 
 
 async def test_unauthenticated_deep_message_does_not_stall_the_server(

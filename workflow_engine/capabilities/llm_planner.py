@@ -39,10 +39,10 @@ steps a worker executes. Each step's `command` is an argv list executed directly
 through a shell unless you name one (["sh", "-c", "..."]); each step runs in a fresh, empty \
 work directory, so pass files between steps through absolute paths. Give each step the machine \
 checks (`expect`) that prove it worked whenever you can state them (kinds: exit_code with \
-`equals`, stdout_contains / stderr_contains / stdout_matches / file_exists with `value`, \
-json_field_equals with `field` and `equals`). Steps run in order unless a step names \
-`depends_on`. Put what you assumed in `assumptions`. Answer with JSON only, following the \
-schema."""
+`equals`, stdout_contains / stderr_contains with `value`, stdout_matches with an RE2 pattern \
+as `value` (no backreferences or lookaround), file_exists with `value`, json_field_equals with \
+`field` and `equals`). Steps run in order unless a step names `depends_on`. Put what you \
+assumed in `assumptions`. Answer with JSON only, following the schema."""
 
 REVISE_SYSTEM = """\
 You are the planner of a workflow engine. A step of your plan failed its verification. Answer \

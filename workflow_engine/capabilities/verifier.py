@@ -1,15 +1,21 @@
 """The embedded verifier: machine checks on a job result, each one a `Finding` with evidence.
 
 Every check yields a finding, passed or not, so the record shows what was verified and not only
-what failed; a check that cannot be evaluated (bad JSON, a missing field) is a failed finding,
-never an exception, because a broken check must fail the step rather than the workflow.
+what failed; a check that cannot be evaluated (bad JSON, a missing field, a pattern that an
+older engine accepted and this one refuses) is a failed finding, never an exception, because a
+broken check must fail the step rather than the workflow.
+
+Checks do work that grows with what a tenant wrote and a job printed (a pattern searched through
+the output, the output parsed as JSON, the work directory walked), so they run off the event
+loop, on threads of the verifier's own, within a time limit per step (README, "The task").
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-import re
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +23,15 @@ import structlog
 
 from workflow_engine.capabilities.job_files import WORKER_NOTE
 from workflow_engine.domain.jobs import Finding, JobResult, Verification
+from workflow_engine.domain.patterns import PatternError, compile_pattern
 from workflow_engine.domain.task import AcceptanceCriterion, Check, Step
 
 log = structlog.get_logger(__name__)
 
+#: How long one step's checks may take together; a check not judged by then fails, saying so.
+CHECKS_TIMEOUT_SECONDS = 10.0
+#: Threads that judge checks, shared by every workflow of the engine.
+CHECK_THREADS = 2
 _MAX_SHOWN = 200
 _IMPLICIT_EXIT_CODE = Check(kind="exit_code", equals=0)
 # What to do about a failed check of each kind; the next attempt sees these lines.
@@ -38,6 +49,17 @@ _ADVICE = {
 
 class MachineVerifier:
     """Judges a result by the step's `expect` checks and the task's machine criteria."""
+
+    def __init__(
+        self,
+        *,
+        timeout_seconds: float = CHECKS_TIMEOUT_SECONDS,
+        threads: int = CHECK_THREADS,
+    ) -> None:
+        self._timeout = timeout_seconds
+        # Threads of its own, not the loop's default executor: costly checks then wait for each
+        # other, never for (or in front of) the engine's other work. Idle, they end with it.
+        self._threads = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="checks")
 
     async def verify(
         self,
@@ -68,8 +90,9 @@ class MachineVerifier:
             for i, c in enumerate(criteria)
             if c.check is not None
         ]
+        deadline = asyncio.get_running_loop().time() + self._timeout
         for name, check in named:
-            finding = _evaluate(name, check, result)
+            finding = await self._judge(name, check, result, deadline)
             findings.append(finding)
             if not finding.passed:
                 advice = _ADVICE.get(check.kind, "fix the check or the command")
@@ -88,6 +111,20 @@ class MachineVerifier:
             checks=len(findings),
         )
         return verification
+
+    async def _judge(self, name: str, check: Check, result: JobResult, deadline: float) -> Finding:
+        """`check`'s finding, judged on the verifier's threads; failed if not done by `deadline`.
+
+        A search that runs past the deadline is left to finish on its thread (RE2 cannot be
+        interrupted); its size is bounded (`domain.patterns`), so the thread comes back.
+        """
+        loop = asyncio.get_running_loop()
+        judged = loop.run_in_executor(self._threads, _evaluate, name, check, result)
+        try:
+            return await asyncio.wait_for(judged, max(0.0, deadline - loop.time()))
+        except TimeoutError:
+            detail = f"not judged: the step's checks took longer than {self._timeout:g} s"
+            return Finding(check=name, passed=False, detail=detail)
 
 
 def _worker_note(stderr: str) -> str:
@@ -121,8 +158,12 @@ def _run_check(check: Check, result: JobResult) -> tuple[bool, str]:
             f"expected {stream} to contain {check.value!r}, got {_shown(text)}",
         )
     if kind == "stdout_matches":
+        try:
+            pattern = compile_pattern(check.value)
+        except PatternError as exc:  # stored by an older engine, which took Python's syntax
+            return False, f"pattern /{_clip(check.value)}/ cannot be judged: {exc}"
         return (
-            re.search(check.value, result.stdout) is not None,
+            pattern.search(result.stdout),
             f"expected stdout to match /{check.value}/, got {_shown(result.stdout)}",
         )
     if kind == "file_exists":

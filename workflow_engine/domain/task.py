@@ -13,10 +13,19 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Self
 
-from pydantic import AfterValidator, Field, TypeAdapter, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    Field,
+    TypeAdapter,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from workflow_engine.domain.jobs import Limits
-from workflow_engine.domain.model import DomainModel, JsonObject, invalid
+from workflow_engine.domain.model import DomainModel, JsonObject, input_rules, invalid
+from workflow_engine.domain.patterns import PatternError, check_together, compile_pattern
 
 CHECK_KINDS = frozenset(
     {
@@ -41,6 +50,7 @@ MAX_ARGV = 256
 MAX_ARG_CHARS = 32 * 1024
 MAX_ENV = 256
 MAX_CHECKS = 64
+MAX_CHECK_TEXT_CHARS = 32 * 1024  # a check's value or field: as long as one argument may be
 MAX_LABELS = 64
 MAX_LABEL_CHARS = 256
 MAX_TIMEOUT_SECONDS = 10_800  # the Worker API's node maximum
@@ -83,12 +93,12 @@ class Check(DomainModel):
     """A machine check on a job result; see the `Check` message in the proto for the kinds."""
 
     kind: str = Field(json_schema_extra={"enum": list(sorted(CHECK_KINDS))})
-    value: Text = ""
-    field: Text = ""
+    value: Text = Field(default="", json_schema_extra={"maxLength": MAX_CHECK_TEXT_CHARS})
+    field: Text = Field(default="", json_schema_extra={"maxLength": MAX_CHECK_TEXT_CHARS})
     equals: Any = None
 
     @model_validator(mode="after")
-    def _operands_fit_the_kind(self) -> Self:
+    def _operands_fit_the_kind(self, info: ValidationInfo) -> Self:
         if self.kind not in CHECK_KINDS:
             raise invalid(
                 ".kind",
@@ -103,12 +113,20 @@ class Check(DomainModel):
             check_json(self.equals, ".equals")
         elif not self.value:
             raise invalid(".value", f"{self.kind} needs a value")
+        if input_rules(info):
+            self._operands_are_safe()
+        return self
+
+    def _operands_are_safe(self) -> None:
+        """Bounded text, and a pattern RE2 runs."""
+        for name in ("value", "field"):
+            if len(getattr(self, name)) > MAX_CHECK_TEXT_CHARS:
+                raise invalid(f".{name}", f"longer than {MAX_CHECK_TEXT_CHARS} characters")
         if self.kind == "stdout_matches":
             try:
-                re.compile(self.value)
-            except re.error as exc:
-                raise invalid(".value", f"invalid regular expression: {exc}") from None
-        return self
+                compile_pattern(self.value)
+            except PatternError as exc:
+                raise invalid(".value", f"invalid pattern: {exc}") from None
 
 
 class Step(DomainModel):
@@ -181,11 +199,14 @@ class Step(DomainModel):
                 raise invalid(f".secret_env[{k}]", f"names no env variable ({name[:64]!r})")
         return self
 
-    @field_validator("expect")
+    @field_validator("expect", mode="before")
     @classmethod
-    def _few_checks(cls, checks: tuple[Check, ...]) -> tuple[Check, ...]:
-        if len(checks) > MAX_CHECKS:
-            raise invalid("", f"more than {MAX_CHECKS} checks")
+    def _few_checks(cls, checks: Any, info: ValidationInfo) -> Any:
+        """Counted before each check is validated (and its pattern compiled)."""
+        if isinstance(checks, list | tuple):
+            if len(checks) > MAX_CHECKS:
+                raise invalid("", f"more than {MAX_CHECKS} checks")
+            _few_patterns(checks, info)
         return checks
 
 
@@ -210,10 +231,38 @@ def _steps_form_a_plan(steps: tuple[Step, ...]) -> tuple[Step, ...]:
     return steps
 
 
+def _few_patterns(checks: Any, info: ValidationInfo) -> None:
+    """Refuse input whose patterns cost too much to compile together, before any is compiled.
+
+    `checks` are checks as sent (JSON objects); anything else is left to the model to refuse.
+    """
+    if not input_rules(info):
+        return
+    patterns = {
+        check["value"]
+        for check in checks
+        if isinstance(check, Mapping)
+        and check.get("kind") == "stdout_matches"
+        and isinstance(check.get("value"), str)
+    }
+    try:
+        check_together(patterns)
+    except PatternError as exc:
+        raise invalid("", str(exc)) from None
+
+
+def _steps_patterns(steps: Any, info: ValidationInfo) -> Any:
+    if isinstance(steps, list | tuple):
+        expects = [s.get("expect") for s in steps if isinstance(s, Mapping)]
+        _few_patterns([c for e in expects if isinstance(e, list | tuple) for c in e], info)
+    return steps
+
+
 #: The steps of a task or a plan, checked as a whole.
 Steps = Annotated[
     tuple[Step, ...],
     Field(json_schema_extra={"maxItems": MAX_STEPS}),
+    BeforeValidator(_steps_patterns),
     AfterValidator(_steps_form_a_plan),
 ]
 STEPS: TypeAdapter[tuple[Step, ...]] = TypeAdapter(Steps)
@@ -272,6 +321,14 @@ class TaskSpec(DomainModel):
     max_attempts_per_step: int = DEFAULT_MAX_ATTEMPTS
     budget: Budget = Field(default_factory=Budget)
     max_parallel_steps: int = DEFAULT_MAX_PARALLEL
+
+    @field_validator("acceptance_criteria", mode="before")
+    @classmethod
+    def _criteria_patterns(cls, criteria: Any, info: ValidationInfo) -> Any:
+        if isinstance(criteria, list | tuple):
+            checks = [c.get("check") for c in criteria if isinstance(c, Mapping)]
+            _few_patterns(checks, info)
+        return criteria
 
     @field_validator("prompt")
     @classmethod

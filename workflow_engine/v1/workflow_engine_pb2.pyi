@@ -1109,7 +1109,8 @@ class Check(_message.Message):
       exit_code:          equals (a number, default 0)
       stdout_contains:    value (substring)
       stderr_contains:    value (substring)
-      stdout_matches:     value (Python regular expression, searched)
+      stdout_matches:     value (RE2 regular expression, searched in linear time; `$` also
+                          matches before a final newline, as in Python)
       file_exists:        value (path, relative to the job's work directory)
       json_field_equals:  field (dotted path into stdout parsed as JSON), equals (required; a
                           JSON null is a Value with null_value set)

@@ -79,6 +79,11 @@ async def test_timeout_is_always_a_failed_finding() -> None:
         (Check(kind="stderr_contains", value="warn"), "", "warn: x", True),
         (Check(kind="stdout_matches", value=r"^\d+ passed$"), "ok\n12 passed\n", "", False),
         (Check(kind="stdout_matches", value=r"(?m)^\d+ passed$"), "ok\n12 passed\n", "", True),
+        # As in Python, `$` matches at the end and before a newline that ends the output.
+        (Check(kind="stdout_matches", value=r"^\d+ passed$"), "12 passed\n", "", True),
+        (Check(kind="stdout_matches", value=r"^\d+ passed$"), "12 passed", "", True),
+        (Check(kind="stdout_matches", value=r"^\d+ passed$"), "12 passed\n\n", "", False),
+        (Check(kind="stdout_matches", value=r"(a+)+$"), "a" * 100_000 + "!", "", False),
     ],
 )
 async def test_text_checks(check: Check, stdout: str, stderr: str, passed: bool) -> None:
@@ -203,8 +208,31 @@ async def test_a_broken_check_is_a_failed_finding_not_an_exception() -> None:
     broken = Check.model_construct(kind="stdout_matches", value="(", field="", equals=None)
     v = await verify(broken, stdout="x")
     assert not only(v, "stdout_matches")
+    # One an older engine stored, in Python's syntax, which RE2 does not run: judged as failed.
+    python_only = Check.from_json({"kind": "stdout_matches", "value": r"(a)\1"})
+    v = await verify(python_only, stdout="aa")
+    assert not only(v, "stdout_matches")
+    assert "cannot be judged: RE2 refuses it" in v.findings[-1].detail
     v = await verify(Check.model_construct(kind="no_such_kind", value="x", field="", equals=None))
     assert not only(v, "no_such_kind")
+
+
+async def test_checks_not_judged_in_the_steps_time_fail_saying_so() -> None:
+    # Linear, yet slow: RE2 runs this one at a few microseconds per character of output.
+    costly = Check(kind="stdout_matches", value="(a|b)*a(a|b){500}c")
+    output = "ab" * 40_000
+    step = STEP.model_copy(update={"expect": (costly, Check(kind="exit_code", equals=0))})
+    verifier = MachineVerifier(timeout_seconds=0.05)
+
+    v = await verifier.verify(step, result(stdout=output), ())
+
+    assert [(f.check, f.passed) for f in v.findings] == [
+        ("stdout_matches", False),
+        ("exit_code", False),  # the step's time ran out: not judged either
+    ]
+    assert all(
+        "not judged: the step's checks took longer than 0.05 s" in f.detail for f in v.findings
+    )
 
 
 async def test_criteria_with_checks_are_evaluated_too() -> None:

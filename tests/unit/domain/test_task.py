@@ -198,6 +198,73 @@ def test_a_bare_list_of_steps_is_named_from_where_it_came() -> None:
         parse(STEPS, steps, "decision")
 
 
+@pytest.mark.parametrize(
+    ("check", "problem"),
+    [
+        ({"kind": "stdout_matches", "value": r"(a)\1"}, "RE2 refuses it: invalid escape"),
+        ({"kind": "stdout_matches", "value": "a(?=b)"}, "RE2 refuses it: invalid perl operator"),
+        ({"kind": "stdout_matches", "value": "(a|b)*a(a|b){700}c"}, "RE2 instructions"),
+        ({"kind": "stdout_matches", "value": "x" * 2000}, "longer than 1024 characters"),
+        ({"kind": "stdout_matches", "value": r"\pL\pN\pL\pN\pL"}, "more than 4 Unicode classes"),
+        ({"kind": "stdout_matches", "value": "a{1000}b{1000}c{1}"}, "add up to 2001"),
+        ({"kind": "stdout_matches", "value": "x" * 40_000}, "longer than 32768 characters"),
+        ({"kind": "json_field_equals", "field": "a." * 20_000, "equals": 1}, "longer than"),
+    ],
+)
+def test_checks_a_tenant_writes_are_bounded(check: dict[str, Any], problem: str) -> None:
+    error = refused(checked(**check))
+    field = "field" if check["kind"] == "json_field_equals" else "value"
+    assert error.field == f"task.steps[0].expect[0].{field}"
+    assert problem in error.message
+
+
+def patterns(*values: str) -> list[dict[str, str]]:
+    return [{"kind": "stdout_matches", "value": value} for value in values]
+
+
+@pytest.mark.parametrize(
+    ("data", "field", "problem"),
+    [
+        (one(expect=patterns(*(f"p{i}" for i in range(65)))), "task.steps", "more than 64"),
+        (
+            {
+                "steps": [
+                    {"id": f"s{i}", "command": ["x"], "expect": patterns(f"{i}" + "." * 1000)}
+                    for i in range(5)
+                ]
+            },
+            "task.steps",
+            "5005 characters in all",
+        ),
+        (
+            {
+                "acceptance_criteria": [
+                    {"check": c} for c in patterns(*(f"{i}\\pL" * 4 for i in range(5)))
+                ]
+            },
+            "task.acceptance_criteria",
+            "20 Unicode classes",
+        ),
+    ],
+)
+def test_the_patterns_of_a_plan_are_bounded_together(
+    data: dict[str, Any], field: str, problem: str
+) -> None:
+    """Refused before any is compiled: each costs up to milliseconds, on the request's loop."""
+    error = refused(data)
+    assert error.field == field
+    assert problem in error.message
+
+
+def test_checks_an_older_engine_stored_still_read() -> None:
+    """Stored under the rules it was written with: the verifier judges it (a failed finding)."""
+    stored = [{"kind": "stdout_matches", "value": r"(a)\1"}]
+    step = Step.from_json({"id": "s", "command": ["true"], "expect": stored})
+    assert [check.value for check in step.expect] == [c["value"] for c in stored]
+    with pytest.raises(InvalidArgument):  # as input, each is refused
+        parse(STEPS, [step.to_json()], "decision")
+
+
 def test_invalid_values_cannot_be_built() -> None:
     with pytest.raises(ValueError, match="argv must not be empty"):
         Step(id="a", command=())

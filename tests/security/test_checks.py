@@ -1,0 +1,131 @@
+"""A tenant's checks cannot stall the engine.
+
+The attacker is a tenant, or a model writing steps: it writes a step's `expect` checks and the
+command whose output they judge. A pattern that backtracks over the job's output must not hold
+the event loop (health and every other workflow wait on it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import grpc
+import pytest
+from google.protobuf import json_format
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from tests.conftest import RunningEngine
+from tests.helpers import (
+    JOB_PYTHON,
+    TERMINAL,
+    check,
+    new_task_id,
+    shell_step,
+    step,
+)
+from tests.security.conftest import as_caller, tenant_task
+from workflow_engine.v1 import workflow_engine_pb2 as pb
+
+TENANT = as_caller("a-orchestrator")
+#: Enough `a`s that Python's backtracking `re` would take longer than the universe has left.
+AS = 5000
+
+
+async def start(served: RunningEngine, *steps: pb.Step) -> str:
+    spec = tenant_task("project-a", *steps)
+    spec.max_attempts_per_step = 1
+    task_id = new_task_id()
+    request = pb.StartWorkflowRequest(task_id=task_id, task=spec)
+    await served.stub.StartWorkflow(request, metadata=TENANT)
+    return task_id
+
+
+async def refused(served: RunningEngine, *steps: pb.Step) -> grpc.aio.AioRpcError:
+    """The error StartWorkflow answers for a task of `steps`, after checking nothing is stored."""
+    task_id = new_task_id()
+    request = pb.StartWorkflowRequest(task_id=task_id, task=tenant_task("project-a", *steps))
+    with pytest.raises(grpc.aio.AioRpcError) as refusal:
+        await served.stub.StartWorkflow(request, metadata=TENANT)
+    with pytest.raises(grpc.aio.AioRpcError) as lookup:
+        await served.stub.GetWorkflow(pb.GetWorkflowRequest(task_id=task_id), metadata=TENANT)
+    assert lookup.value.code() == grpc.StatusCode.NOT_FOUND
+    return refusal.value
+
+
+def findings(workflow: pb.Workflow, step_id: str) -> list[dict[str, Any]]:
+    state = json_format.MessageToDict(workflow.state)
+    found: list[dict[str, Any]] = state["steps"][step_id]["verification"]["findings"]
+    return found
+
+
+async def run_probing_health(served: RunningEngine, job: pb.Step) -> tuple[pb.Workflow, float]:
+    """Run a workflow of `job` to its end, asking for health all along: the workflow, and the
+    longest a health check took to answer (the event loop it waits for is the engine's)."""
+    health = health_pb2_grpc.HealthStub(served.channel)
+    task_id = await start(served, job)
+    deadline = time.monotonic() + 60
+    slowest = 0.0
+    while time.monotonic() < deadline:
+        asked = time.perf_counter()
+        answer = await health.Check(health_pb2.HealthCheckRequest())
+        slowest = max(slowest, time.perf_counter() - asked)
+        assert answer.status == health_pb2.HealthCheckResponse.SERVING
+        workflow = await served.stub.GetWorkflow(
+            pb.GetWorkflowRequest(task_id=task_id), metadata=TENANT
+        )
+        if workflow.status in TERMINAL:
+            return workflow, slowest
+        await asyncio.sleep(0.01)
+    raise TimeoutError(f"workflow {task_id} did not end; slowest health check {slowest:.3f} s")
+
+
+@pytest.mark.timeout(120)  # Python's `re` would hold the loop, and this test, until then
+async def test_a_backtracking_pattern_is_judged_while_health_answers_at_once(
+    served: RunningEngine,
+) -> None:
+    printed = shell_step(
+        "print",
+        f"{JOB_PYTHON} -c \"print('a' * {AS} + '!')\"",
+        expect=[check("stdout_matches", "(a+)+$"), check("stdout_matches", "^a+!$")],
+    )
+
+    workflow, slowest = await run_probing_health(served, printed)
+
+    assert slowest < 0.5, f"a health check took {slowest:.3f} s while the pattern was judged"
+    # Judged, as RE2 sees it: no run of `a`s ends the output, which `^a+!$` matches whole.
+    assert workflow.status == pb.FAILED
+    judged = [(f["passed"], f["detail"]) for f in findings(workflow, "print")]
+    assert [passed for passed, _ in judged] == [True, False, True]  # exit code, then the two
+    assert judged[1][1].startswith("expected stdout to match /(a+)+$/")
+
+
+async def test_a_costly_linear_pattern_is_judged_off_the_event_loop(
+    served: RunningEngine,
+) -> None:
+    # Within the bounds on a pattern's size, yet about a second of RE2 for 32 KiB of `a`/`b`.
+    printed = shell_step(
+        "print",
+        f"{JOB_PYTHON} -c \"import random; print(''.join(random.choices('ab', k=32000)))\"",
+        expect=[check("stdout_matches", "(a|b)*a(a|b){600}c")],
+    )
+
+    workflow, slowest = await run_probing_health(served, printed)
+
+    assert slowest < 0.5, f"a health check took {slowest:.3f} s while the pattern was judged"
+    assert workflow.status == pb.FAILED
+    _, matched = findings(workflow, "print")
+    assert matched["passed"] is False
+    assert matched["detail"].startswith("expected stdout to match /"), matched
+
+
+async def test_a_pattern_the_linear_engine_cannot_run_is_refused_at_start(
+    served: RunningEngine,
+) -> None:
+    backreference = step(
+        "s", "echo", "aa", expect=[check("exit_code", equals=0), check("stdout_matches", r"(a)\1")]
+    )
+    error = await refused(served, backreference)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (error.details() or "").startswith("task.steps[0].expect[1].value: ")

@@ -1,14 +1,16 @@
-"""A tenant's checks cannot stall the engine.
+"""A tenant's checks cannot stall the engine or read the host's files.
 
 The attacker is a tenant, or a model writing steps: it writes a step's `expect` checks and the
-command whose output they judge. A pattern that backtracks over the job's output must not hold
-the event loop (health and every other workflow wait on it).
+command whose output and files they judge. A pattern that backtracks over the job's output must
+not hold the event loop (health and every other workflow wait on it); a path must not ask the
+engine, running as root, about a file of the host, directly or through a link the job plants.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -24,6 +26,7 @@ from tests.helpers import (
     new_task_id,
     shell_step,
     step,
+    wait_for_status,
 )
 from tests.security.conftest import as_caller, tenant_task
 from workflow_engine.v1 import workflow_engine_pb2 as pb
@@ -129,3 +132,48 @@ async def test_a_pattern_the_linear_engine_cannot_run_is_refused_at_start(
     error = await refused(served, backreference)
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert (error.details() or "").startswith("task.steps[0].expect[1].value: ")
+
+
+@pytest.fixture
+def root_only_file(tmp_path: Path) -> Path:
+    """A file of the host's that only root may read, outside every job's directory."""
+    vault = tmp_path / "vault"
+    vault.mkdir(mode=0o700)
+    secret = vault / "shadow"
+    secret.write_text("root:$6$secret\n")
+    secret.chmod(0o600)
+    return secret
+
+
+async def test_a_path_outside_the_work_dir_is_refused_at_start(
+    served: RunningEngine, root_only_file: Path
+) -> None:
+    for path in (str(root_only_file), "../../../vault/shadow", "out/../../shadow"):
+        probe = step("s", "true", expect=[check("file_exists", path)])
+        error = await refused(served, probe)
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, path
+        assert (error.details() or "").startswith("task.steps[0].expect[0].value: "), path
+
+
+async def test_a_link_the_job_plants_is_not_followed_out_of_its_work_dir(
+    served: RunningEngine, root_only_file: Path
+) -> None:
+    inside_root = str(root_only_file).lstrip("/")
+    planted = shell_step(
+        "plant",
+        f"echo hi > out.txt && ln -s {root_only_file} leak && ln -s / host",
+        expect=[
+            check("file_exists", "out.txt"),
+            check("file_exists", "leak"),
+            check("file_exists", f"host/{inside_root}"),
+        ],
+    )
+    task_id = await start(served, planted)
+    workflow = await wait_for_status(served.stub, task_id, metadata=TENANT)
+
+    assert workflow.status == pb.FAILED
+    _, wrote, leak, host = findings(workflow, "plant")  # the implicit exit code, then these
+    assert wrote["passed"] is True, wrote  # a file the job wrote, by its relative path
+    for planted_link in (leak, host):
+        assert planted_link["passed"] is False, planted_link
+        assert "link out of the work dir" in planted_link["detail"], planted_link

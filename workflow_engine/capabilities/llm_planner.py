@@ -40,9 +40,10 @@ through a shell unless you name one (["sh", "-c", "..."]); each step runs in a f
 work directory, so pass files between steps through absolute paths. Give each step the machine \
 checks (`expect`) that prove it worked whenever you can state them (kinds: exit_code with \
 `equals`, stdout_contains / stderr_contains with `value`, stdout_matches with an RE2 pattern \
-as `value` (no backreferences or lookaround), file_exists with `value`, json_field_equals with \
-`field` and `equals`). Steps run in order unless a step names `depends_on`. Put what you \
-assumed in `assumptions`. Answer with JSON only, following the schema."""
+as `value` (no backreferences or lookaround), file_exists with a `value` relative to the work \
+directory (no absolute path, no `..`), json_field_equals with `field` and `equals`). Steps run \
+in order unless a step names `depends_on`. Put what you assumed in `assumptions`. Answer with \
+JSON only, following the schema."""
 
 REVISE_SYSTEM = """\
 You are the planner of a workflow engine. A step of your plan failed its verification. Answer \

@@ -1,9 +1,9 @@
 """The embedded verifier: machine checks on a job result, each one a `Finding` with evidence.
 
 Every check yields a finding, passed or not, so the record shows what was verified and not only
-what failed; a check that cannot be evaluated (bad JSON, a missing field, a pattern that an
-older engine accepted and this one refuses) is a failed finding, never an exception, because a
-broken check must fail the step rather than the workflow.
+what failed; a check that cannot be evaluated (bad JSON, a missing field, a pattern or a path
+that an older engine accepted and this one refuses) is a failed finding, never an exception,
+because a broken check must fail the step rather than the workflow.
 
 Checks do work that grows with what a tenant wrote and a job printed (a pattern searched through
 the output, the output parsed as JSON, the work directory walked), so they run off the event
@@ -16,15 +16,20 @@ import asyncio
 import json
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import structlog
 
+from workflow_engine.capabilities.beneath import LinkOut, exists_beneath
 from workflow_engine.capabilities.job_files import WORKER_NOTE
 from workflow_engine.domain.jobs import Finding, JobResult, Verification
 from workflow_engine.domain.patterns import PatternError, compile_pattern
-from workflow_engine.domain.task import AcceptanceCriterion, Check, Step
+from workflow_engine.domain.task import (
+    AcceptanceCriterion,
+    Check,
+    Step,
+    relative_path_problem,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -181,25 +186,31 @@ def _run_check(check: Check, result: JobResult) -> tuple[bool, str]:
 
 
 def _file_exists(value: str, work_dir: str | None) -> tuple[bool, str]:
-    """Whether `value` exists, relative paths in the job's work dir.
+    """Whether `value` names a file in the job's work dir (`beneath`: no link out of it).
 
     The detail names the file as the check gave it: a client reads it (findings, the error, the
     next attempt's remediation), and the work dir's absolute path is the server's business.
     """
-    path = Path(value)
-    where = ""
-    if not path.is_absolute():
-        if work_dir is None:
-            return False, f"expected file {value!r}, but the result has no work directory"
-        if ".." in path.parts:
-            return False, f"refused path {value!r}: relative paths may not leave the work dir"
-        path = Path(work_dir) / path
-        where = " in the work dir"
+    problem = relative_path_problem(value)
+    if problem:  # stored by an older engine, which took absolute paths
+        return False, f"refused path {value!r}: {problem}"
+    if work_dir is None:
+        return False, f"expected file {value!r}, but the result has no work directory"
     try:
-        exists = path.exists()
+        exists = exists_beneath(work_dir, value)
+    except LinkOut:
+        return False, (
+            f"expected file {value!r} in the work dir, but its path goes through a symbolic "
+            "link out of the work dir, which checks do not follow"
+        )
     except OSError as exc:  # its message would carry the absolute path
-        return False, f"expected file {value!r}{where}, but it cannot be checked: {exc.strerror}"
-    return exists, f"expected file {value!r} to exist{where}, {'found' if exists else 'missing'}"
+        return False, f"expected file {value!r} in the work dir, but it cannot be checked: " + (
+            exc.strerror or type(exc).__name__
+        )
+    return (
+        exists,
+        f"expected file {value!r} to exist in the work dir, {'found' if exists else 'missing'}",
+    )
 
 
 def _json_field(document: Any, dotted: str) -> Any:

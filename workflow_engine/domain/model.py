@@ -45,8 +45,8 @@ class DomainModel(BaseModel):
 def input_rules(info: ValidationInfo) -> bool:
     """Whether a validator applies the rules that only input must follow.
 
-    A rule made stricter than an older engine's (a check's pattern in RE2 syntax) holds for
-    everything built now, but not for what that engine accepted and stored:
+    A rule made stricter than an older engine's (a check's pattern in RE2 syntax, its path
+    relative) holds for everything built now, but not for what that engine accepted and stored:
     such a value still reads (`from_json`), and what uses it judges it then (the verifier fails
     that check with a finding saying why).
     """

@@ -89,6 +89,19 @@ def check_argv(command: tuple[str, ...]) -> tuple[str, ...]:
     return command
 
 
+def relative_path_problem(path: str) -> str | None:
+    """Why `path` cannot name a file in a job's work directory (a `file_exists` value), or None.
+
+    The engine, often root, answers the check: a path that could leave the work directory
+    would tell a tenant whether any file of the host exists.
+    """
+    if path.startswith("/"):
+        return "must be a path relative to the job's work directory, not an absolute one"
+    if ".." in path.split("/"):
+        return "may not leave the job's work directory ('..')"
+    return None
+
+
 class Check(DomainModel):
     """A machine check on a job result; see the `Check` message in the proto for the kinds."""
 
@@ -118,7 +131,7 @@ class Check(DomainModel):
         return self
 
     def _operands_are_safe(self) -> None:
-        """Bounded text, and a pattern RE2 runs."""
+        """Bounded text, a pattern RE2 runs, a path that stays in the work directory."""
         for name in ("value", "field"):
             if len(getattr(self, name)) > MAX_CHECK_TEXT_CHARS:
                 raise invalid(f".{name}", f"longer than {MAX_CHECK_TEXT_CHARS} characters")
@@ -127,6 +140,8 @@ class Check(DomainModel):
                 compile_pattern(self.value)
             except PatternError as exc:
                 raise invalid(".value", f"invalid pattern: {exc}") from None
+        elif self.kind == "file_exists" and (problem := relative_path_problem(self.value)):
+            raise invalid(".value", problem)
 
 
 class Step(DomainModel):

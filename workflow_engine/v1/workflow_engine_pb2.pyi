@@ -1111,7 +1111,8 @@ class Check(_message.Message):
       stderr_contains:    value (substring)
       stdout_matches:     value (RE2 regular expression, searched in linear time; `$` also
                           matches before a final newline, as in Python)
-      file_exists:        value (path, relative to the job's work directory)
+      file_exists:        value (path relative to the job's work directory, without `..`;
+                          symbolic links are followed only while they stay in it)
       json_field_equals:  field (dotted path into stdout parsed as JSON), equals (required; a
                           JSON null is a Value with null_value set)
     """

@@ -105,14 +105,16 @@ async def test_file_exists_resolves_relative_paths_in_the_work_dir(tmp_path: Pat
     (tmp_path / "out" / "report.txt").write_text("x")
     present = Check(kind="file_exists", value="out/report.txt")
     missing = Check(kind="file_exists", value="out/nope.txt")
-    absolute = Check(kind="file_exists", value=str(tmp_path / "out" / "report.txt"))
+    # An older engine took absolute paths: one it stored is refused, even for a file that exists.
+    absolute = Check.from_json({"kind": "file_exists", "value": str(tmp_path / "out")})
 
     v = await verify(present, missing, absolute, work_dir=str(tmp_path))
 
     assert only(v, "exit_code")
-    assert [f.passed for f in v.findings if f.check == "file_exists"] == [True, False, True]
+    assert [f.passed for f in v.findings if f.check == "file_exists"] == [True, False, False]
+    assert "not an absolute one" in v.findings[-1].detail
     assert v.status == "fail"
-    assert len(v.recommended_actions) == 1
+    assert len(v.recommended_actions) == 2
 
 
 async def test_file_exists_names_the_file_as_the_check_gave_it(tmp_path: Path) -> None:
@@ -135,9 +137,50 @@ async def test_file_exists_refuses_to_leave_the_work_dir(tmp_path: Path) -> None
     work = tmp_path / "work"
     work.mkdir()
     (tmp_path / "secret").write_text("x")  # exists, but outside the work dir
-    v = await verify(Check(kind="file_exists", value="../secret"), work_dir=str(work))
+    stored = Check.from_json({"kind": "file_exists", "value": "../secret"})  # an older engine's
+    v = await verify(stored, work_dir=str(work))
     assert not only(v, "file_exists")
     assert "refused" in v.findings[-1].detail
+
+
+@pytest.mark.parametrize(
+    ("path", "passed", "detail"),
+    [
+        ("alias", True, "found"),  # -> real.txt
+        ("up/real.txt", True, "found"),  # -> sub/..: climbs, but not past the work dir
+        ("sub/deep/real.txt", True, "found"),  # -> ../..
+        ("dangling", False, "missing"),  # -> nothing
+        ("real.txt/more", False, "missing"),  # nothing is beneath a file
+        ("host", False, "link out of the work dir"),  # -> / : absolute
+        ("host/etc/passwd", False, "link out of the work dir"),
+        ("sneaky", False, "link out of the work dir"),  # -> sub/../..: above the work dir
+        ("sneaky/work/real.txt", False, "link out of the work dir"),  # ...and back into it
+        ("loop", False, "cannot be checked"),  # -> loop: too many links
+    ],
+)
+async def test_file_exists_follows_links_only_while_they_stay_in_the_work_dir(
+    tmp_path: Path, path: str, passed: bool, detail: str
+) -> None:
+    work = tmp_path / "work"
+    (work / "sub" / "deep").mkdir(parents=True)
+    (work / "real.txt").write_text("x")
+    links = {
+        "alias": "real.txt",
+        "up": "sub/..",
+        "sub/deep/real.txt": "../../real.txt",
+        "dangling": "nothing",
+        "host": "/",
+        "sneaky": "sub/../..",
+        "loop": "loop",
+    }
+    for name, target in links.items():
+        (work / name).symlink_to(target)
+
+    v = await verify(Check(kind="file_exists", value=path), work_dir=str(work))
+
+    assert only(v, "file_exists") is passed
+    assert detail in v.findings[-1].detail
+    assert str(tmp_path) not in v.findings[-1].detail
 
 
 async def test_file_exists_without_a_work_dir_fails() -> None:

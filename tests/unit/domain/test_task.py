@@ -208,10 +208,14 @@ def test_a_bare_list_of_steps_is_named_from_where_it_came() -> None:
         ({"kind": "stdout_matches", "value": r"\pL\pN\pL\pN\pL"}, "more than 4 Unicode classes"),
         ({"kind": "stdout_matches", "value": "a{1000}b{1000}c{1}"}, "add up to 2001"),
         ({"kind": "stdout_matches", "value": "x" * 40_000}, "longer than 32768 characters"),
+        ({"kind": "file_exists", "value": "/etc/shadow"}, "not an absolute one"),
+        ({"kind": "file_exists", "value": "out/../../x"}, "may not leave"),
         ({"kind": "json_field_equals", "field": "a." * 20_000, "equals": 1}, "longer than"),
     ],
 )
-def test_checks_a_tenant_writes_are_bounded(check: dict[str, Any], problem: str) -> None:
+def test_checks_a_tenant_writes_are_bounded_and_stay_in_the_work_dir(
+    check: dict[str, Any], problem: str
+) -> None:
     error = refused(checked(**check))
     field = "field" if check["kind"] == "json_field_equals" else "value"
     assert error.field == f"task.steps[0].expect[0].{field}"
@@ -258,7 +262,11 @@ def test_the_patterns_of_a_plan_are_bounded_together(
 
 def test_checks_an_older_engine_stored_still_read() -> None:
     """Stored under the rules it was written with: the verifier judges it (a failed finding)."""
-    stored = [{"kind": "stdout_matches", "value": r"(a)\1"}]
+    stored = [
+        {"kind": "stdout_matches", "value": r"(a)\1"},
+        {"kind": "file_exists", "value": "/etc/shadow"},
+        {"kind": "file_exists", "value": "../x"},
+    ]
     step = Step.from_json({"id": "s", "command": ["true"], "expect": stored})
     assert [check.value for check in step.expect] == [c["value"] for c in stored]
     with pytest.raises(InvalidArgument):  # as input, each is refused

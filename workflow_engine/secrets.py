@@ -5,8 +5,11 @@ A secret is a value the engine must use but never show: a step's env value named
 Where a secret could surface, it is replaced by `MASK`:
 
 - answers (`GetWorkflow`, `ResumeWorkflow`, `UpdateWorkflow`, `CancelWorkflow`, the watch's
-  events, `ListWorkflows`): each workflow's own secrets come from its stored state (the planned
-  steps and their `secret_env`), so every replica redacts alike;
+  events, `ListWorkflows`): each workflow's own secrets come from its stored state, so every
+  replica redacts alike. A workflow's secrets only accumulate: the state field `secrets` keeps
+  every secret value its plans ever had (a plan the planner revised or an operator edited may
+  lose one; what it printed before stays masked), and `state_secrets` adds the current plan's,
+  so a row written before that field existed reads as it did;
 - logs and error messages: the process-wide `SECRETS`, which learns a workflow's secrets when a
   run starts from its task or its checkpoint, and the configured credentials at start-up.
 
@@ -22,6 +25,8 @@ from typing import Any
 
 #: What a secret is shown as.
 MASK = "[secret]"
+#: The state field holding every secret value a workflow has had, sorted (see the docstring).
+STATE_FIELD = "secrets"
 #: Shorter values are not masked inside other text (a short secret would mask that word
 #: everywhere); an env value that short is masked only where it is the whole value.
 MIN_MASKED_CHARS = 8
@@ -42,13 +47,26 @@ def step_secrets(steps: Iterable[Any]) -> set[str]:
 
 
 def state_secrets(state: Any) -> set[str]:
-    """The secrets of a workflow, from its stored state's plan (none in a state that is not a
-    JSON object: a row edited by hand is shown as it is, and refused when run)."""
+    """The secrets of a workflow: those it has had (its state's `secrets`) and its plan's (none
+    in a state that is not a JSON object: a row edited by hand is shown as it is, and refused
+    when run)."""
     if not isinstance(state, Mapping):
         return set()
+    kept = state.get(STATE_FIELD)
+    found = {v for v in kept if isinstance(v, str) and v} if isinstance(kept, list) else set()
     plan = state.get("plan")
     steps = plan.get("steps") if isinstance(plan, Mapping) else None
-    return step_secrets(steps) if isinstance(steps, list) else set()
+    return found | step_secrets(steps) if isinstance(steps, list) else found
+
+
+def accumulated(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str] | None:
+    """The `secrets` field of a state that went from `before` to `after`: every secret either
+    has had, sorted; None when `after` holds them already (or there are none)."""
+    found = state_secrets(before) | state_secrets(after)
+    kept = after.get(STATE_FIELD)
+    if not found or (isinstance(kept, list) and set(kept) == found):
+        return None
+    return sorted(found)
 
 
 def _field(step: Any, name: str) -> Any:

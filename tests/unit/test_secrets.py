@@ -5,6 +5,7 @@ from __future__ import annotations
 from workflow_engine.secrets import (
     MASK,
     Secrets,
+    accumulated,
     redact,
     redact_json,
     state_secrets,
@@ -48,3 +49,15 @@ def test_log_lines_are_masked_in_every_value() -> None:
     assert masked["detail"] == f"a {MASK} b, nope"
     assert masked["nested"] == {"k": [MASK, 3]}
     assert SECRET not in str(masked) and MASK in masked["error"]
+
+
+def test_a_workflows_secrets_only_accumulate() -> None:
+    first = {"plan": {"steps": [{"env": {"T": SECRET}, "secret_env": ["T"]}]}}
+    assert accumulated({}, first) == [SECRET]
+    # The plan lost its secret (revised, edited): the state keeps it.
+    second = {"plan": {"steps": [{"env": {"T": "public"}}]}, "secrets": [SECRET]}
+    assert state_secrets(second) == {SECRET}
+    assert accumulated(first, second) is None  # kept already
+    # A row written before the field: its plan's secrets, kept from its first write on.
+    assert accumulated(first, {**first}) == [SECRET]
+    assert accumulated({}, {"plan": {"steps": []}}) is None  # none, no field

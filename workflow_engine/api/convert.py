@@ -5,6 +5,7 @@ Requests go the other way in `api.requests`, which checks them.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -12,7 +13,13 @@ from google.protobuf import json_format, struct_pb2, timestamp_pb2
 
 from workflow_engine.domain.model import JsonObject
 from workflow_engine.domain.records import WorkflowEventRecord, WorkflowRecord
-from workflow_engine.secrets import SECRETS, redact, redact_json, state_secrets
+from workflow_engine.secrets import (
+    SECRETS,
+    STATE_FIELD,
+    redact,
+    redact_json,
+    state_secrets,
+)
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 
@@ -40,7 +47,11 @@ def status_to_proto(name: str) -> pb.WorkflowStatus.ValueType:
         return pb.WORKFLOW_STATUS_UNSPECIFIED
 
 
-def workflow_to_proto(record: WorkflowRecord) -> pb.Workflow:
+def workflow_to_proto(
+    record: WorkflowRecord, history: Iterable[WorkflowEventRecord] = ()
+) -> pb.Workflow:
+    """The workflow (with `history`) as answers show it: its secrets masked (`shown_state`,
+    `shown_text`)."""
     secrets = state_secrets(record.state)
     state = shown_state(record.state, secrets)
     return pb.Workflow(
@@ -52,19 +63,29 @@ def workflow_to_proto(record: WorkflowRecord) -> pb.Workflow:
         updated_at=to_timestamp(record.updated_at),
         lease_holder_id=record.lease_holder_id or "",
         lease_expires_at=to_timestamp(record.lease_expires_at),
-        summary=SECRETS.redact(redact(record.summary, secrets)),
-        error=SECRETS.redact(redact(record.error, secrets)),
+        summary=shown_text(record.summary, secrets),
+        error=shown_text(record.error, secrets),
         pending_approval=approval_to_proto(state),
         blocked_reason=record.blocked_reason,
         stopped_reason=record.stopped_reason,
+        history=[event_to_proto(record.task_id, event, secrets) for event in history],
     )
 
 
 def shown_state(state: JsonObject, secrets: set[str] | None = None) -> JsonObject:
-    """A workflow's state as answers show it: its secrets masked (see `secrets`)."""
+    """A workflow's state as answers show it: without the values of its secrets (the state's
+    `secrets` field), and with them masked (see `workflow_engine.secrets`)."""
     found = state_secrets(state) if secrets is None else secrets
+    if isinstance(state, dict) and STATE_FIELD in state:
+        state = {k: v for k, v in state.items() if k != STATE_FIELD}
     shown: JsonObject = redact_json(state, found) if found else state
     return shown
+
+
+def shown_text(text: str, secrets: set[str]) -> str:
+    """A workflow's text (summary, error, an event's detail) with its `secrets` and the
+    process's masked."""
+    return SECRETS.redact(redact(text, secrets) if secrets else text)
 
 
 # `workflow_events.kind` as stored -> the EventKind clients see; the one place that maps them.
@@ -79,8 +100,11 @@ EVENT_KINDS: dict[str, pb.EventKind.ValueType] = {
 }
 
 
-def event_to_proto(task_id: str, event: WorkflowEventRecord) -> pb.WorkflowEvent:
-    """A stored event as WatchWorkflow and GetWorkflow's history send it.
+def event_to_proto(
+    task_id: str, event: WorkflowEventRecord, secrets: set[str] | None = None
+) -> pb.WorkflowEvent:
+    """A stored event as WatchWorkflow and GetWorkflow's history send it, with the workflow's
+    `secrets` (when the caller has its state) and the process's masked.
 
     A kind not in `EVENT_KINDS` (a hand-edited row) is EVENT_KIND_UNSPECIFIED.
     """
@@ -92,7 +116,7 @@ def event_to_proto(task_id: str, event: WorkflowEventRecord) -> pb.WorkflowEvent
         status=status_to_proto(event.status),
         time=to_timestamp(event.created_at),
         run_id=event.run_id or "",
-        detail=SECRETS.redact(event.detail),
+        detail=shown_text(event.detail, secrets or set()),
         actor=event.actor,
     )
 

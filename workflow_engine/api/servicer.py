@@ -115,9 +115,7 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
         `MAX_HISTORY_EVENTS` (1000) of them; WatchWorkflow from sequence 1 has them all."""
         task_id = requests.parse_task_id(request.task_id)
         record, history = await self._service.get_with_history(task_id, scope())
-        workflow = convert.workflow_to_proto(record)
-        workflow.history.extend(convert.event_to_proto(task_id, event) for event in history)
-        return workflow
+        return convert.workflow_to_proto(record, history)
 
     @_unary
     async def CancelWorkflow(

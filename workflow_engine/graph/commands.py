@@ -24,6 +24,7 @@ from workflow_engine.domain.task import STEPS, Budget, Step
 from workflow_engine.errors import InvalidArgument, InvalidState
 from workflow_engine.graph import routing
 from workflow_engine.graph.state import WorkflowState
+from workflow_engine.secrets import MASK
 
 #: The node whose router continues the graph after an update.
 CONTINUE_FROM = "verify_step_result"
@@ -166,11 +167,14 @@ def set_state(
     state: WorkflowState, values: Mapping[str, Any], actor: str, reason: str
 ) -> StateUpdate:
     """Replace editable top-level state keys with `values`, whose form the API checked
-    (`api.requests.parse_state_patch`); a new plan must keep every step that passed or runs."""
+    (`api.requests.parse_state_patch`); a new plan must keep every step that passed or runs,
+    and every secret of the steps it keeps (see `_plan_keeping_secrets`)."""
+    values = dict(values)
     if "plan" in values:
         _check_plan_keeps_settled_steps(state, values["plan"])
+        values["plan"] = _plan_keeping_secrets(state, values["plan"])
     detail = "set " + ", ".join(sorted(values)) + (f": {reason}" if reason else "")
-    return StateUpdate(dict(values), "operator_override", "overridden", detail, actor)  # type: ignore[arg-type]
+    return StateUpdate(values, "operator_override", "overridden", detail, actor)  # type: ignore[arg-type]
 
 
 def reject_last_result(state: WorkflowState, actor: str, reason: str) -> StateUpdate:
@@ -222,6 +226,36 @@ def force_branch(state: WorkflowState, branch: Branch, actor: str, reason: str) 
         values["error"] = f"failed by {actor}" + (f": {reason}" if reason else "")
     detail = f"forced {branch}" + (f": {reason}" if reason else "")
     return StateUpdate(values, "operator_override", "overridden", detail, actor)
+
+
+def _plan_keeping_secrets(state: WorkflowState, plan: Mapping[str, Any]) -> dict[str, Any]:
+    """`plan` (an operator's edit of the plan they were shown) with each secret value shown as
+    `MASK` put back; refused when a step it keeps (by id) would lose a secret, or a secret's
+    value would change. A step dropped altogether takes its secrets out of the plan; the state
+    keeps them, so what it printed stays masked."""
+    current = {s["id"]: s for s in routing.plan_steps(state)}
+    steps = []
+    for i, data in enumerate(plan["steps"]):
+        old = current.get(data["id"], {})
+        old_env: Mapping[str, str] = old.get("env") or {}
+        env = dict(data.get("env") or {})
+        for name in old.get("secret_env") or ():
+            if env.get(name) == MASK:
+                env[name] = old_env.get(name, MASK)
+            where = f"set_state.plan.steps[{i}]"
+            if name not in (data.get("secret_env") or ()):
+                raise InvalidArgument(
+                    f"{where}.secret_env",
+                    f"would drop the secret {name} of step {data['id']}; a secret stays one",
+                )
+            if env.get(name) != old_env.get(name):
+                raise InvalidArgument(
+                    f"{where}.env",
+                    f"would change the value of the secret {name} of step {data['id']}; "
+                    f"send it as shown ({MASK})",
+                )
+        steps.append({**data, "env": env} if env != (data.get("env") or {}) else data)
+    return {**plan, "steps": steps}
 
 
 def _check_plan_keeps_settled_steps(state: WorkflowState, plan: Mapping[str, Any]) -> None:

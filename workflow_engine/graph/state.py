@@ -11,6 +11,7 @@ from typing import Any, Literal, TypedDict
 
 from workflow_engine.domain.model import JsonObject
 from workflow_engine.domain.status import WorkflowStatus
+from workflow_engine.secrets import state_secrets
 
 #: Where one step is. ``pending``: not dispatched, or to be tried again; ``dispatched``: its job
 #: is recorded and may be running; ``collected``: its result awaits verification; ``passed`` and
@@ -56,6 +57,9 @@ class WorkflowState(TypedDict, total=False):
     results: list[JsonObject]  # one record per step that passed, in the order they passed
     summary: str
     error: str
+    # Every secret value the workflow's plans have had, sorted; it only grows, so what a step
+    # printed stays masked after its plan changed (see `workflow_engine.secrets`). Not shown.
+    secrets: list[str]
     # Model calls (the llm planner and verifier): one record per call (node, purpose, model,
     # latency_ms, prompt_tokens, completion_tokens), their tokens in all, and the steps the
     # planner revised after a failed verification (step_id, attempt, reason, commands).
@@ -75,12 +79,14 @@ ACCEPTED_KEYS = ("last_result", "verification")
 def accepted_state(task_id: str, outside: Mapping[str, Any]) -> WorkflowState:
     """The state a blocked workflow starts again from when an operator accepts what another
     writer wrote into it: a fresh start (the task is read again and re-planned) that keeps their
-    last result and verification, when they are JSON objects."""
+    last result and verification, when they are JSON objects, and every secret it has had."""
     state = initial_state(task_id)
     for key in ACCEPTED_KEYS:
         value = outside.get(key)
         if isinstance(value, dict):
             state[key] = value  # type: ignore[literal-required]
+    if secrets := state_secrets(outside):
+        state["secrets"] = sorted(secrets)
     return state
 
 

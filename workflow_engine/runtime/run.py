@@ -56,7 +56,12 @@ from workflow_engine.faults import FaultPlan
 from workflow_engine.graph.builder import FIRST, NODE_EVENT, NodeContext, WorkflowGraph
 from workflow_engine.graph.commands import CONTINUE_FROM, Change, apply_all
 from workflow_engine.graph.state import WorkflowState
-from workflow_engine.secrets import SECRETS, state_secrets
+from workflow_engine.secrets import (
+    SECRETS,
+    STATE_FIELD,
+    accumulated,
+    state_secrets,
+)
 from workflow_engine.storage.checkpointer import Checkpoint, RowCheckpointer
 from workflow_engine.storage.workflows import WorkflowStore
 from workflow_engine.telemetry import tracing
@@ -317,6 +322,13 @@ class Run:
 
     def _advance(self, checkpoint: Checkpoint, node: str, update: Mapping[str, Any]) -> Checkpoint:
         state = {**checkpoint.state, **update}
+        # A plan that changed may have lost a secret: the state keeps it (a row from before
+        # the field starts keeping its plan's at its first write).
+        if "plan" in update or STATE_FIELD not in checkpoint.state:
+            secrets = accumulated(checkpoint.state, state)
+            if secrets is not None:
+                state[STATE_FIELD] = secrets
+                update = {**update, STATE_FIELD: secrets}
         if "plan" in update:  # its logs and errors must not show the plan's secrets
             SECRETS.add(state_secrets(state))
         return checkpoint.after(

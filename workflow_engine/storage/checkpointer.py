@@ -33,7 +33,7 @@ from workflow_engine.domain.records import Fence, WorkflowEventRecord
 from workflow_engine.domain.status import FINAL_STATUSES, WorkflowStatus
 from workflow_engine.errors import CheckpointCorrupt, LeaseLost, OutsideWrite
 from workflow_engine.faults import FaultPlan
-from workflow_engine.secrets import SECRETS
+from workflow_engine.secrets import SECRETS, redact, state_secrets
 from workflow_engine.storage.group_commit import CheckpointRow, GroupCommitter, WriteOutcome
 from workflow_engine.storage.retry import with_retry
 
@@ -179,6 +179,11 @@ class RowCheckpointer:
         when another writer changed the row since.
         """
         state = {k: v for k, v in checkpoint.state.items() if k in self._state_keys}
+        secrets = state_secrets(state)
+
+        def masked(text: Any) -> str:  # the columns ListWorkflows and the watch show
+            return SECRETS.redact(redact(str(text or ""), secrets))
+
         node = str(event.get("node") or "")
         status = row_status(state)
         row = CheckpointRow(
@@ -192,10 +197,10 @@ class RowCheckpointer:
             checkpoint_id=str(checkpoint.bookkeeping["id"]),
             checkpoint=checkpoint.stored(),
             metadata={"source": "loop", "step": checkpoint.step, "parents": {}},
-            summary=SECRETS.redact(str(state.get("summary") or "")),
-            error=SECRETS.redact(str(state.get("error") or "")),
+            summary=masked(state.get("summary")),
+            error=masked(state.get("error")),
             event_kind=str(event.get("kind") or "node"),
-            detail=SECRETS.redact(str(event.get("detail") or "")),
+            detail=masked(event.get("detail")),
             actor=str(event.get("actor") or ""),
             release=status in FINAL_STATUSES,
         )

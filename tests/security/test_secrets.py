@@ -1,0 +1,179 @@
+"""A workflow's secrets stay masked in everything a reader is shown, whatever an operator edits
+and however the engine or a job quotes or cuts them.
+
+The attackers: an operator (``a-operator``) who edits the plan to unmask a secret, and a reader
+(``a-reader``) who searches every answer (GetWorkflow with its history, ListWorkflows, the
+WatchWorkflow stream) for any 8 characters of a secret (`MIN_MASKED_CHARS`), raw or escaped as
+`repr` and `json.dumps` write it. The jobs are real: they print the secrets they were given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import grpc
+import psycopg
+import pytest
+from google.protobuf import json_format
+from google.protobuf.message import Message
+
+from tests.conftest import RunningEngine
+from tests.helpers import new_task_id, shell_step, struct, wait_for_status
+from tests.security.conftest import as_caller, tenant_task
+from workflow_engine.config import Settings
+from workflow_engine.secrets import MASK, MIN_MASKED_CHARS
+from workflow_engine.v1 import workflow_engine_pb2 as pb
+
+READER = as_caller("a-reader")
+OPERATOR = as_caller("a-operator")
+
+
+def pieces(secret: str) -> set[str]:
+    """Every `MIN_MASKED_CHARS` characters of `secret` as it reads raw, and quoted by `repr`,
+    `ascii` and `json.dumps` (either way)."""
+    forms = {
+        secret,
+        repr(secret)[1:-1],
+        ascii(secret)[1:-1],
+        json.dumps(secret)[1:-1],
+        json.dumps(secret, ensure_ascii=False)[1:-1],
+    }
+    n = MIN_MASKED_CHARS
+    return {form[i : i + n] for form in forms for i in range(len(form) - n + 1)}
+
+
+def shown_strings(messages: Iterable[Message]) -> Iterator[str]:
+    """Every string a client reads in `messages`, and each message serialized as JSON."""
+    stack: list[Any] = []
+    for message in messages:
+        yield json_format.MessageToJson(message)
+        stack.append(json_format.MessageToDict(message))
+    while stack:
+        value = stack.pop()
+        if isinstance(value, str):
+            yield value
+        elif isinstance(value, dict):
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+
+
+def assert_never_shown(secrets: Iterable[str], messages: Iterable[Message]) -> None:
+    texts = list(shown_strings(messages))
+    for secret in secrets:
+        for piece in pieces(secret):
+            leaks = [text for text in texts if piece in text]
+            at = [t[max(0, t.index(piece) - 100) : t.index(piece) + 100] for t in leaks]
+            assert not leaks, f"{piece!r} of {secret!r} is shown: {at}"
+
+
+async def reader_answers(served: RunningEngine, task_id: str) -> list[Message]:
+    """Everything `a-reader` may read of an ended workflow."""
+    wf = await served.stub.GetWorkflow(pb.GetWorkflowRequest(task_id=task_id), metadata=READER)
+    listed = await served.stub.ListWorkflows(
+        pb.ListWorkflowsRequest(project_id="project-a"), metadata=READER
+    )
+    watch = served.stub.WatchWorkflow(pb.WatchWorkflowRequest(task_id=task_id), metadata=READER)
+
+    async def events() -> list[pb.WorkflowEvent]:
+        return [event async for event in watch]
+
+    return [wf, listed, *await asyncio.wait_for(events(), 30)]
+
+
+async def set_plan(served: RunningEngine, task_id: str, plan: dict[str, Any]) -> pb.Workflow:
+    request = pb.UpdateWorkflowRequest(
+        task_id=task_id, operator="mallory", set_state=struct({"plan": plan})
+    )
+    answer = await served.stub.UpdateWorkflow(request, metadata=OPERATOR)
+    return answer  # type: ignore[no-any-return]
+
+
+async def stored_state(settings: Settings, task_id: str) -> dict[str, Any]:
+    async with await psycopg.AsyncConnection.connect(settings.database_url) as conn:
+        cur = await conn.execute(
+            "SELECT state FROM workflow_checkpoints WHERE task_id = %s", (task_id,)
+        )
+        row = await cur.fetchone()
+    assert row is not None
+    return row[0]  # type: ignore[no-any-return]
+
+
+async def forget_kept_secrets(settings: Settings, task_id: str) -> None:
+    """Make the row what an engine before the state's `secrets` field wrote (no triggers fire:
+    this is that engine's write, not another writer's)."""
+    async with await psycopg.AsyncConnection.connect(settings.database_url) as conn:
+        await conn.execute("SET session_replication_role = replica")
+        await conn.execute(
+            "UPDATE workflow_checkpoints SET state = state - 'secrets' WHERE task_id = %s",
+            (task_id,),
+        )
+
+
+@pytest.mark.parametrize("written_before", [False, True], ids=["kept", "row-from-before"])
+async def test_an_operators_plan_edit_neither_drops_a_secret_nor_unmasks_one(
+    served: RunningEngine, secured: Settings, written_before: bool
+) -> None:
+    used, dropped = f"used-{uuid.uuid4().hex}", f"dropped-{uuid.uuid4().hex}"
+    spec = tenant_task(
+        "project-a",
+        # Passes: its secret is in its job's env, its output, the context and the results.
+        shell_step("use", 'echo "token=$TOKEN"', env={"TOKEN": used}, secret_env=["TOKEN"]),
+        # Fails once, printing its secret; the budget then suspends the workflow.
+        shell_step(
+            "flaky",
+            'echo "other=$OTHER"; echo "other=$OTHER" >&2; exit 1',
+            env={"OTHER": dropped},
+            secret_env=["OTHER"],
+        ),
+    )
+    spec.max_attempts_per_step = 2
+    spec.budget.max_dispatches = 2
+    task_id = new_task_id()
+    await served.stub.StartWorkflow(
+        pb.StartWorkflowRequest(task_id=task_id, task=spec), metadata=as_caller("a-orchestrator")
+    )
+    await wait_for_status(served.stub, task_id, {pb.SUSPENDED}, metadata=READER)
+    if written_before:
+        assert "secrets" in await stored_state(secured, task_id)
+        await forget_kept_secrets(secured, task_id)
+    seen = await served.stub.GetWorkflow(pb.GetWorkflowRequest(task_id=task_id), metadata=OPERATOR)
+    plan = json_format.MessageToDict(seen.state)["plan"]
+    assert plan["steps"][0]["env"] == {"TOKEN": MASK}
+
+    # The plan as the operator sees it, without `use`'s secret_env, or with another value.
+    unmarked = json.loads(json.dumps(plan))
+    unmarked["steps"][0]["secret_env"] = []
+    changed = json.loads(json.dumps(plan))
+    changed["steps"][0]["env"]["TOKEN"] = "a-value-of-my-own"
+    for edit, field in ((unmarked, ".secret_env"), (changed, ".env")):
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await set_plan(served, task_id, edit)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert f"set_state.plan.steps[0]{field}" in (refused.value.details() or "")
+    after = await served.stub.GetWorkflow(pb.GetWorkflowRequest(task_id=task_id), metadata=READER)
+    assert after.state == seen.state and len(after.history) == len(seen.history)
+
+    # Dropping the pending step is allowed: its secret leaves the plan but stays masked. The
+    # plan sent back as shown keeps `use`'s secret as stored.
+    updated = await set_plan(served, task_id, {**plan, "steps": plan["steps"][:1]})
+    stored = await stored_state(secured, task_id)
+    assert stored["plan"]["steps"][0]["env"] == {"TOKEN": used}
+    assert stored["secrets"] == sorted([used, dropped])
+    cancelled = await served.stub.CancelWorkflow(
+        pb.CancelWorkflowRequest(task_id=task_id), metadata=OPERATOR
+    )
+
+    answers = [seen, updated, cancelled, *await reader_answers(served, task_id)]
+    assert_never_shown([used, dropped], answers)
+    state = json_format.MessageToDict(answers[3].state)  # the reader's GetWorkflow
+    assert "secrets" not in state
+    assert state["steps"]["use"]["result"]["stdout"] == f"token={MASK}\n"
+    assert state["context"]["use"]["output"] == f"token={MASK}\n"
+    assert state["steps"]["flaky"]["result"]["stderr"] == f"other={MASK}\n"
+    assert state["steps"]["flaky"]["job"]["request"]["sandbox"]["env"] == {"OTHER": MASK}

@@ -50,7 +50,7 @@ from workflow_engine.runtime.events import EventHub
 from workflow_engine.runtime.manager import RunManager
 from workflow_engine.runtime.readiness import Readiness
 from workflow_engine.runtime.recovery import Recoverer
-from workflow_engine.secrets import SECRETS
+from workflow_engine.secrets import add_credentials
 from workflow_engine.service import WorkflowService
 from workflow_engine.storage import orchestrator_nodes, orchestrator_tasks
 from workflow_engine.storage.checkpointer import RowCheckpointer
@@ -157,7 +157,7 @@ class Engine:
         embedded: EmbeddedPostgres | None,
         capabilities: Capabilities | None,
     ) -> Engine:
-        SECRETS.add([settings.mcp.bearer_token, settings.node.token])
+        add_credentials([settings.mcp.bearer_token, settings.node.token])
         pool = await open_pool(url, settings)
         store = WorkflowStore(pool, process=settings.process)
         try:

@@ -5,11 +5,12 @@ A secret is a value the engine must use but never show: a step's env value named
 Where a secret could surface, it is replaced by `MASK`:
 
 - answers (`GetWorkflow`, `ResumeWorkflow`, `UpdateWorkflow`, `CancelWorkflow`, the watch's
-  events, `ListWorkflows`): each workflow's own secrets come from its stored state, so every
-  replica redacts alike. A workflow's secrets only accumulate: the state field `secrets` keeps
-  every secret value its plans ever had (a plan the planner revised or an operator edited may
-  lose one; what it printed before stays masked), and `state_secrets` adds the current plan's,
-  so a row written before that field existed reads as it did;
+  events, `ListWorkflows`): a workflow's own secrets, from its stored state, and the process's
+  own credentials (`CREDENTIALS`) everywhere; in summaries, errors and events also every secret
+  the process knows (`SECRETS`). A workflow's secrets only accumulate: the state field
+  `secrets` keeps every secret value its plans ever had (a plan the planner revised or an
+  operator edited may lose one; what it printed before stays masked), and `state_secrets` adds
+  the current plan's, so a row written before that field existed reads as it did;
 - logs and error messages: the process-wide `SECRETS`, which learns a workflow's secrets when a
   run starts from its task or its checkpoint, and the configured credentials at start-up.
 
@@ -120,6 +121,10 @@ class Secrets:
             self._pattern = re.compile("|".join(map(re.escape, ordered)))
         return self._pattern.sub(MASK, text)
 
+    def redact_json(self, value: Any) -> Any:
+        """`value` (JSON) with the process's secrets masked in every string."""
+        return self._redact_value(value) if self._values else value
+
     def redact_event(
         self, _logger: Any, _name: str, event: MutableMapping[str, Any]
     ) -> Mapping[str, Any]:
@@ -140,5 +145,15 @@ class Secrets:
         return self.redact(repr(value))  # an exception, a path: shown as its text anyway
 
 
-#: The process's secrets (see the module docstring).
+#: The process's secrets (see the module docstring): for its logs, errors and short texts.
 SECRETS = Secrets()
+#: The process's own credentials (callers' tokens, the model's key, nodes' and the MCP server's
+#: tokens): few, so every answer masks them everywhere, a workflow's whole state included.
+CREDENTIALS = Secrets()
+
+
+def add_credentials(values: Iterable[str]) -> None:
+    """Remember the process's own credentials `values` (empty ones are ignored)."""
+    values = [v for v in values if v]
+    CREDENTIALS.add(values)
+    SECRETS.add(values)

@@ -177,3 +177,21 @@ async def test_an_operators_plan_edit_neither_drops_a_secret_nor_unmasks_one(
     assert state["context"]["use"]["output"] == f"token={MASK}\n"
     assert state["steps"]["flaky"]["result"]["stderr"] == f"other={MASK}\n"
     assert state["steps"]["flaky"]["job"]["request"]["sandbox"]["env"] == {"OTHER": MASK}
+
+
+async def test_the_engines_own_credentials_are_masked_in_a_workflows_state(
+    served: RunningEngine,
+) -> None:
+    # Another caller's token, which a tenant put in a step's env without marking it secret.
+    token = as_caller("b-orchestrator")[0][1].removeprefix("Bearer ")
+    spec = tenant_task("project-a", shell_step("echo", 'echo "$NOTE"', env={"NOTE": token}))
+    task_id = new_task_id()
+    await served.stub.StartWorkflow(
+        pb.StartWorkflowRequest(task_id=task_id, task=spec), metadata=as_caller("a-orchestrator")
+    )
+    wf = await wait_for_status(served.stub, task_id, metadata=READER)
+    assert wf.status == pb.SUCCEEDED, wf.error
+
+    assert_never_shown([token], await reader_answers(served, task_id))
+    (result,) = json_format.MessageToDict(wf.state)["results"]
+    assert result["stdout"] == f"{MASK}\n"

@@ -52,7 +52,7 @@ import grpc
 from workflow_engine.api.decoding import Undecoded, deferred
 from workflow_engine.api.interceptors import Behavior, MethodInterceptor
 from workflow_engine.domain.records import Scope
-from workflow_engine.secrets import SECRETS
+from workflow_engine.secrets import add_credentials
 
 #: What each role may call, by method name of `workflow_engine.v1.WorkflowEngine`.
 READ = frozenset({"GetWorkflow", "ListWorkflows", "WatchWorkflow"})
@@ -154,7 +154,7 @@ class Callers:
                 if len(value) < 16:
                     raise AuthConfigError(f"{at}.token: use at least 16 characters")
                 tokens.append((_digest(value), identity))
-                SECRETS.add([value])
+                add_credentials([value])
             elif given[0] == "token_sha256":
                 try:
                     digest = bytes.fromhex(value)

@@ -14,6 +14,7 @@ from google.protobuf import json_format, struct_pb2, timestamp_pb2
 from workflow_engine.domain.model import JsonObject
 from workflow_engine.domain.records import WorkflowEventRecord, WorkflowRecord
 from workflow_engine.secrets import (
+    CREDENTIALS,
     SECRETS,
     STATE_FIELD,
     redact,
@@ -74,11 +75,12 @@ def workflow_to_proto(
 
 def shown_state(state: JsonObject, secrets: set[str] | None = None) -> JsonObject:
     """A workflow's state as answers show it: without the values of its secrets (the state's
-    `secrets` field), and with them masked (see `workflow_engine.secrets`)."""
+    `secrets` field), and with them and the process's own credentials masked (see
+    `workflow_engine.secrets`)."""
     found = state_secrets(state) if secrets is None else secrets
     if isinstance(state, dict) and STATE_FIELD in state:
         state = {k: v for k, v in state.items() if k != STATE_FIELD}
-    shown: JsonObject = redact_json(state, found) if found else state
+    shown: JsonObject = CREDENTIALS.redact_json(redact_json(state, found) if found else state)
     return shown
 
 

@@ -32,7 +32,7 @@ from workflow_engine.capabilities.base import CapabilityConfigError
 from workflow_engine.config import ENV_PREFIX, LlmSettings
 from workflow_engine.domain.model import JsonObject
 from workflow_engine.errors import WorkflowEngineError
-from workflow_engine.secrets import SECRETS
+from workflow_engine.secrets import add_credentials
 from workflow_engine.telemetry import tracing
 from workflow_engine.telemetry.metrics import METRICS
 
@@ -107,13 +107,13 @@ def recording() -> Iterator[Ledger]:
 def read_api_key(settings: LlmSettings) -> str:
     """The API key, from the setting or the file it names; empty when neither is set."""
     if settings.api_key:
-        SECRETS.add([settings.api_key])  # never in a log line or an error
+        add_credentials([settings.api_key])  # never in a log line or an error
         return settings.api_key
     if not settings.api_key_file:
         return ""
     try:
         key = Path(settings.api_key_file).read_text().strip()
-        SECRETS.add([key])
+        add_credentials([key])
         return key
     except OSError as exc:
         raise CapabilityConfigError(

@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from workflow_engine.capabilities.base import CapabilityConfigError
-from workflow_engine.secrets import SECRETS
+from workflow_engine.secrets import add_credentials
 
 DEFAULT_MAX_JOBS = 8
 MAX_NODES = 1000
@@ -190,5 +190,5 @@ def _format(path: Path) -> str:
 
 
 def _secret(token: str) -> str:
-    SECRETS.add([token])  # a node's token is never shown
+    add_credentials([token])  # a node's token is never shown
     return token

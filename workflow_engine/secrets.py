@@ -14,12 +14,18 @@ Where a secret could surface, it is replaced by `MASK`:
 - logs and error messages: the process-wide `SECRETS`, which learns a workflow's secrets when a
   run starts from its task or its checkpoint, and the configured credentials at start-up.
 
+Masking works on raw text, before anything quotes, escapes or cuts it (`quoted`,
+`Secrets.redact_part`). Text escaped elsewhere (a job that prints its secret as JSON, a
+verifier's own quoting) is masked too: each secret is also looked for as a JSON string and a
+Python literal write it (`forms`).
+
 The database keeps the values themselves (the job needs them, and whoever can read the
 database is trusted: see README, "Security"). So does a job's environment.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Mapping, MutableMapping
 from typing import Any
@@ -70,29 +76,58 @@ def accumulated(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str
     return sorted(found)
 
 
+def forms(secret: str) -> set[str]:
+    """`secret` as text may carry it: raw, inside a JSON string (ASCII only or not), and inside
+    a Python string literal (`repr` or `ascii`; quoted with ``'``, which escapes ``'``, or
+    with ``"``, which does not)."""
+    found = {secret, json.dumps(secret)[1:-1], json.dumps(secret, ensure_ascii=False)[1:-1]}
+    for literal in (repr, ascii):
+        chars = [c if c in "'\"" else literal(c)[1:-1] for c in secret]
+        found.add("".join(chars))
+        found.add("".join("\\'" if c == "'" else e for c, e in zip(secret, chars, strict=True)))
+    return found
+
+
 def _field(step: Any, name: str) -> Any:
     return step.get(name) if isinstance(step, Mapping) else getattr(step, name, None)
 
 
+class _Masker:
+    """Masks a workflow's secrets in text: each of their `forms`."""
+
+    def __init__(self, secrets: Iterable[str]) -> None:
+        self.raw = sorted({s for s in secrets if len(s) >= MIN_MASKED_CHARS}, key=len)
+        self.forms = sorted({f for s in self.raw for f in forms(s)}, key=len, reverse=True)
+
+    def __call__(self, text: str) -> str:
+        for form in self.forms:
+            if form in text:
+                text = text.replace(form, MASK)
+        return text
+
+
 def redact(text: str, secrets: Iterable[str]) -> str:
-    """`text` with every secret of at least `MIN_MASKED_CHARS` characters masked."""
-    for secret in sorted(secrets, key=len, reverse=True):
-        if len(secret) >= MIN_MASKED_CHARS and secret in text:
-            text = text.replace(secret, MASK)
-    return text
+    """`text` with every secret of at least `MIN_MASKED_CHARS` characters masked, raw or
+    escaped (`forms`)."""
+    return _Masker(secrets)(text)
 
 
 def redact_json(value: Any, secrets: set[str]) -> Any:
     """`value` (JSON) with every string that is, or holds, a secret masked."""
     if not secrets:
         return value
-    if isinstance(value, str):
-        return MASK if value in secrets else redact(value, secrets)
-    if isinstance(value, Mapping):
-        return {k: redact_json(v, secrets) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [redact_json(v, secrets) for v in value]
-    return value
+    masker = _Masker(secrets)
+
+    def walk(value: Any) -> Any:
+        if isinstance(value, str):
+            return MASK if value in secrets else masker(value)
+        if isinstance(value, Mapping):
+            return {k: walk(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [walk(v) for v in value]
+        return value
+
+    return walk(value)
 
 
 class Secrets:
@@ -101,14 +136,20 @@ class Secrets:
     def __init__(self) -> None:
         self._values: dict[str, None] = {}  # insertion-ordered: the oldest is forgotten first
         self._pattern: re.Pattern[str] | None = None  # all of them, longest first; None: stale
+        self._longest = 0  # characters of the longest ever remembered
 
     def add(self, values: Iterable[str]) -> None:
+        """Remember `values`, each in all its `forms`."""
         for value in values:
-            if len(value) >= MIN_MASKED_CHARS and value not in self._values:
-                self._values[value] = None
-                self._pattern = None
-                if len(self._values) > MAX_REMEMBERED:
-                    del self._values[next(iter(self._values))]
+            if len(value) < MIN_MASKED_CHARS:
+                continue
+            for form in forms(value):
+                if form not in self._values:
+                    self._values[form] = None
+                    self._pattern = None
+                    self._longest = max(self._longest, len(form))
+                    if len(self._values) > MAX_REMEMBERED:
+                        del self._values[next(iter(self._values))]
 
     def __bool__(self) -> bool:
         return bool(self._values)
@@ -120,6 +161,26 @@ class Secrets:
             ordered = sorted(self._values, key=len, reverse=True)
             self._pattern = re.compile("|".join(map(re.escape, ordered)))
         return self._pattern.sub(MASK, text)
+
+    def redact_part(self, text: str, limit: int, keep: str = "head") -> tuple[str, bool]:
+        """The first (`keep="head"`) or last (`"tail"`) `limit` characters of `text` once it is
+        masked, and whether that left anything out.
+
+        Only as much of `text` is masked as the part needs (a secret cut where the part ends
+        is masked whole), so a long output costs no more than a short one.
+        """
+        need = limit + self._longest
+        size = need
+        while True:
+            window = text[:size] if keep == "head" else text[max(0, len(text) - size) :]
+            masked = self.redact(window)
+            whole = len(window) == len(text)
+            # A secret the window's edge cuts is shown by neither `limit` part once the masked
+            # window is still `need` characters long.
+            if whole or len(masked) >= need:
+                part = masked[:limit] if keep == "head" else masked[-limit:] if limit else ""
+                return part, not whole or len(masked) > limit
+            size += need - len(masked)
 
     def redact_json(self, value: Any) -> Any:
         """`value` (JSON) with the process's secrets masked in every string."""
@@ -157,3 +218,22 @@ def add_credentials(values: Iterable[str]) -> None:
     values = [v for v in values if v]
     CREDENTIALS.add(values)
     SECRETS.add(values)
+
+
+def quoted(text: str, limit: int, *, keep: str = "head") -> str:
+    """`text` as a finding or an error quotes it: the process's secrets masked first, then cut
+    to its first (`keep="head"`) or last (`"tail"`) `limit` characters, then `repr`."""
+    part, cut = SECRETS.redact_part(text, limit, keep)
+    if not cut:
+        return repr(part)
+    if keep == "tail":
+        return f"...{part!r} ({len(text)} chars)"
+    return f"{part!r}... ({len(text)} chars)"
+
+
+def masked_repr(exc: BaseException) -> str:
+    """An exception as `repr` writes it, its text arguments masked before they are quoted."""
+    args = ", ".join(
+        repr(SECRETS.redact(a)) if isinstance(a, str) else SECRETS.redact(repr(a)) for a in exc.args
+    )
+    return f"{type(exc).__name__}({args})"

@@ -22,7 +22,7 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from tests.conftest import RunningEngine
-from tests.helpers import new_task_id, shell_step, struct, wait_for_status
+from tests.helpers import JOB_PYTHON, check, new_task_id, shell_step, step, struct, wait_for_status
 from tests.security.conftest import as_caller, tenant_task
 from workflow_engine.config import Settings
 from workflow_engine.secrets import MASK, MIN_MASKED_CHARS
@@ -177,6 +177,60 @@ async def test_an_operators_plan_edit_neither_drops_a_secret_nor_unmasks_one(
     assert state["context"]["use"]["output"] == f"token={MASK}\n"
     assert state["steps"]["flaky"]["result"]["stderr"] == f"other={MASK}\n"
     assert state["steps"]["flaky"]["job"]["request"]["sandbox"]["env"] == {"OTHER": MASK}
+
+
+# Each secret breaks a different quoting: a backslash, quotes, control characters, non-ASCII
+# letters. The job prints them raw on stderr and as JSON on stdout, and one of them again where
+# the verifier cuts what it quotes (200 characters).
+LEAK = """
+import json, os, sys
+values = {k: os.environ[k] for k in ("B", "Q", "C", "N")}
+print(json.dumps({**values, "P": "." * 190 + values["N"]}))
+print(" ".join(values.values()).ljust(190, ".") + values["B"], file=sys.stderr)
+sys.exit(3)
+"""
+
+
+async def test_secrets_that_quoting_escapes_are_masked_before_anything_quotes_or_cuts_them(
+    served: RunningEngine,
+) -> None:
+    tag = uuid.uuid4().hex[:8]
+    secrets = {
+        "B": f"back\\slash-{tag}",
+        "Q": f"dq\"it's-{tag}",
+        "C": f"ctl\n\t\x1b-{tag}",
+        "N": f"gr\u00fc\u00dfe-\u2603-{tag}",
+    }
+    spec = tenant_task(
+        "project-a",
+        step(
+            "leak",
+            JOB_PYTHON,
+            "-c",
+            LEAK,
+            env=secrets,
+            secret_env=sorted(secrets),
+            expect=[
+                check("stderr_contains", "all good"),
+                *(check("json_field_equals", field=k, equals="x") for k in [*secrets, "P"]),
+            ],
+        ),
+    )
+    spec.max_attempts_per_step = 1
+    task_id = new_task_id()
+    await served.stub.StartWorkflow(
+        pb.StartWorkflowRequest(task_id=task_id, task=spec), metadata=as_caller("a-orchestrator")
+    )
+    wf = await wait_for_status(served.stub, task_id, metadata=READER)
+    assert wf.status == pb.FAILED
+
+    answers = await reader_answers(served, task_id)
+    assert_never_shown(secrets.values(), answers)
+    # The findings quoted the output (masked), and the error and the summary carry them.
+    assert f"got '{MASK} {MASK} {MASK} {MASK}..." in wf.error
+    assert f'got "{MASK}"' in wf.error and MASK in wf.summary
+    listed = [w for w in answers[1].workflows if w.task_id == task_id]  # type: ignore[attr-defined]
+    assert MASK in listed[0].error
 
 
 async def test_the_engines_own_credentials_are_masked_in_a_workflows_state(

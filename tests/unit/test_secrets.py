@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 from workflow_engine.secrets import (
     MASK,
+    SECRETS,
     Secrets,
     accumulated,
+    masked_repr,
     redact,
     redact_json,
     state_secrets,
@@ -61,3 +65,42 @@ def test_a_workflows_secrets_only_accumulate() -> None:
     # A row written before the field: its plan's secrets, kept from its first write on.
     assert accumulated(first, {**first}) == [SECRET]
     assert accumulated({}, {"plan": {"steps": []}}) is None  # none, no field
+
+
+def test_a_secret_is_masked_however_json_or_python_quoted_it() -> None:
+    secret = "a'b\"c\\d\n\x1b\u00fc\u2603-end"
+    quotings = [
+        repr(f"x {secret} y"),  # quoted with ', which escapes '
+        repr(f"x {secret.replace(chr(34), '')} y"),  # another secret: no " so quoted with "
+        ascii(f"x {secret} y"),
+        json.dumps(f"x {secret} y"),
+        json.dumps(f"x {secret} y", ensure_ascii=False),
+    ]
+    other = secret.replace('"', "")
+    for text in quotings:
+        masked = redact(text, {secret, other})
+        assert masked[1:-1] == f"x {MASK} y", text
+
+
+def test_a_part_of_a_text_is_masked_before_it_is_cut() -> None:
+    secrets = Secrets()
+    secrets.add([SECRET])
+    for at in range(190, 201):
+        text = "x" * at + SECRET + "y" * 5000
+        head, cut = secrets.redact_part(text, 200)
+        assert cut and SECRET[:4] not in head and len(head) <= 200
+        tail, _ = secrets.redact_part("y" * 5000 + SECRET + "x" * at, 200, keep="tail")
+        assert SECRET[-4:] not in tail and len(tail) <= 200
+    assert secrets.redact_part(f"a {SECRET}", 200) == (f"a {MASK}", False)
+    # Masking shortens the text: a secret further on moves up into the part, and is masked too.
+    long = "a-long-secret-" + "z" * 46
+    secrets.add([long])
+    text = long * 3 + "x" * 75 + SECRET + "y" * 500  # SECRET at 255, cut by a window of 260
+    head, _ = secrets.redact_part(text, 200)
+    assert SECRET[:4] not in head and head.startswith(MASK * 3 + "x" * 75 + MASK)
+
+
+def test_an_exception_is_quoted_with_its_secrets_masked_first() -> None:
+    secret = "it's-a-secret\\value"
+    SECRETS.add([secret])
+    assert masked_repr(ValueError(f"bad {secret}", 3)) == f"ValueError('bad {MASK}', 3)"

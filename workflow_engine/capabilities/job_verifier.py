@@ -27,6 +27,7 @@ from workflow_engine.domain.jobs import Finding, JobRequest, JobResult, Sandbox,
 from workflow_engine.domain.model import parse
 from workflow_engine.domain.task import AcceptanceCriterion, Step
 from workflow_engine.errors import InvalidArgument
+from workflow_engine.secrets import quoted
 
 #: Namespace of verification job ids: uuid5(VERIFY_NAMESPACE, "<judged job id>/verify").
 VERIFY_NAMESPACE = uuid.UUID("0f6b1f6e-61a4-4c55-9d0e-3f1a3c2d9e70")
@@ -86,7 +87,8 @@ class JobVerifier:
 def read_verdict(ran: JobResult) -> Verification:
     """The verdict a verification job printed, or a failed finding saying why there is none."""
     if ran.status != "completed" or ran.exit_code != 0:
-        why = f"status {ran.status}, exit code {ran.exit_code}; stderr {ran.stderr[-300:]!r}"
+        stderr = quoted(ran.stderr, 300, keep="tail")
+        why = f"status {ran.status}, exit code {ran.exit_code}; stderr {stderr}"
         return _no_verdict(f"the verification job did not succeed ({why})")
     for line in reversed(ran.stdout.strip().splitlines()):
         line = line.strip()
@@ -99,7 +101,9 @@ def read_verdict(ran: JobResult) -> Verification:
             return _no_verdict(f"the verification job's verdict is not JSON: {exc}")
         except InvalidArgument as exc:
             return _no_verdict(f"the verification job's verdict is invalid: {exc.message}")
-    return _no_verdict(f"the verification job printed no verdict: {ran.stdout[-300:]!r}")
+    return _no_verdict(
+        f"the verification job printed no verdict: {quoted(ran.stdout, 300, keep='tail')}"
+    )
 
 
 def _no_verdict(detail: str) -> Verification:

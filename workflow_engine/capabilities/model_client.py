@@ -32,7 +32,7 @@ from workflow_engine.capabilities.base import CapabilityConfigError
 from workflow_engine.config import ENV_PREFIX, LlmSettings
 from workflow_engine.domain.model import JsonObject
 from workflow_engine.errors import WorkflowEngineError
-from workflow_engine.secrets import add_credentials
+from workflow_engine.secrets import add_credentials, quoted
 from workflow_engine.telemetry import tracing
 from workflow_engine.telemetry.metrics import METRICS
 
@@ -311,8 +311,7 @@ def _describe_error(exc: openai.APIError, attempt: int) -> str:
 
 
 def _quote(text: str) -> str:
-    text = str(text)
-    return repr(text) if len(text) <= _QUOTED else f"{text[:_QUOTED]!r}... ({len(text)} chars)"
+    return quoted(str(text), _QUOTED)
 
 
 async def answer_valid(

@@ -8,6 +8,9 @@ because a broken check must fail the step rather than the workflow.
 Checks do work that grows with what a tenant wrote and a job printed (a pattern searched through
 the output, the output parsed as JSON, the work directory walked), so they run off the event
 loop, on threads of the verifier's own, within a time limit per step (README, "The task").
+
+A finding quotes output and values with their secrets masked before they are quoted, escaped
+or cut (`workflow_engine.secrets`).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from workflow_engine.domain.task import (
     Step,
     relative_path_problem,
 )
+from workflow_engine.secrets import SECRETS, quoted
 
 log = structlog.get_logger(__name__)
 
@@ -160,16 +164,16 @@ def _run_check(check: Check, result: JobResult) -> tuple[bool, str]:
         text = result.stdout if stream == "stdout" else result.stderr
         return (
             check.value in text,
-            f"expected {stream} to contain {check.value!r}, got {_shown(text)}",
+            f"expected {stream} to contain {_shown(check.value)}, got {_shown(text)}",
         )
     if kind == "stdout_matches":
         try:
             pattern = compile_pattern(check.value)
         except PatternError as exc:  # stored by an older engine, which took Python's syntax
-            return False, f"pattern /{_clip(check.value)}/ cannot be judged: {exc}"
+            return False, f"pattern {_shown(check.value)} cannot be judged: {exc}"
         return (
             pattern.search(result.stdout),
-            f"expected stdout to match /{check.value}/, got {_shown(result.stdout)}",
+            f"expected stdout to match {_shown(check.value)}, got {_shown(result.stdout)}",
         )
     if kind == "file_exists":
         return _file_exists(check.value, result.work_dir)
@@ -180,7 +184,7 @@ def _run_check(check: Check, result: JobResult) -> tuple[bool, str]:
         return (
             _json_equal(actual, check.equals),
             f"expected stdout JSON field {check.field!r} to equal "
-            f"{_clip(json.dumps(check.equals))}, got {_clip(json.dumps(actual))}",
+            f"{_json_shown(check.equals)}, got {_json_shown(actual)}",
         )
     return False, f"unknown check kind {kind!r}"
 
@@ -193,23 +197,23 @@ def _file_exists(value: str, work_dir: str | None) -> tuple[bool, str]:
     """
     problem = relative_path_problem(value)
     if problem:  # stored by an older engine, which took absolute paths
-        return False, f"refused path {value!r}: {problem}"
+        return False, f"refused path {_shown(value)}: {problem}"
     if work_dir is None:
-        return False, f"expected file {value!r}, but the result has no work directory"
+        return False, f"expected file {_shown(value)}, but the result has no work directory"
     try:
         exists = exists_beneath(work_dir, value)
     except LinkOut:
         return False, (
-            f"expected file {value!r} in the work dir, but its path goes through a symbolic "
+            f"expected file {_shown(value)} in the work dir, but its path goes through a symbolic "
             "link out of the work dir, which checks do not follow"
         )
     except OSError as exc:  # its message would carry the absolute path
-        return False, f"expected file {value!r} in the work dir, but it cannot be checked: " + (
+        return False, f"expected file {_shown(value)} in the work dir, but it cannot be checked: " + (
             exc.strerror or type(exc).__name__
         )
     return (
         exists,
-        f"expected file {value!r} to exist in the work dir, {'found' if exists else 'missing'}",
+        f"expected file {_shown(value)} to exist in the work dir, {'found' if exists else 'missing'}",
     )
 
 
@@ -249,12 +253,12 @@ def _json_equal(actual: Any, expected: Any) -> bool:
 
 def _shown(text: str) -> str:
     """`text` quoted for a finding's detail, cut to its head when long."""
-    if len(text) <= _MAX_SHOWN:
-        return repr(text)
-    return f"{text[:_MAX_SHOWN]!r}... ({len(text)} chars)"
+    return quoted(text, _MAX_SHOWN)
 
 
-def _clip(text: str) -> str:
-    if len(text) <= _MAX_SHOWN:
-        return text
-    return f"{text[:_MAX_SHOWN]}... ({len(text)} chars)"
+def _json_shown(value: Any) -> str:
+    """`value` as JSON for a finding's detail, cut to its head when long. The secrets are
+    masked as JSON writes them (`secrets.forms`), before the text is cut."""
+    text = json.dumps(value)
+    part, cut = SECRETS.redact_part(text, _MAX_SHOWN)
+    return f"{part}... ({len(text)} chars)" if cut else part

@@ -40,6 +40,7 @@ from workflow_engine.domain.model import JsonObject
 from workflow_engine.graph import routing
 from workflow_engine.graph.nodes import Nodes, is_control, node_functions
 from workflow_engine.graph.state import WorkflowState
+from workflow_engine.secrets import SECRETS, masked_repr
 
 log = structlog.get_logger(__name__)
 
@@ -93,7 +94,10 @@ def _wrap(name: str, fn: NodeFn) -> WrappedNode:
                 if is_control(exc):
                     raise
                 log.exception("node_raised")
-                update = {"error": f"node {name} raised {exc!r}", "forced_next": "mark_failed"}
+                update = {
+                    "error": f"node {name} raised {masked_repr(exc)}",
+                    "forced_next": "mark_failed",
+                }
             log.debug("node_completed", seconds=round(time.perf_counter() - started, 4))
         kind, detail = describe(name, update, state)
         recorded: GraphState = {**update}  # type: ignore[typeddict-item]
@@ -124,7 +128,7 @@ def describe(node: str, update: WorkflowState, before: WorkflowState) -> tuple[s
             f"{sum(p for p, _ in tokens)} prompt + {sum(c for _, c in tokens)} completion "
             f"tokens, {sum(c['latency_ms'] for c in calls)} ms]"
         )
-    return kind, detail[:2000]
+    return kind, SECRETS.redact(detail)[:2000]  # masked before it is cut
 
 
 def _outcome(node: str, update: WorkflowState, before: WorkflowState) -> tuple[str, str]:
@@ -145,7 +149,7 @@ def _outcome(node: str, update: WorkflowState, before: WorkflowState) -> tuple[s
         verdicts = [f"{sid}: {s['status']}" for sid, s in steps.items() if sid in judged]
         return "node", "; ".join(verdicts)
     if update.get("error"):
-        return "node", str(update["error"])[:500]
+        return "node", SECRETS.redact(str(update["error"]))[:500]
     if node == "plan_steps" and update.get("plan"):
         ids = [str(s.get("id")) for s in update["plan"].get("steps", [])]
         return "node", f"planned {len(ids)} step(s): {', '.join(ids)}"[:500]

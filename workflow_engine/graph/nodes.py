@@ -31,6 +31,7 @@ from workflow_engine.domain.task import AcceptanceCriterion, Step
 from workflow_engine.errors import InvalidArgument, RunControl, WorkflowEngineError
 from workflow_engine.graph import routing
 from workflow_engine.graph.state import StepState, StepStatus, WorkflowState
+from workflow_engine.secrets import SECRETS, masked_repr
 
 log = structlog.get_logger(__name__)
 
@@ -100,7 +101,7 @@ class Nodes:
             if is_control(exc):
                 raise
             log.warning("planner_failed", error=repr(exc))
-            return {"error": f"planner failed: {exc!r}"}
+            return {"error": f"planner failed: {masked_repr(exc)}"}
         update: WorkflowState = {
             "plan": plan.to_json(),
             "current_step_index": 0,
@@ -315,7 +316,8 @@ class Nodes:
         if not self._caps.revise_steps or not isinstance(planner, RevisingPlanner):
             return ""
         task = await self._caps.stored_tasks.load(state["task_id"])
-        reason = "; ".join(f.detail for f in verification.findings if not f.passed)[:1000]
+        failed = "; ".join(f.detail for f in verification.findings if not f.passed)
+        reason = SECRETS.redact_part(failed, 1000)[0]  # masked before it is cut
         revisions = list(update.get("revisions", state.get("revisions", [])))
         record: JsonObject = {
             "step_id": step.id,
@@ -336,7 +338,7 @@ class Nodes:
             if is_control(exc):
                 raise
             log.warning("revision_failed", step_id=step.id, error=repr(exc))
-            record["error"] = repr(exc)
+            record["error"] = masked_repr(exc)
             update["revisions"] = [*revisions, record]
             return ""
         plan = dict(update.get("plan", state.get("plan", {})))
@@ -367,7 +369,7 @@ class Nodes:
             why = (
                 f"failed: {exc.message}"
                 if isinstance(exc, WorkflowEngineError)
-                else f"raised {exc!r}"
+                else f"raised {masked_repr(exc)}"
             )
             finding = Finding(check="verifier", passed=False, detail=f"the verifier {why}")
             return Verification(
@@ -563,7 +565,7 @@ def jobs_in_flight(state: WorkflowState) -> list[tuple[str, JobRequest]]:
 
 def _worker_error_result(job: JobRequest, exc: BaseException) -> JobResult:
     # The engine's own errors say what happened in their message; anything else by its repr.
-    error = exc.message if isinstance(exc, WorkflowEngineError) else repr(exc)
+    error = exc.message if isinstance(exc, WorkflowEngineError) else masked_repr(exc)
     now = datetime.now(UTC).isoformat()
     return JobResult(
         task_id=job.task_id,

@@ -60,6 +60,7 @@ from workflow_engine.secrets import (
     SECRETS,
     STATE_FIELD,
     accumulated,
+    masked_repr,
     state_secrets,
 )
 from workflow_engine.storage.checkpointer import Checkpoint, RowCheckpointer
@@ -264,7 +265,7 @@ class Run:
             await self._store.set_status(
                 self._fence,
                 WorkflowStatus.FAILED,
-                f"internal error after {self.last_node}: {exc!r}",
+                f"internal error after {self.last_node}: {masked_repr(exc)}",
             )
             METRICS.workflow_finished(WorkflowStatus.FAILED, None)
         finally:

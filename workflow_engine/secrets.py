@@ -17,7 +17,9 @@ Where a secret could surface, it is replaced by `MASK`:
 Masking works on raw text, before anything quotes, escapes or cuts it (`quoted`,
 `Secrets.redact_part`). Text escaped elsewhere (a job that prints its secret as JSON, a
 verifier's own quoting) is masked too: each secret is also looked for as a JSON string and a
-Python literal write it (`forms`).
+Python literal write it (`forms`). A text that ends with the start of a workflow's secret, or
+starts with its end (output the worker or the engine cut), has that piece masked when it is at
+least `MIN_MASKED_CHARS` long; a shorter piece is shown. `SECRETS` (many) are masked whole only.
 
 The database keeps the values themselves (the job needs them, and whoever can read the
 database is trusted: see README, "Security"). So does a job's environment.
@@ -93,7 +95,8 @@ def _field(step: Any, name: str) -> Any:
 
 
 class _Masker:
-    """Masks a workflow's secrets in text: each of their `forms`."""
+    """Masks a workflow's secrets in text: each of their `forms`, and a piece of one cut at
+    either end of the text."""
 
     def __init__(self, secrets: Iterable[str]) -> None:
         self.raw = sorted({s for s in secrets if len(s) >= MIN_MASKED_CHARS}, key=len)
@@ -103,12 +106,45 @@ class _Masker:
         for form in self.forms:
             if form in text:
                 text = text.replace(form, MASK)
+        for secret in self.raw:
+            start = _cut_start(text, secret)
+            if start >= 0:
+                text = text[:start] + MASK
+            end = _cut_end(text, secret)
+            if end:
+                text = MASK + text[end:]
         return text
+
+
+def _cut_start(text: str, secret: str) -> int:
+    """Where `text` ends with the first `MIN_MASKED_CHARS` or more characters of `secret`
+    (the longest such piece), or -1."""
+    head = secret[:MIN_MASKED_CHARS]
+    at = text.find(head, max(0, len(text) - len(secret) + 1))
+    while at >= 0:
+        if secret.startswith(text[at:]):
+            return at
+        at = text.find(head, at + 1)
+    return -1
+
+
+def _cut_end(text: str, secret: str) -> int:
+    """How long a piece of `secret`'s end (`MIN_MASKED_CHARS` or more characters, the longest)
+    `text` starts with, or 0."""
+    tail = secret[-MIN_MASKED_CHARS:]
+    window = text[: len(secret) - 1]
+    at = window.rfind(tail)
+    while at >= 0:
+        end = at + MIN_MASKED_CHARS
+        if secret.endswith(text[:end]):
+            return end
+        at = window.rfind(tail, 0, end - 1)
+    return 0
 
 
 def redact(text: str, secrets: Iterable[str]) -> str:
     """`text` with every secret of at least `MIN_MASKED_CHARS` characters masked, raw or
-    escaped (`forms`)."""
+    escaped (`forms`), and a piece of one cut at either end (see the module docstring)."""
     return _Masker(secrets)(text)
 
 

@@ -233,6 +233,33 @@ async def test_secrets_that_quoting_escapes_are_masked_before_anything_quotes_or
     assert MASK in listed[0].error
 
 
+async def test_a_secret_cut_by_a_truncation_is_masked_where_it_was_cut(
+    served: RunningEngine,
+) -> None:
+    secret = f"cut-in-half-{uuid.uuid4().hex}"
+    # The results keep the last 2000 characters of stdout: the secret's last 19, then 1980
+    # zeros and a newline.
+    spec = tenant_task(
+        "project-a",
+        shell_step(
+            "long",
+            'printf "%s%01980d\\n" "$TOKEN" 0',
+            env={"TOKEN": secret},
+            secret_env=["TOKEN"],
+        ),
+    )
+    task_id = new_task_id()
+    await served.stub.StartWorkflow(
+        pb.StartWorkflowRequest(task_id=task_id, task=spec), metadata=as_caller("a-orchestrator")
+    )
+    wf = await wait_for_status(served.stub, task_id, metadata=READER)
+    assert wf.status == pb.SUCCEEDED, wf.error
+
+    assert_never_shown([secret], await reader_answers(served, task_id))
+    (result,) = json_format.MessageToDict(wf.state)["results"]
+    assert result["stdout"].startswith(MASK + "0000")
+
+
 async def test_the_engines_own_credentials_are_masked_in_a_workflows_state(
     served: RunningEngine,
 ) -> None:

@@ -82,6 +82,12 @@ def test_a_secret_is_masked_however_json_or_python_quoted_it() -> None:
         assert masked[1:-1] == f"x {MASK} y", text
 
 
+def test_a_piece_of_a_secret_where_a_text_was_cut_is_masked_from_8_characters() -> None:
+    assert redact(f"out: {SECRET[:8]}", {SECRET}) == f"out: {MASK}"
+    assert redact(f"{SECRET[-9:]} and on", {SECRET}) == f"{MASK} and on"
+    assert redact(f"out: {SECRET[:7]}", {SECRET}) == f"out: {SECRET[:7]}"  # too short to tell
+
+
 def test_a_part_of_a_text_is_masked_before_it_is_cut() -> None:
     secrets = Secrets()
     secrets.add([SECRET])

@@ -30,6 +30,7 @@ from workflow_engine.domain.jobs import JobResult, Verification
 from workflow_engine.domain.model import JsonObject, parse
 from workflow_engine.domain.task import Plan, Step, TaskSpec
 from workflow_engine.errors import InvalidArgument, WorkflowEngineError
+from workflow_engine.secrets import SECRETS
 
 log = structlog.get_logger(__name__)
 
@@ -177,7 +178,8 @@ class LlmPlanner:
 
 
 def excerpt(result: JobResult, chars: int) -> JsonObject:
-    """What a model is shown of a result: status, exit code, the ends of its streams."""
+    """What a model is shown of a result: status, exit code, the ends of its streams (their
+    secrets masked before they are cut)."""
     return {
         "status": result.status,
         "exit_code": result.exit_code,
@@ -191,7 +193,8 @@ def excerpt(result: JobResult, chars: int) -> JsonObject:
 
 
 def _tail(text: str, chars: int) -> str:
-    return text if len(text) <= chars else f"[{len(text) - chars} chars cut]" + text[-chars:]
+    part, cut = SECRETS.redact_part(text, chars, "tail")
+    return f"[{len(text) - chars} chars cut]" + part if cut else part
 
 
 def describe_workers(worker: str, labels: Sequence[str]) -> str:

@@ -31,7 +31,7 @@ from workflow_engine.domain.task import AcceptanceCriterion, Step
 from workflow_engine.errors import InvalidArgument, RunControl, WorkflowEngineError
 from workflow_engine.graph import routing
 from workflow_engine.graph.state import StepState, StepStatus, WorkflowState
-from workflow_engine.secrets import SECRETS, masked_repr
+from workflow_engine.secrets import SECRETS, masked_repr, redact_json, state_secrets
 
 log = structlog.get_logger(__name__)
 
@@ -446,7 +446,9 @@ _SUMMARY_SCHEMA: JsonObject = {
 
 
 async def _model_summary(model: ModelClient, state: WorkflowState, plain: str) -> str:
-    """The model's summary of the workflow, or empty (the plain one stays) when it gives none."""
+    """The model's summary of the workflow, or empty (the plain one stays) when it gives none.
+
+    The model is told no secret: they are masked before the brief is encoded and cut."""
     brief = {
         "prompt": state.get("prompt", ""),
         "acceptance_criteria": state.get("acceptance_criteria", []),
@@ -457,7 +459,12 @@ async def _model_summary(model: ModelClient, state: WorkflowState, plain: str) -
     }
     messages: list[JsonObject] = [
         {"role": "system", "content": _SUMMARY_SYSTEM},
-        {"role": "user", "content": json.dumps(brief)[:20000]},
+        {
+            "role": "user",
+            "content": json.dumps(SECRETS.redact_json(redact_json(brief, state_secrets(state))))[
+                :20000
+            ],
+        },
     ]
     try:
         answer = await model.answer("summary", messages, "summary", _SUMMARY_SCHEMA)

@@ -8,6 +8,7 @@ per test; it refuses any request without the model, the messages and the JSON Sc
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -400,3 +401,21 @@ async def test_the_model_writes_the_summary_when_asked(engine: Start, model: Mod
     assert wf.status == pb.SUCCEEDED, wf.error
     assert wf.summary == "The model's summary: everything passed."
     assert [c["purpose"] for c in state_of(wf)["model_calls"]] == ["plan", "verify", "summary"]
+
+
+async def test_the_model_is_told_no_secret(engine: Start, model: ModelServer) -> None:
+    secret = f"for-the-job-only-{uuid.uuid4().hex}"
+    running = await engine(summary=True)
+    step = pb.Step(
+        id="health",
+        command=["sh", "-c", 'echo "HTTP 200 OK, token $TOKEN"'],
+        env={"TOKEN": secret},
+        secret_env=["TOKEN"],
+    )
+    wf = await run(running, steps=[step])
+
+    assert wf.status == pb.SUCCEEDED, wf.error
+    assert [call.schema_name for call in model.calls] == ["verification", "summary"]
+    for call in model.calls:  # the job's output, and the plan's env
+        assert secret not in json.dumps(call.body)
+        assert "[secret]" in json.dumps(call.body)

@@ -170,10 +170,10 @@ def _run_check(check: Check, result: JobResult) -> tuple[bool, str]:
         try:
             pattern = compile_pattern(check.value)
         except PatternError as exc:  # stored by an older engine, which took Python's syntax
-            return False, f"pattern {_shown(check.value)} cannot be judged: {exc}"
+            return False, f"pattern /{_clipped(check.value)}/ cannot be judged: {exc}"
         return (
             pattern.search(result.stdout),
-            f"expected stdout to match {_shown(check.value)}, got {_shown(result.stdout)}",
+            f"expected stdout to match /{_clipped(check.value)}/, got {_shown(result.stdout)}",
         )
     if kind == "file_exists":
         return _file_exists(check.value, result.work_dir)
@@ -195,25 +195,26 @@ def _file_exists(value: str, work_dir: str | None) -> tuple[bool, str]:
     The detail names the file as the check gave it: a client reads it (findings, the error, the
     next attempt's remediation), and the work dir's absolute path is the server's business.
     """
+    named = _shown(value)
     problem = relative_path_problem(value)
     if problem:  # stored by an older engine, which took absolute paths
-        return False, f"refused path {_shown(value)}: {problem}"
+        return False, f"refused path {named}: {problem}"
     if work_dir is None:
-        return False, f"expected file {_shown(value)}, but the result has no work directory"
+        return False, f"expected file {named}, but the result has no work directory"
     try:
         exists = exists_beneath(work_dir, value)
     except LinkOut:
         return False, (
-            f"expected file {_shown(value)} in the work dir, but its path goes through a symbolic "
+            f"expected file {named} in the work dir, but its path goes through a symbolic "
             "link out of the work dir, which checks do not follow"
         )
     except OSError as exc:  # its message would carry the absolute path
-        return False, f"expected file {_shown(value)} in the work dir, but it cannot be checked: " + (
+        return False, f"expected file {named} in the work dir, but it cannot be checked: " + (
             exc.strerror or type(exc).__name__
         )
     return (
         exists,
-        f"expected file {_shown(value)} to exist in the work dir, {'found' if exists else 'missing'}",
+        f"expected file {named} to exist in the work dir, {'found' if exists else 'missing'}",
     )
 
 
@@ -249,6 +250,12 @@ def _json_equal(actual: Any, expected: Any) -> bool:
             _json_equal(actual[k], expected[k]) for k in actual
         )
     return bool(actual == expected)
+
+
+def _clipped(text: str) -> str:
+    """`text` unquoted (a pattern between slashes), masked, then cut to its head when long."""
+    part, cut = SECRETS.redact_part(text, _MAX_SHOWN, "head")
+    return f"{part}... ({len(text)} chars)" if cut else part
 
 
 def _shown(text: str) -> str:

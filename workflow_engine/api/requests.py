@@ -24,12 +24,14 @@ from workflow_engine.domain.task import (
     CHECK_KINDS_NEEDING_EQUALS,
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_MAX_PARALLEL,
+    LOADER_PROBLEM,
     MAX_ATTEMPTS,
     MAX_PARALLEL,
     STEPS,
     Budget,
     TaskSpec,
     find_nul,
+    loader_variables,
 )
 from workflow_engine.errors import InvalidArgument
 from workflow_engine.graph import commands
@@ -266,6 +268,8 @@ def decision_from_proto(msg: pb.ApprovalDecision) -> Decision:
     for key, value in msg.env.items():
         if "\x00" in key or "\x00" in value or "=" in key or not key:
             raise InvalidArgument(f"decision.env[{key!r}]", "is not a valid variable")
+    if refused := loader_variables(msg.env):
+        raise InvalidArgument(f"decision.env[{refused[0]}]", LOADER_PROBLEM)
     return Decision(
         step_id=step_id,
         verdict=verdict,

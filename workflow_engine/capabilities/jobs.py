@@ -26,6 +26,8 @@ import structlog
 
 from workflow_engine.capabilities.base import Worker
 from workflow_engine.domain.jobs import JobRequest, JobResult
+from workflow_engine.domain.task import LOADER_PROBLEM, loader_variables
+from workflow_engine.errors import InvalidArgument
 from workflow_engine.telemetry import tracing
 from workflow_engine.telemetry.metrics import METRICS
 
@@ -117,6 +119,9 @@ class JobTracker:
         return task
 
     async def _run(self, target: str, job: JobRequest) -> JobResult:
+        if refused := loader_variables(job.sandbox.env):
+            # Dispatched by an earlier version, which did not refuse them: never started.
+            raise InvalidArgument(f"sandbox.env[{refused[0]}]", LOADER_PROBLEM)
         async with self._slots:
             await self.admit(job)
             with tracing.span(

@@ -62,6 +62,39 @@ MAX_PREFERENCE_DEPTH = 32
 _STEP_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 
+#: Variables with which the dynamic loader or the C library load code or read files the
+#: environment names: glibc's list of those it drops for setuid programs (`unsecvars.h`) and
+#: GLIBC_TUNABLES. Whatever runs before a job drops to its user (as root) would obey them, so
+#: no step, EDIT decision or worker-node request may set one (`loader_variables`). TMPDIR, in
+#: glibc's list too, is the job's own: the sandbox sets it to the work directory, a step may
+#: point it elsewhere.
+LOADER_PREFIX = "LD_"
+LOADER_VARIABLES = frozenset(
+    {
+        "GCONV_PATH",
+        "GETCONF_DIR",
+        "GLIBC_TUNABLES",
+        "HOSTALIASES",
+        "LOCALDOMAIN",
+        "LOCPATH",
+        "MALLOC_TRACE",
+        "NIS_PATH",
+        "NLSPATH",
+        "RESOLV_HOST_CONF",
+        "RES_OPTIONS",
+        "TZDIR",
+    }
+)
+LOADER_PROBLEM = (
+    "is a variable of the dynamic loader or the C library (LD_*, GCONV_PATH, GLIBC_TUNABLES, "
+    "LOCPATH, ...), which no job may be given"
+)
+
+
+def loader_variables(env: Mapping[str, str]) -> list[str]:
+    """The names in `env` that the loader or the C library obey (`LOADER_VARIABLES`), sorted."""
+    return sorted(n for n in env if n.startswith(LOADER_PREFIX) or n in LOADER_VARIABLES)
+
 
 def _no_nul(text: str) -> str:
     if "\x00" in text:
@@ -180,7 +213,7 @@ class Step(DomainModel):
 
     @field_validator("env")
     @classmethod
-    def _env_is_variables(cls, env: dict[str, str]) -> dict[str, str]:
+    def _env_is_variables(cls, env: dict[str, str], info: ValidationInfo) -> dict[str, str]:
         if len(env) > MAX_ENV:
             raise invalid("", f"more than {MAX_ENV} variables")
         for name, value in env.items():
@@ -188,6 +221,9 @@ class Step(DomainModel):
                 raise invalid("", f"invalid variable name {name[:64]!r}")
             if "\x00" in value or len(value) > MAX_ARG_CHARS:
                 raise invalid(f"[{name}]", "contains NUL or is too long")
+        # An earlier version stored such steps: they are read, and refused at dispatch.
+        if (refused := loader_variables(env)) and not not input_rules(info):
+            raise invalid(f"[{refused[0]}]", LOADER_PROBLEM)
         return env
 
     @field_validator("timeout_seconds")

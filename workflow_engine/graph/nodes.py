@@ -27,7 +27,12 @@ from workflow_engine.capabilities.preferences import merge_preferences, node_pre
 from workflow_engine.domain.jobs import Finding, JobRequest, JobResult, Sandbox, Verification
 from workflow_engine.domain.model import JsonObject, as_invalid_argument
 from workflow_engine.domain.status import WorkflowStatus
-from workflow_engine.domain.task import AcceptanceCriterion, Step
+from workflow_engine.domain.task import (
+    LOADER_PROBLEM,
+    AcceptanceCriterion,
+    Step,
+    loader_variables,
+)
 from workflow_engine.errors import InvalidArgument, RunControl, WorkflowEngineError
 from workflow_engine.graph import routing
 from workflow_engine.graph.state import StepState, StepStatus, WorkflowState
@@ -128,6 +133,9 @@ class Nodes:
         dispatched: list[str] = []
         for step_id in routing.ready(state):
             step = _step(state, step_id)
+            if refused := loader_variables(step.env):
+                steps[step_id] = _refused_env(steps[step_id], step.id, refused)
+                continue
             if step.requires_approval and step_id not in approvals:
                 if not flying and not dispatched:
                     return _approval_request(state, step, now)
@@ -506,6 +514,18 @@ def _step(state: WorkflowState, step_id: str) -> Step:
         if data["id"] == step_id:
             return Step.from_json(data)
     raise KeyError(step_id)
+
+
+def _refused_env(previous: StepState, step_id: str, names: list[str]) -> StepState:
+    """A step whose env sets the loader's variables (stored by an earlier version, which did
+    not refuse them): failed with a finding, and nothing dispatched."""
+    detail = (
+        f"step {step_id} was not run: its env sets {', '.join(names)}, which "
+        + LOADER_PROBLEM.removeprefix("is ")
+    )
+    finding = Finding(check="env", passed=False, detail=detail)
+    verification = Verification(status="fail", findings=(finding,))
+    return {**previous, "status": "failed", "error": detail, "verification": verification.to_json()}
 
 
 def _approval_request(state: WorkflowState, step: Step, now: float) -> WorkflowState:

@@ -21,7 +21,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, Strict, ValidationE
 
 from workflow_engine.domain.jobs import WORKER_API_VERSION, JobRequest, JobResult, Limits, Sandbox
 from workflow_engine.domain.model import DomainModel, JsonObject, as_invalid_argument, invalid
-from workflow_engine.domain.task import Text, check_argv
+from workflow_engine.domain.task import LOADER_PROBLEM, Text, check_argv, loader_variables
 from workflow_engine.errors import InvalidArgument
 
 NETWORK_POLICIES = ("restricted", "none")
@@ -50,6 +50,8 @@ def _env(env: dict[str, str]) -> dict[str, str]:
             raise invalid("", f"invalid variable name {name[:64]!r}")
         if "\x00" in value:
             raise invalid(f"[{name}]", "contains a NUL byte")
+    if refused := loader_variables(env):
+        raise invalid(f"[{refused[0]}]", LOADER_PROBLEM)
     return env
 
 

@@ -5,8 +5,9 @@ workers can run, and answers with a `Plan` in the plan's own JSON Schema; the an
 by the domain model and against what the worker can run (`Worker.unfit`: the local sandbox has
 no labels), and an invalid one is asked for again with what was wrong (see `answer_valid`). A
 task that gives its own steps is not sent to the model: the caller planned it. Every
-model-planned command then goes through the command policy: allowed, waiting for approval
-(`requires_approval`), or refused (`PlanRefused`, the workflow fails with the rule).
+model-planned step then goes through the command policy, its program and its env: allowed,
+waiting for approval (`requires_approval`), or refused (`PlanRefused`, the workflow fails with
+the rule).
 
 `revise` rewrites one step from its failed verification, for the step's next attempt; its answer
 is checked the same way.
@@ -121,7 +122,7 @@ class LlmPlanner:
 
     def contain(self, step: Step) -> tuple[Step, str]:
         """The step as the policy lets it run, and a note saying what the policy decided."""
-        decision = self._policy.decide(step.command)
+        decision = self._policy.decide(step.command, step.env)
         shown = json.dumps(list(step.command))[:300]
         if decision.verdict == "deny":
             raise PlanRefused(

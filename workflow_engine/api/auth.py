@@ -16,10 +16,12 @@ by the common name of a client certificate the server verified against
 hash in constant time. With a client CA and no tokens file, every verified certificate is an
 ``orchestrator`` named by its common name.
 
-Roles: ``orchestrator`` may call everything; ``operator`` may read (get, list, watch), decide
-approvals (ResumeWorkflow with a decision), override (UpdateWorkflow) and cancel; ``reader``
-may only read. Missing or wrong credentials are UNAUTHENTICATED, a role that may not call a
-method PERMISSION_DENIED; neither reaches the service, so nothing changes. Health is always open;
+Roles (`api.roles`, field by field): ``orchestrator`` may call and set everything;
+``operator`` may read (get, list, watch), decide approvals (ResumeWorkflow with a decision and
+nothing else), override (UpdateWorkflow, but not the plan, budget or limits) and cancel;
+``reader`` may only read. Missing or wrong credentials are UNAUTHENTICATED, a role that may not
+call a method or set a field PERMISSION_DENIED (naming the field); neither reaches the service,
+so nothing changes. Health is always open;
 reflection is open while it is enabled (`WORKFLOW_ENGINE_REFLECTION`).
 
 Nor is a refused caller's request decoded: grpcio decodes a request before any interceptor's
@@ -51,19 +53,9 @@ import grpc
 
 from workflow_engine.api.decoding import Undecoded, deferred
 from workflow_engine.api.interceptors import Behavior, MethodInterceptor
+from workflow_engine.api.roles import ROLES, refusal
 from workflow_engine.domain.records import Scope
 from workflow_engine.secrets import add_credentials
-
-#: What each role may call, by method name of `workflow_engine.v1.WorkflowEngine`.
-READ = frozenset({"GetWorkflow", "ListWorkflows", "WatchWorkflow"})
-ROLES: Mapping[str, frozenset[str]] = {
-    "orchestrator": READ | {"StartWorkflow", "ResumeWorkflow", "UpdateWorkflow", "CancelWorkflow"},
-    "operator": READ | {"ResumeWorkflow", "UpdateWorkflow", "CancelWorkflow"},
-    "reader": READ,
-}
-#: ResumeWorkflow for an operator: only with a decision (approve, reject or edit a step);
-#: taking the lease or raising a budget is the orchestrator's.
-DECISIONS_ONLY = "operator"
 
 _ENTRY_KEYS = {"identity", "role", "token", "token_sha256", "certificate", "projects", "users"}
 
@@ -265,15 +257,9 @@ class AuthInterceptor(MethodInterceptor):
             )
         if isinstance(request, Undecoded):
             request = request.decoded()
-        if (
-            method == "ResumeWorkflow"
-            and identity.role == DECISIONS_ONLY
-            and not _has_decision(request)
-        ):
-            await context.abort(
-                grpc.StatusCode.PERMISSION_DENIED,
-                f"{identity.name} (operator) may call ResumeWorkflow only with a decision",
-            )
+        refused = refusal(identity.role, method, request)
+        if refused is not None:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, refused)
         _CALLER.set(identity)  # each call runs in its own task: this is the call's caller
         return request
 
@@ -289,10 +275,3 @@ class AuthInterceptor(MethodInterceptor):
                 yield item
 
         return behavior
-
-
-def _has_decision(request: Any) -> bool:
-    try:
-        return bool(request.HasField("decision"))
-    except (AttributeError, ValueError):
-        return False  # an undecodable request: the service refuses it anyway

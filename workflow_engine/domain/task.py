@@ -222,7 +222,7 @@ class Step(DomainModel):
             if "\x00" in value or len(value) > MAX_ARG_CHARS:
                 raise invalid(f"[{name}]", "contains NUL or is too long")
         # An earlier version stored such steps: they are read, and refused at dispatch.
-        if (refused := loader_variables(env)) and not not input_rules(info):
+        if (refused := loader_variables(env)) and input_rules(info):
             raise invalid(f"[{refused[0]}]", LOADER_PROBLEM)
         return env
 

@@ -197,6 +197,7 @@ class WorkflowService:
         decision: Decision | None = None,
         budget: Budget | None = None,
         scope: Scope | None = None,
+        actor: str = "",
     ) -> ResumeOutcome:
         """Continue an unfinished workflow from its checkpoint under a fresh lease.
 
@@ -204,13 +205,14 @@ class WorkflowService:
         SUSPENDED one a `budget` that raises the limit it hit; either is checked against the
         stored state before anything is written, and a decision nothing waits for is refused.
         A decision or budget is applied exactly once, by whichever run holds the lease, or is
-        refused with the reason; the answer says which status the workflow then has.
+        refused with the reason; the answer says which status the workflow then has. A raised
+        budget is recorded as `actor` (the authenticated caller), or else as the holder.
         """
         ttl = self._ttl(lease_ttl_seconds)
         holder = holder_id or self._settings.holder_id
         record = _in_scope(await self._store.get(task_id), scope)
         _refuse_blocked(record)
-        changes = _resume_changes(record, decision, budget, holder)
+        changes = _resume_changes(record, decision, budget, actor or holder)
         if changes:
             applied = await self._apply(task_id, holder, ttl, changes)
             return ResumeOutcome(applied.record, applied.lease, True, applied.status)

@@ -185,3 +185,27 @@ async def test_an_operators_decision_takes_no_budget_holder_or_lease(
     assert done.status == pb.SUCCEEDED, done.error
     assert done.state["budget"]["max_dispatches"] == 0
     assert [e.actor for e in done.history if e.kind == pb.APPROVAL_DECIDED] == ["a-operator"]
+
+
+async def test_a_raised_budget_is_recorded_as_the_authenticated_caller(
+    served: RunningEngine,
+) -> None:
+    """The recorded actor is who authenticated, not the holder id the request names."""
+    orchestrator = as_caller("a-orchestrator")
+    task_id = new_task_id()
+    spec = tenant_task("project-a", step("one", "true"), step("two", "true"))
+    spec.budget.max_dispatches = 1
+    await served.stub.StartWorkflow(
+        pb.StartWorkflowRequest(task_id=task_id, task=spec), metadata=orchestrator
+    )
+    await wait_for_status(served.stub, task_id, {pb.SUSPENDED}, metadata=orchestrator)
+    await served.stub.ResumeWorkflow(
+        pb.ResumeWorkflowRequest(
+            task_id=task_id, holder_id="someone-else", budget=pb.Budget(max_dispatches=2)
+        ),
+        metadata=orchestrator,
+    )
+    done = await wait_for_status(served.stub, task_id, metadata=orchestrator)
+    assert done.status == pb.SUCCEEDED, done.error
+    raised = [e for e in done.history if e.kind == pb.OVERRIDDEN and e.node_id == "budget_update"]
+    assert [e.actor for e in raised] == ["a-orchestrator"]

@@ -96,6 +96,7 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
             if request.HasField("budget")
             else None,
             scope=scope(),
+            actor=recorded_actor(""),
         )
         record = outcome.record
         return pb.ResumeWorkflowResponse(

@@ -26,7 +26,7 @@ from psycopg.types.json import Json
 from tests import database
 from tests.conftest import RunningEngine, start_engine, stop_engine
 from tests.e2e.node.bodies import run_body
-from tests.helpers import new_task_id, open_to_jobs, snapshot, step, wait_for_status
+from tests.helpers import new_task_id, open_to_jobs, snapshot, step, struct, wait_for_status
 from tests.integration.storage.test_stored_before import FIXTURE, FIXTURE_SCHEMA, TABLES
 from tests.node_process import NodeProcess
 from tests.security.conftest import as_caller, tenant_task
@@ -66,7 +66,7 @@ async def test_a_tenants_step_with_a_loader_variable_is_refused(
     assert await snapshot(db_url) == before
 
 
-async def test_an_edit_decision_with_ld_preload_is_refused(
+async def test_an_edit_decision_or_a_set_state_with_ld_preload_is_refused(
     served: RunningEngine, db_url: str, shared: Path
 ) -> None:
     marker = shared / "ran"
@@ -87,6 +87,19 @@ async def test_an_edit_decision_with_ld_preload_is_refused(
         )
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert refused.value.details().startswith("decision.env[LD_PRELOAD]: ")
+    # Nor may the orchestrator's set_state put one in the plan.
+    plan = {
+        "steps": [{"id": "ship", "command": ["touch", str(marker)], "env": {"LD_PRELOAD": EVIL}}]
+    }
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await served.stub.UpdateWorkflow(
+            pb.UpdateWorkflowRequest(
+                task_id=task_id, operator="o", set_state=struct({"plan": plan})
+            ),
+            metadata=as_caller("a-orchestrator"),
+        )
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert refused.value.details().startswith("set_state.plan.steps[0].env[LD_PRELOAD]: ")
     assert await snapshot(db_url) == before
     assert not marker.exists()
 

@@ -646,6 +646,7 @@ class EngineGrpcNode(EngineGrpcCommand):
                 break
         self._node_drain = asyncio.create_task(_drain_lines(self.node.stderr))
         (self.data_dir / "node.token").write_text(token)
+        (self.data_dir / "node.token").chmod(0o600)  # the engine refuses a token others may read
         nodes_file = self.data_dir / "nodes.json"
         entry = {
             "name": "node-1",

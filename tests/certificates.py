@@ -78,6 +78,7 @@ class Authority:
                 serialization.NoEncryption(),
             )
         )
+        issued.key.chmod(0o600)  # the engine refuses a key that others may read
         return issued
 
 

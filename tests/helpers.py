@@ -73,6 +73,15 @@ def unique_sleep(seconds: int) -> str:
 _sleeps = itertools.count(1)
 
 
+def write_secret(path: Path, text: str) -> Path:
+    """Write `text` at `path`, readable by its owner alone (mode 600), as a deployment keeps a
+    token or a key: run as root, the engine refuses one that others may read (README,
+    "Security")."""
+    path.write_text(text)
+    path.chmod(0o600)
+    return path
+
+
 def new_task_id() -> str:
     return str(uuid.uuid4())
 

@@ -13,7 +13,6 @@ from collections.abc import Awaitable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import grpc
@@ -26,6 +25,7 @@ from psycopg import AsyncConnection
 from psycopg.types.json import set_json_dumps, set_json_loads
 from psycopg_pool import AsyncConnectionPool
 
+from workflow_engine import secret_files
 from workflow_engine import supervised as supervisor
 from workflow_engine.api.auth import AuthConfigError, Authenticator, AuthInterceptor, Callers
 from workflow_engine.api.decoding import generic_handler
@@ -355,10 +355,19 @@ def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
     }
     pem: dict[str, bytes | None] = {}
     for name, path in files.items():
+        where = f"WORKFLOW_ENGINE_{name} ({path})"
+        if not path:
+            pem[name] = None
+            continue
         try:
-            pem[name] = Path(path).read_bytes() if path else None
+            pem[name], mode = secret_files.read(path)
         except OSError as exc:
-            raise AuthConfigError(f"WORKFLOW_ENGINE_{name} ({path}): {exc.strerror}") from None
+            raise AuthConfigError(f"{where}: {exc.strerror}") from None
+        # The key is the engine's alone; no one else may swap the certificate or client CA.
+        holds = "the server's private key" if name == "TLS_KEY_FILE" else None
+        problem = secret_files.exposed(where, path, mode, holds=holds)
+        if problem:
+            raise AuthConfigError(problem)
     chain, key, client_ca = (pem[name] for name in files)
     return grpc.ssl_server_credentials(
         [(key or b"", chain or b"")],  # Settings checks both are given

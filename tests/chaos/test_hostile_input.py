@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from tests.chaos.conftest import FULL, record, scale
 from tests.e2e.process import EngineProcess
+from tests.helpers import write_secret
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
 
@@ -324,7 +325,7 @@ def guarded_stub(db_url: str, tmp_path: Path) -> Iterator[Any]:
     """An engine that knows one caller; the fuzz never has its token."""
     tokens = tmp_path / "tokens.json"
     caller = {"identity": "ci", "role": "orchestrator", "token": CREDENTIALS}
-    tokens.write_text(json.dumps({"callers": [caller]}))
+    write_secret(tokens, json.dumps({"callers": [caller]}))
     proc = EngineProcess(
         db_url=db_url,
         data_dir=tmp_path / "data",

@@ -21,7 +21,15 @@ from google.protobuf import json_format
 
 from tests.conftest import RunningEngine, start_engine, stop_engine
 from tests.e2e.process import EngineProcess
-from tests.helpers import job_pids, new_task_id, shell_step, task, unique_sleep, wait_for_status
+from tests.helpers import (
+    job_pids,
+    new_task_id,
+    shell_step,
+    task,
+    unique_sleep,
+    wait_for_status,
+    write_secret,
+)
 from tests.node_process import NodeProcess
 from workflow_engine.config import NodesSettings, Settings
 from workflow_engine.v1 import workflow_engine_pb2 as pb
@@ -43,7 +51,7 @@ class Fleet:
             args=("--not-ready-file", str(self.not_ready), "--max-body-bytes", "20000"),
         )
         for name, node in (("gpu", self.gpu), ("cpu", self.cpu)):
-            (root / f"{name}.token").write_text(node.token)
+            write_secret(root / f"{name}.token", node.token)
         self.nodes_file = root / "nodes.json"
         self.write_nodes_file()
 

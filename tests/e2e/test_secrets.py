@@ -12,7 +12,7 @@ import grpc
 from google.protobuf import json_format
 
 from tests.e2e.process import EngineProcess
-from tests.helpers import check, new_task_id, step, task, wait_for_status
+from tests.helpers import check, new_task_id, step, task, wait_for_status, write_secret
 from workflow_engine.secrets import MASK
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
@@ -24,8 +24,9 @@ async def test_secrets_appear_in_no_log_line_and_no_answer(
     secret = f"s3cret-{uuid.uuid4().hex}"
     token = f"caller-token-{uuid.uuid4().hex}"
     tokens = tmp_path / "tokens.json"
-    tokens.write_text(
-        json.dumps({"callers": [{"identity": "ci", "role": "orchestrator", "token": token}]})
+    write_secret(
+        tokens,
+        json.dumps({"callers": [{"identity": "ci", "role": "orchestrator", "token": token}]}),
     )
     engine = EngineProcess(
         db_url=db_url,

@@ -18,7 +18,7 @@ import pytest
 from google.protobuf import json_format
 
 from tests.e2e.process import EngineProcess
-from tests.helpers import new_task_id, step, task, wait_for_status
+from tests.helpers import new_task_id, step, task, wait_for_status, write_secret
 from tests.their_worker_node import TheirWorkerNode, nodes_file_entry
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
@@ -36,7 +36,7 @@ def node() -> Iterator[TheirWorkerNode]:
 async def test_kill_9_mid_job_then_the_next_engine_re_attaches_by_job_id(
     db_url: str, tmp_path: Path, node: TheirWorkerNode, processes: list[EngineProcess]
 ) -> None:
-    (tmp_path / "token").write_text("e2e-token")
+    write_secret(tmp_path / "token", "e2e-token")
     nodes_file = tmp_path / "nodes.json"
     nodes_file.write_text(json.dumps([nodes_file_entry(node, str(tmp_path / "token"))]))
     env = {

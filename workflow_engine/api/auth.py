@@ -16,6 +16,10 @@ by the common name of a client certificate the server verified against
 hash in constant time. With a client CA and no tokens file, every verified certificate is an
 ``orchestrator`` named by its common name.
 
+A file with plaintext tokens is the engine's user's alone (mode 600); one of hashes and
+certificate names may be read by others, never written. Running as root, the engine refuses
+any other at start-up (`secret_files`).
+
 Roles (`api.roles`, field by field): ``orchestrator`` may call and set everything;
 ``operator`` may read (get, list, watch), decide approvals (ResumeWorkflow with a decision and
 nothing else), override (UpdateWorkflow, but not the plan, budget or limits) and cancel;
@@ -46,11 +50,11 @@ import hmac
 import json
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import grpc
 
+from workflow_engine import secret_files
 from workflow_engine.api.decoding import Undecoded, deferred
 from workflow_engine.api.interceptors import Behavior, MethodInterceptor
 from workflow_engine.api.roles import ROLES, refusal
@@ -115,7 +119,8 @@ class Callers:
         """Read the tokens file; refuse it, naming the entry and field, when malformed."""
         where = f"WORKFLOW_ENGINE_TOKENS_FILE ({path})"
         try:
-            doc = json.loads(Path(path).read_text(encoding="utf-8"))
+            content, mode = secret_files.read(path)
+            doc = json.loads(content.decode("utf-8"))
         except (OSError, ValueError) as exc:
             raise AuthConfigError(f"{where}: cannot read it as JSON: {exc}") from None
         entries = doc.get("callers") if isinstance(doc, dict) else None
@@ -157,6 +162,14 @@ class Callers:
                 tokens.append((digest, identity))
             else:
                 certificates[value] = identity
+        # Plaintext tokens open the door: only the engine's user may read them. Hashes and
+        # certificate names may be read, but nobody else may add a caller.
+        plaintext = any(isinstance(entry, dict) and "token" in entry for entry in entries)
+        problem = secret_files.exposed(
+            where, path, mode, holds="plaintext tokens (use token_sha256)" if plaintext else None
+        )
+        if problem:
+            raise AuthConfigError(problem)
         return cls(tokens, certificates)
 
     def by_token(self, token: str) -> Identity | None:

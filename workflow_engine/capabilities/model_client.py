@@ -20,7 +20,6 @@ import time
 from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, cast
 
@@ -28,6 +27,7 @@ import openai
 import structlog
 from opentelemetry.trace import SpanKind
 
+from workflow_engine import secret_files
 from workflow_engine.capabilities.base import CapabilityConfigError
 from workflow_engine.config import ENV_PREFIX, LlmSettings
 from workflow_engine.domain.model import JsonObject
@@ -111,14 +111,21 @@ def read_api_key(settings: LlmSettings) -> str:
         return settings.api_key
     if not settings.api_key_file:
         return ""
+    path = settings.api_key_file
     try:
-        key = Path(settings.api_key_file).read_text().strip()
-        add_credentials([key])
-        return key
+        content, mode = secret_files.read(path)
     except OSError as exc:
         raise CapabilityConfigError(
-            f"{ENV_PREFIX}LLM_API_KEY_FILE: cannot read {settings.api_key_file}: {exc.strerror}"
+            f"{ENV_PREFIX}LLM_API_KEY_FILE: cannot read {path}: {exc.strerror}"
         ) from None
+    key = content.decode("utf-8").strip()
+    add_credentials([key])
+    problem = secret_files.exposed(
+        f"{ENV_PREFIX}LLM_API_KEY_FILE ({path})", path, mode, holds="the model's API key"
+    )
+    if problem:
+        raise CapabilityConfigError(problem)
+    return key
 
 
 class ModelClient:

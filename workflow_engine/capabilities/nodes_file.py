@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from workflow_engine import secret_files
 from workflow_engine.capabilities.base import CapabilityConfigError
 from workflow_engine.secrets import add_credentials
 
@@ -142,13 +143,17 @@ def _token(entry: Mapping[str, Any], environ: Mapping[str, str], base_dir: Path,
         raise NodesFileError(f"{at}.token_file: must name a file")
     path = base_dir / token_file  # an absolute token_file stays as it is
     try:
-        token = path.read_text(encoding="utf-8").strip()
+        content, mode = secret_files.read(path)
     except OSError as exc:
         raise NodesFileError(
             f"{at}.token_file: cannot read {path}: {exc.strerror or exc}"
         ) from None
+    token = content.decode("utf-8").strip()
     if not token:
         raise NodesFileError(f"{at}.token_file: {path} is empty")
+    problem = secret_files.exposed(f"{at}.token_file ({path})", path, mode, holds="its token")
+    if problem:
+        raise NodesFileError(problem)
     return token
 
 

@@ -21,7 +21,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from tests.certificates import Authority
 from tests.conftest import RunningEngine, start_engine, stop_engine
 from tests.e2e.process import ENGINE
-from tests.helpers import new_task_id, snapshot, step, task, wait_for_status
+from tests.helpers import new_task_id, snapshot, step, task, wait_for_status, write_secret
 from workflow_engine.config import Settings
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
@@ -48,8 +48,7 @@ def write_tokens(path: Path) -> Path:
         },
         {"identity": "ci-runner", "role": "reader", "certificate": "ci.example"},
     ]
-    path.write_text(json.dumps({"callers": callers}))
-    return path
+    return write_secret(path, json.dumps({"callers": callers}))
 
 
 @pytest.fixture

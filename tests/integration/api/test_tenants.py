@@ -14,7 +14,7 @@ import grpc
 import pytest
 
 from tests.conftest import RunningEngine, start_engine, stop_engine
-from tests.helpers import new_task_id, snapshot, step, task, wait_for_status
+from tests.helpers import new_task_id, snapshot, step, task, wait_for_status, write_secret
 from workflow_engine.config import Settings
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
@@ -38,7 +38,7 @@ async def tenants(settings: Settings, tmp_path: Path) -> AsyncIterator[RunningEn
         {"identity": name, "token": md(name)[0][1].removeprefix("Bearer "), **fields}
         for name, fields in CALLERS.items()
     ]
-    path.write_text(json.dumps({"callers": callers}))
+    write_secret(path, json.dumps({"callers": callers}))
     running = await start_engine(replace(settings, tokens_file=str(path)))
     try:
         yield running

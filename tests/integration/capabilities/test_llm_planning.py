@@ -18,7 +18,7 @@ import pytest
 from google.protobuf import json_format
 
 from tests.conftest import RunningEngine, start_engine, stop_engine
-from tests.helpers import new_task_id, wait_for_status
+from tests.helpers import new_task_id, wait_for_status, write_secret
 from tests.model_server import API_KEY, MODEL, ModelServer, Reply
 from workflow_engine.config import LlmSettings, Settings
 from workflow_engine.domain.task import Plan
@@ -79,7 +79,7 @@ async def engine(settings: Settings, model: ModelServer, tmp_path: Path) -> Asyn
             path.write_text(json.dumps(policy))
             policy_file = str(path)
         key_file = tmp_path / "api-key"
-        key_file.write_text(API_KEY + "\n")
+        write_secret(key_file, API_KEY + "\n")
         llm_settings = LlmSettings(
             base_url=model.base_url,
             model=MODEL,

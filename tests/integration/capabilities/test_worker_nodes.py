@@ -21,7 +21,15 @@ import pytest
 from google.protobuf import json_format
 
 from tests.conftest import RunningEngine, start_engine, stop_engine
-from tests.helpers import check, new_task_id, shell_step, step, task, wait_for_status
+from tests.helpers import (
+    check,
+    new_task_id,
+    shell_step,
+    step,
+    task,
+    wait_for_status,
+    write_secret,
+)
 from tests.their_worker_node import TheirWorkerNode, nodes_file_entry
 from workflow_engine.capabilities.base import CapabilityConfigError
 from workflow_engine.config import NodesSettings, Settings
@@ -37,7 +45,7 @@ class Cluster:
         self.dir = tmp_path
         self.nodes: dict[str, TheirWorkerNode] = {}
         self.entries: list[dict[str, Any]] = []
-        (tmp_path / "token").write_text(TOKEN + "\n")
+        write_secret(tmp_path / "token", TOKEN + "\n")
 
     def add(
         self,
@@ -53,7 +61,7 @@ class Cluster:
         token_file = "token"
         if token != TOKEN:  # the engine is configured with another token than the node's
             token_file = f"token-{name}"
-            (self.dir / token_file).write_text(token)
+            write_secret(self.dir / token_file, token)
         entry = nodes_file_entry(node, token_file, max_jobs=max_jobs)
         if labels is not None:
             entry["labels"] = labels

@@ -17,6 +17,7 @@ TOKEN = "a-token-of-enough-length"
 def load(tmp_path: Path, doc: Any) -> Callers:
     path = tmp_path / "tokens.json"
     path.write_text(doc if isinstance(doc, str) else json.dumps(doc))
+    path.chmod(0o600)  # plaintext tokens: the engine's alone (tests/security/test_secret_files)
     return Callers.load(str(path))
 
 

@@ -37,6 +37,7 @@ def write(tmp_path: Path, text: str, name: str = "nodes.yaml") -> Path:
 def test_a_yaml_file_with_both_token_sources_and_label_forms(tmp_path: Path) -> None:
     (tmp_path / "secrets").mkdir()
     (tmp_path / "secrets" / "cpu-1").write_text("file-token\n")
+    (tmp_path / "secrets" / "cpu-1").chmod(0o600)  # a token is its owner's alone
     nodes = load_nodes_file(write(tmp_path, YAML), {"GPU1_TOKEN": " env-token "})
     assert nodes == (
         WorkerNode(

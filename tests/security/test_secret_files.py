@@ -4,7 +4,7 @@ The attacker is another user of the host, or a job: run as root, the engine runs
 user of its own. Such a user reads whatever the engine's secret files let group or others read
 (a job once read the orchestrator's token from a world-readable tokens file), and rewrites
 whatever they let them write. So, as root, `workflow-engine serve` refuses to start on such a
-file, naming it and the mode to set.
+file, naming it and the mode to set; the files `deploy/make-secrets.sh` makes pass.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from workflow_engine.config import LlmSettings, Settings
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
 
+MAKE_SECRETS = Path(__file__).resolve().parents[2] / "deploy" / "make-secrets.sh"
 TOKEN = "the-orchestrators-token-0123456789"
 NOBODY = 65534
 
@@ -169,6 +170,12 @@ async def test_a_tls_key_others_may_read_stops_the_start(db_url: str, tmp_path: 
     assert server_credentials(settings) is not None
 
 
+def make_secrets(out: Path) -> dict[str, int]:
+    """Run `deploy/make-secrets.sh` into `out`; the mode of each file it made."""
+    subprocess.run(["sh", str(MAKE_SECRETS), str(out)], check=True, capture_output=True)
+    return {path.name: path.stat().st_mode & 0o777 for path in out.iterdir()}
+
+
 @as_root
 def test_the_model_key_and_node_token_files_others_may_read_are_refused(tmp_path: Path) -> None:
     key = tmp_path / "llm-key"
@@ -192,6 +199,43 @@ def test_the_model_key_and_node_token_files_others_may_read_are_refused(tmp_path
     assert "nodes[0] ('gpu-1').token_file" in str(refused.value)
     token.chmod(0o600)
     assert load_nodes_file(nodes, {})[0].token == "the-nodes-token"
+
+
+async def test_make_secrets_writes_keys_and_tokens_for_their_owner_alone(
+    db_url: str, tmp_path: Path, processes: list[EngineProcess]
+) -> None:
+    out = tmp_path / "secrets"
+    assert make_secrets(out) == {
+        "ca.key": 0o600,
+        "tls.key": 0o600,
+        "orchestrator.token": 0o600,
+        "reader.token": 0o600,
+        "ca.crt": 0o644,
+        "tls.crt": 0o644,
+        "tokens.json": 0o644,  # the tokens' SHA-256 only
+    }
+    assert out.stat().st_mode & 0o777 == 0o700
+    assert "token_sha256" in (out / "tokens.json").read_text()
+    assert (out / "orchestrator.token").read_text().strip() not in (out / "tokens.json").read_text()
+
+    # The engine serves with them, as compose and the README run it.
+    engine = serving(
+        db_url,
+        tmp_path,
+        tls_cert_file=str(out / "tls.crt"),
+        tls_key_file=str(out / "tls.key"),
+        tokens_file=str(out / "tokens.json"),
+    )
+    processes.append(engine)
+    credentials = grpc.ssl_channel_credentials((out / "ca.crt").read_bytes())
+    port = engine.address.rsplit(":", 1)[1]
+    async with grpc.aio.secure_channel(f"localhost:{port}", credentials) as channel:
+        stub = pb_grpc.WorkflowEngineStub(channel)
+        token = (out / "orchestrator.token").read_text().strip()
+        answer = await stub.ListWorkflows(
+            pb.ListWorkflowsRequest(), metadata=[("authorization", f"Bearer {token}")], timeout=10
+        )
+        assert answer.workflows == []
 
 
 def as_nobody(call: Callable[[], Any]) -> dict[str, Any]:

@@ -199,7 +199,7 @@ class Engine:
             runs=runs,
             events=events,
             on_task_stored=caps.stored_tasks.stored,
-            load_task_by_id=caps.task_source.load,
+            task_source=caps.task_source,
             check_startable=caps.check_startable,
         )
         recoverer = None

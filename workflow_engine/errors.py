@@ -49,11 +49,17 @@ class TaskNotFound(WorkflowEngineError):
 
 
 class TaskNotStartable(WorkflowEngineError):
-    """The task exists but may not be started: closed, soft-deleted, or owned by another writer."""
+    """The task exists but may not be started: closed, soft-deleted, or owned by another writer.
 
-    def __init__(self, task_id: str, why: str) -> None:
+    `user_id` and `project_id` are the task's (as its metadata would have them; empty when
+    unknown), so that a caller scoped to others is told no more than for a missing task.
+    """
+
+    def __init__(self, task_id: str, why: str, *, user_id: str = "", project_id: str = "") -> None:
         super().__init__(f"task_id: task {task_id} cannot be started: {why}", task_id=task_id)
         self.why = why
+        self.user_id = user_id
+        self.project_id = project_id
 
 
 class TaskSourceUnavailable(WorkflowEngineError):

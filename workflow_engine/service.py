@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
+from workflow_engine.capabilities.base import TaskSource
 from workflow_engine.config import Settings
 from workflow_engine.domain.records import (
     Fence,
@@ -32,6 +33,7 @@ from workflow_engine.errors import (
     TaskNotFound,
     TaskNotStartable,
     TaskSourceUnavailable,
+    WorkflowEngineError,
     WorkflowExists,
     WorkflowNotFound,
 )
@@ -86,7 +88,7 @@ class WorkflowService:
         runs: RunManager,
         events: EventHub,
         check_startable: Callable[[TaskSpec], None],
-        load_task_by_id: Callable[[str], Awaitable[TaskSpec]],
+        task_source: TaskSource,
         watch_poll_seconds: float = 1.0,
         on_task_stored: Callable[[str, TaskSpec], None] | None = None,
     ) -> None:
@@ -99,8 +101,8 @@ class WorkflowService:
         # The planner's and the worker's up-front checks (`Capabilities.check_startable`): a
         # task that cannot be planned or run is refused at start, not stored and FAILED later.
         self._check_startable = check_startable
-        # The task source (`TaskSource.load`): a StartWorkflow without a task loads it by id.
-        self._load_task_by_id = load_task_by_id
+        # Where a StartWorkflow without a task loads it by id.
+        self._task_source = task_source
 
     def _ttl(self, requested: int) -> float:
         """The lease TTL a request asked for (checked by the API), or the configured one."""
@@ -127,8 +129,9 @@ class WorkflowService:
         asked here.
         """
         if task is None:
-            task = await self._task_by_id(task_id)
-        if scope is not None and not scope.admits(task.metadata.user_id, task.metadata.project_id):
+            task = await self._task_by_id(task_id, scope)
+        elif not _admits(scope, task.metadata.user_id, task.metadata.project_id):
+            # The caller's own words (it chose the project and user): naming them tells nothing.
             raise OutOfScope(
                 "task.metadata: the caller may not start workflows of project "
                 f"{task.metadata.project_id!r}, user {task.metadata.user_id!r}",
@@ -172,21 +175,43 @@ class WorkflowService:
             )
         return outcome
 
-    async def _task_by_id(self, task_id: str) -> TaskSpec:
+    async def _task_by_id(self, task_id: str, scope: Scope | None) -> TaskSpec:
         """The task source's task, for a start that sent none.
 
         A task that already has a workflow is answered as before (ALREADY_RUNNING, ...) even
         when the source now refuses it (closed since, deleted, unreachable): the task stored
         with that workflow stands in, and nothing new is stored for it.
+
+        Another tenant's task (`scope` does not admit it) is answered as one the source does
+        not have, in its words: not whose it is, not that it is closed, not that it has a
+        workflow.
         """
+        source = self._task_source
         try:
-            return await self._load_task_by_id(task_id)
-        except (TaskNotFound, TaskNotStartable, TaskSourceUnavailable) as refused:
-            try:
-                await self._store.get(task_id)
-            except WorkflowNotFound:
-                raise refused from None
-            return TaskSpec.from_json(await self._store.load_task(task_id))
+            task = await source.load(task_id)
+        except TaskNotStartable as refused:
+            if not _admits(scope, refused.user_id, refused.project_id):
+                raise TaskNotFound(task_id, source.where) from None
+            return await self._stored_instead(task_id, refused, scope)
+        except (TaskNotFound, TaskSourceUnavailable) as refused:
+            return await self._stored_instead(task_id, refused, scope)
+        if not _admits(scope, task.metadata.user_id, task.metadata.project_id):
+            raise TaskNotFound(task_id, source.where)
+        return task
+
+    async def _stored_instead(
+        self, task_id: str, refused: WorkflowEngineError, scope: Scope | None
+    ) -> TaskSpec:
+        """The task stored with the task's workflow, for a start the source refused; without
+        one, or when it is another tenant's, the source's refusal as it is."""
+        try:
+            await self._store.get(task_id)
+        except WorkflowNotFound:
+            raise refused from None
+        task = TaskSpec.from_json(await self._store.load_task(task_id))
+        if not _admits(scope, task.metadata.user_id, task.metadata.project_id):
+            raise refused from None
+        return task
 
     async def resume(
         self,
@@ -481,6 +506,10 @@ class WorkflowService:
     async def list_workflows(self, query: WorkflowQuery) -> WorkflowPage:
         """One page of workflows matching `query`, newest update first (no state, no history)."""
         return await self._store.list_workflows(query)
+
+
+def _admits(scope: Scope | None, user_id: str, project_id: str) -> bool:
+    return scope is None or scope.admits(user_id, project_id)
 
 
 def _in_scope(record: WorkflowRecord, scope: Scope | None) -> WorkflowRecord:

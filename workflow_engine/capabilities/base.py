@@ -31,12 +31,17 @@ class TaskSource(Protocol):
     that owns a connection (an MCP client) is an async context manager, opened with the engine.
     """
 
+    #: Where it looks, as its `TaskNotFound` names it: a caller scoped to other projects or
+    #: users is answered for another tenant's task in those same words.
+    where: str
+
     async def load(self, task_id: str) -> TaskSpec:
         """The task, as the workflow will run it.
 
-        Raise `TaskNotFound` when the orchestrator has no such task, `TaskNotStartable` when it
-        may not be started (closed, deleted, unreadable), `TaskSourceUnavailable` when the
-        source cannot be asked, and `InvalidArgument` on ``task`` when there is no source to ask.
+        Raise `TaskNotFound` (with `where`, and nothing the answer adds) when the orchestrator
+        has no such task, `TaskNotStartable` (with the task's user and project) when it may not
+        be started (closed, deleted, unreadable), `TaskSourceUnavailable` when the source cannot
+        be asked, and `InvalidArgument` on ``task`` when there is no source to ask.
         """
         ...
 

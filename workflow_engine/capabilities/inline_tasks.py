@@ -17,6 +17,7 @@ class InlineTaskSource:
 
     def __init__(self, table: TaskTableSource) -> None:
         self._table = table
+        self.where = table.where
 
     async def load(self, task_id: str) -> TaskSpec:
         if await self._table.available():

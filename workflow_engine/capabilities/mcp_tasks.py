@@ -10,7 +10,8 @@ A tool's JSON is read from its structured content, or else from its text. The ta
 answer (id, status, prompt, summary, created_by, project_id, timestamps: no acceptance criteria
 or metadata) becomes a task as `orchestrator_task` says; the preferences become its one
 preference layer (``{"effective": {...}}``, as their gateway wraps them, or the object itself).
-A tool error that says "not found" is `TaskNotFound`; a server that cannot be reached, times
+A tool error that says "not found" is `TaskNotFound` (in the engine's words, not the tool's:
+the same for every task); a server that cannot be reached, times
 out, or answers with anything else is `TaskSourceUnavailable`.
 """
 
@@ -43,7 +44,7 @@ class McpTaskSource:
 
     def __init__(self, settings: McpSettings) -> None:
         self._settings = settings
-        self._where = f"the MCP server at {settings.url}"
+        self.where = f"the MCP server at {settings.url}"
         self._http: httpx2.AsyncClient | None = None
 
     async def __aenter__(self) -> Self:
@@ -76,7 +77,7 @@ class McpTaskSource:
         return task_from_orchestrator(
             task_id,
             task,
-            source=self._where,
+            source=self.where,
             preferences=self._preferences(task_id, preferences),
         )
 
@@ -104,7 +105,9 @@ class McpTaskSource:
         if result.is_error:
             message = _text(result)[:500] or "no message"
             if "not found" in message.lower():
-                raise TaskNotFound(task_id, f"{self._where} (tool {tool}: {message})")
+                # In the words of every missing task (the server's own may differ by task),
+                # which is also what a caller scoped to others hears for another tenant's.
+                raise TaskNotFound(task_id, self.where)
             raise self._unavailable(task_id, f"tool {tool} failed: {message}")
         structured = result.structured_content
         if isinstance(structured, dict) and set(structured) == {"result"}:
@@ -129,7 +132,7 @@ class McpTaskSource:
         return value
 
     def _unavailable(self, task_id: str, why: str) -> TaskSourceUnavailable:
-        return TaskSourceUnavailable(task_id, self._where, why)
+        return TaskSourceUnavailable(task_id, self.where, why)
 
 
 def _text(result: CallToolResult) -> str:

@@ -42,23 +42,26 @@ def task_from_orchestrator(
     preferences: JsonObject | None = None,
 ) -> TaskSpec:
     """The task `row` describes, or `TaskNotStartable` saying why it may not be started."""
+    user_id, project_id = row.get("created_by") or "", row.get("project_id") or ""
+    # Whose it is goes with a refusal: a caller scoped to others learns nothing from one.
+    owner = {"user_id": str(user_id), "project_id": str(project_id)}
     refusal = _why_not_startable(row)
     if refusal:
-        raise TaskNotStartable(task_id, refusal)
+        raise TaskNotStartable(task_id, refusal, **owner)
     data = {
         "prompt": row.get("prompt") or "",
         "acceptance_criteria": _criteria(row.get("acceptance_criteria")),
         "preferences": [preferences] if preferences else [],
         "metadata": {
-            "user_id": row.get("created_by") or "",
-            "project_id": row.get("project_id") or "",
+            "user_id": user_id,
+            "project_id": project_id,
             "labels": _labels(row.get("metadata"), row.get("summary")),
         },
     }
     try:
         task: TaskSpec = parse(TaskSpec, data, "task")
     except InvalidArgument as exc:
-        raise TaskNotStartable(task_id, f"as read from {source}, {exc.message}") from None
+        raise TaskNotStartable(task_id, f"as read from {source}, {exc.message}", **owner) from None
     return task
 
 

@@ -20,6 +20,8 @@ WHERE = "the orchestrator's tasks table"
 class TaskTableSource:
     """Loads a task from the orchestrator's ``tasks`` table by its id."""
 
+    where = WHERE
+
     def __init__(
         self,
         read_task: Callable[[str], Awaitable[JsonObject | None]],

@@ -4,8 +4,9 @@ Whoever creates ``<jobs_dir>/<job_id>/`` owns the job (`job_runner` explains who
 how). The directory holds:
 
 - ``request.json``: the Worker API request, as first sent (a later one with the same id runs
-  nothing; it is compared only to log a warning). The wrapper writes it, once it has claimed
-  the job; the engine keeps its own copy in memory.
+  nothing; the engine compares it only to log a warning, a worker node refuses one of another
+  task). The wrapper writes it, once it has claimed the job and before it runs anything; the
+  engine keeps its own copy in memory.
 - ``supervisor.pid``: the claim, created exclusively: the pid of the job's wrapper (a small
   ``/bin/sh`` script, see `job_runner.WRAPPER`, which creates it itself), or ``lost`` when the
   job was declared lost before any wrapper claimed it. Whoever creates it decides whether the
@@ -162,6 +163,21 @@ def read_result(job_dir: Path) -> JobResult | None:
         return None
     except ValueError:
         return None
+
+
+def recorded_task_id(job_dir: Path) -> str | None:
+    """The task the job in `job_dir` was first sent for: its ``request.json``'s, else its
+    ``result.json``'s (a job cancelled before it started has only that); None when neither
+    says (no such job, or its wrapper has not written the request yet)."""
+    for name in (REQUEST_FILE, RESULT_FILE):
+        try:
+            recorded = json.loads((job_dir / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue  # absent, or torn by a crash: the other file may say
+        task_id = recorded.get("task_id") if isinstance(recorded, dict) else None
+        if isinstance(task_id, str) and task_id:
+            return task_id
+    return None
 
 
 def read_exit_status(job_dir: Path) -> tuple[int, float] | None:

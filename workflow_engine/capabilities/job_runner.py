@@ -240,6 +240,11 @@ class JobRunner:
         if job_dir not in self._watches:  # someone must record the cancelled result
             self._watch(job_dir, self._follow(job, job_dir))
 
+    def recorded_task_id(self, job_id: str) -> str | None:
+        """The task `job_id`'s job was first sent for, as its directory records it; None when
+        there is no such job, or it does not say yet (`job_files.recorded_task_id`)."""
+        return files.recorded_task_id(self._job_dir(job_id))
+
     def start_pruning(self) -> None:
         """Remove expired job directories from now on, in the background (until `close`)."""
         if self._retention_seconds > 0 and self._pruner is None:

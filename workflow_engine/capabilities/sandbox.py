@@ -3,7 +3,10 @@
 A job lives in ``jobs_dir/<job_id>/`` (the layout is in `job_files`). Creating that directory
 claims the job, so a second run with the same id (a retry of `collect_result`, or a restarted
 engine) never starts the command again; it waits for the first run's result instead. If the job
-vanished without a result, it is reported lost (failed), still without running it again.
+vanished without a result, it is reported lost (failed), still without running it again. The
+engine's job ids are its own (`graph.nodes.job_id_for`: a digest of task, step and attempt), so
+no caller picks the id of another task's job; a worker node, whose clients send ids of their
+choosing, refuses one of another task (`node.jobs`) by `recorded_task_id`.
 `job_runner` does the work, and says how a job stays that cheap and yet outlives the engine;
 a worker node serving the Worker API runs its jobs through the same runner.
 
@@ -84,6 +87,10 @@ class LocalSandboxWorker:
         """Start the job unless it exists, then wait for its result (see the module docstring)."""
         result = await self._runner.run(job)
         return result.model_copy(update={"target": target})
+
+    def recorded_task_id(self, job_id: str) -> str | None:
+        """The task `job_id`'s job was first sent for (None: no such job, or not known yet)."""
+        return self._runner.recorded_task_id(job_id)
 
     async def cancel(self, target: str, job: JobRequest) -> None:
         """Stop the job; see the module docstring. Returns without waiting for it to end."""

@@ -8,7 +8,8 @@
   or while the not-ready file exists). No token: probes carry none.
 
 Errors are problem documents (`problems.py`): 400 naming the field, 401 for a missing or wrong
-token (never 403), 413 for a body over the limit, 503 while draining, 500 for anything else.
+token (never 403), 409 for a job_id that belongs to another task, 413 for a body over the
+limit, 503 while draining, 500 for anything else.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from starlette.routing import Route
 from workflow_engine.config import NodeSettings
 from workflow_engine.domain.jobs import WORKER_API_VERSION
 from workflow_engine.errors import InvalidArgument, WorkflowEngineError
-from workflow_engine.node.jobs import Draining, NodeJobs
+from workflow_engine.node.jobs import Draining, JobOfAnotherTask, NodeJobs
 from workflow_engine.node.problems import problem
 from workflow_engine.node.requests import (
     check_job_id,
@@ -119,6 +120,7 @@ def create_app(settings: NodeSettings, jobs: NodeJobs) -> Starlette:
             InvalidArgument: _invalid,
             Unauthorized: _unauthorized,
             BodyTooLarge: _too_large,
+            JobOfAnotherTask: _of_another_task,
             Draining: _draining,
             HTTPException: _http_error,
             ClientDisconnect: _client_gone,
@@ -177,6 +179,11 @@ async def _too_large(request: Request, exc: Exception) -> Response:
     log.info("node_request_too_large", path=request.url.path, why=exc.message)
     # What is left of the body is not read: the connection is closed after this answer.
     return problem(413, exc.message, instance=request.url.path, headers={"Connection": "close"})
+
+
+async def _of_another_task(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, JobOfAnotherTask)
+    return problem(409, exc.message, instance=request.url.path, field="job_id")
 
 
 async def _draining(request: Request, exc: Exception) -> Response:

@@ -4,7 +4,7 @@ Each carries `type` (``about:blank``: the status says what kind of problem it is
 (the status's phrase), `status`, `detail` (what is wrong, naming
 the field when one is at fault, e.g. ``sandbox.command: argv must not be empty``) and
 `instance` (the request path); a 400 adds `field`, the field's path alone, for a client that
-wants it without parsing `detail`.
+wants it without parsing `detail`, and a 409 (a job_id of another task) names ``job_id`` there.
 """
 
 from __future__ import annotations

@@ -40,11 +40,17 @@ class NodeProcess:
         self.extra_env = dict(extra_env or {})
         self.logs: list[dict[str, object]] = []
         self.address = ""
+        self._url = ""
         self._start(listen)
 
     @property
     def url(self) -> str:
-        return f"http://{self.address}"
+        """Its base URL as its `serving` line gives it (``https://`` when it serves TLS)."""
+        return self._url or f"http://{self.address}"
+
+    @property
+    def port(self) -> int:
+        return int(self.address.rsplit(":", 1)[1])
 
     @property
     def headers(self) -> dict[str, str]:
@@ -91,6 +97,7 @@ class NodeProcess:
             self.logs.append(entry)
             if entry.get("event") == "serving":
                 self.address = str(entry["address"])
+                self._url = str(entry.get("url") or "")
                 self._serving.set()
 
     def alive(self) -> bool:

@@ -29,7 +29,7 @@ from workflow_engine.capabilities.base import CapabilityConfigError
 from workflow_engine.client import commands as client_commands
 from workflow_engine.config import ENV_PREFIX, Settings, settings_from_env
 from workflow_engine.logs import configure_logging
-from workflow_engine.node import NodeInUse, serve_node
+from workflow_engine.node import NodeInUse, node_tls_context, serve_node
 from workflow_engine.supervised import supervised
 from workflow_engine.supervisor import supervise
 
@@ -77,6 +77,10 @@ def _parser() -> argparse.ArgumentParser:
         "--drain-seconds", type=float, help="how long SIGTERM lets running jobs finish (30)"
     )
     node.add_argument("--not-ready-file", help="while this file exists, /readyz answers 503")
+    node.add_argument(
+        "--tls-cert-file", help="worker-node's certificate chain (PEM): it then serves HTTPS only"
+    )
+    node.add_argument("--tls-key-file", help="worker-node's private key (PEM), with the former")
     return parser
 
 
@@ -92,6 +96,8 @@ def settings_from_args(args: argparse.Namespace, base: Settings) -> Settings:
                 max_body_bytes=args.max_body_bytes,
                 drain_seconds=args.drain_seconds,
                 not_ready_file=args.not_ready_file,
+                tls_cert_file=args.tls_cert_file,
+                tls_key_file=args.tls_key_file,
             ),
         )
         if not node.token:
@@ -138,6 +144,9 @@ def main(argv: list[str] | None = None) -> int:
             settings.check_exposure()
             auth_of(settings)  # a tokens file that cannot be used stops the start here
             server_credentials(settings)
+        elif args.command == "worker-node":
+            settings.node.check_exposure()
+            node_tls_context(settings.node)  # a certificate that cannot be used stops it here
     except ValueError as exc:
         print(f"workflow-engine: {exc}", file=sys.stderr)
         return 2

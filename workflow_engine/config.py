@@ -141,9 +141,20 @@ class NodeSettings:
     #: While a file exists at this path, /readyz answers 503 (take a node out of rotation by
     #: hand, or in tests); empty: none.
     not_ready_file: str = ""
+    #: TLS on the node's port: its certificate chain and key (PEM files; both or neither). The
+    #: port then speaks HTTPS only.
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    #: Serve plaintext HTTP on an address other than loopback (the token and every job in
+    #: clear, for anyone on the network to read): refused unless set.
+    allow_plaintext_remote: bool = False
 
     def __post_init__(self) -> None:
         prefix = f"{ENV_PREFIX}NODE_"
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ValueError(
+                f"{prefix}TLS_CERT_FILE and {prefix}TLS_KEY_FILE: give both or neither"
+            )
         if not 0 < self.max_timeout_seconds <= MAX_TIMEOUT_SECONDS:
             raise ValueError(
                 f"{prefix}MAX_TIMEOUT_SECONDS: expected 1 to {MAX_TIMEOUT_SECONDS}, "
@@ -162,6 +173,26 @@ class NodeSettings:
             raise ValueError(f"{prefix}DRAIN_SECONDS: expected 0 or more seconds")
         if not 0 <= self.job_retention_seconds < math.inf:
             raise ValueError(f"{prefix}JOB_RETENTION_SECONDS: expected 0 (keep) or more seconds")
+
+    def check_exposure(self) -> None:
+        """Refuse to serve plaintext beyond this host (the bearer token and the jobs' commands,
+        environments and output would cross the network in clear), unless
+        `allow_plaintext_remote` says so."""
+        prefix = f"{ENV_PREFIX}NODE_"
+        if self.allow_plaintext_remote or not self.plaintext_remote:
+            return
+        raise ValueError(
+            f"{prefix}LISTEN={self.listen} is reachable from other hosts, but there is no TLS "
+            f"({prefix}TLS_CERT_FILE and {prefix}TLS_KEY_FILE): the node's bearer token and "
+            "every job's command, environment and output would cross the network in clear. "
+            f"Configure them, listen on 127.0.0.1, or set {prefix}ALLOW_PLAINTEXT_REMOTE=true "
+            "for a network you trust with that."
+        )
+
+    @property
+    def plaintext_remote(self) -> bool:
+        """The node serves plaintext on an address other hosts may reach."""
+        return not self.tls_cert_file and not is_loopback(self.listen.rsplit(":", 1)[0])
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -189,6 +220,13 @@ class NodesSettings:
     retry_seconds: float = 30.0
     #: How long connecting to a node may take.
     connect_timeout_seconds: float = 5.0
+    #: The CA certificates (PEM) an ``https://`` node's certificate must chain to, instead of
+    #: the default ones (a private CA); empty: the HTTP client's default CAs.
+    ca_file: str = ""
+    #: Send jobs to ``http://`` nodes beyond loopback, whose token and jobs then cross the
+    #: network in clear: such a node is refused (the nodes file at start, a table row as
+    #: unusable) unless this says the network between the engine and its nodes is trusted.
+    allow_plaintext_remote: bool = False
 
     @property
     def effective_source(self) -> str:
@@ -405,8 +443,8 @@ class Settings:
     def check_exposure(self) -> None:
         """Refuse to serve an unauthenticated, unencrypted API beyond this host (it runs
         commands), unless `allow_insecure_remote` says so."""
-        host = self.listen.rsplit(":", 1)[0].strip("[]")
-        if _is_loopback(host) or self.allow_insecure_remote:
+        host = self.listen.rsplit(":", 1)[0]
+        if is_loopback(host) or self.allow_insecure_remote:
             return
         missing = [
             what
@@ -536,7 +574,9 @@ def _parse(variable: str, kind: str, raw: str) -> Any:
     return raw
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """`host` (a name or address, IPv6 in brackets or not) is this host's loopback only."""
+    host = host.strip("[]")
     if host == "localhost":
         return True
     try:

@@ -1,31 +1,67 @@
-"""The attacker meets `workflow-engine worker-node`: a client that picks another task's job_id.
+"""The attackers of `workflow-engine worker-node` and of the engine's link to it.
+
+Anyone on the network between an engine and its node reads what crosses it in clear: the
+node's bearer token (which runs any command on the node) and every job's command, environment
+and output. So a node serves plaintext beyond loopback only when told the network is trusted
+(``WORKFLOW_ENGINE_NODE_ALLOW_PLAINTEXT_REMOTE``), otherwise HTTPS with its certificate; and
+the engine sends nothing to an ``http://`` node beyond loopback unless told the same
+(``WORKFLOW_ENGINE_NODES_ALLOW_PLAINTEXT_REMOTE``), and checks an ``https://`` node's
+certificate against the CA it is given (``WORKFLOW_ENGINE_NODES_CA_FILE``) before its token
+goes out.
 
 A node runs each job_id once and answers every later request for it with that run's result,
 which is what lets a restarted engine re-attach to its job. Anyone who holds the node's token
 (an engine, an orchestrator: for several tenants) chooses the ids it sends, so a job_id alone
 must not open another task's job: a request whose job_id the node holds for another task is
-refused (409, a problem document), runs nothing, and leaves that job as it was. Every node here
-is a real process on a free port.
+refused (409, a problem document), runs nothing, and leaves that job as it was.
+
+Every node here is a real process on a free port, every engine a real one over real HTTP and
+TLS, with a CA and certificates the test makes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
+import ssl
 import time
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from google.protobuf import json_format
 
+from tests.certificates import Authority
+from tests.conftest import start_engine, stop_engine
 from tests.e2e.node.bodies import new_id, run_body
+from tests.helpers import check, new_task_id, step, task, wait_for_status
 from tests.node_process import NodeProcess
+from workflow_engine.capabilities.base import CapabilityConfigError
+from workflow_engine.config import NodesSettings, Settings
+from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
 RUN = "/v1/worker/jobs:run"
 PROBLEM = "application/problem+json"
+NODE_ALLOW_PLAINTEXT = "WORKFLOW_ENGINE_NODE_ALLOW_PLAINTEXT_REMOTE"
+NODES_ALLOW_PLAINTEXT = "WORKFLOW_ENGINE_NODES_ALLOW_PLAINTEXT_REMOTE"
+
+
+def this_hosts_address() -> str:
+    """An address of this host other than loopback (the one its route out starts from; a UDP
+    connect sends nothing), or its name when it has no route."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # TEST-NET-1: only the route is looked up
+            address = str(probe.getsockname()[0])
+        except OSError:
+            return socket.gethostname()
+    return address if not address.startswith("127.") else socket.gethostname()
 
 
 @pytest.fixture
@@ -160,3 +196,112 @@ async def test_another_task_cannot_cancel_a_job_and_its_own_task_can(
     assert_refused(await client.post(node.url + RUN, json=as_other_task(early)))
     own = (await client.post(node.url + RUN, json=early)).json()
     assert own["status"] == "cancelled" and not (tmp_path / "never").exists()
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "", this_hosts_address()])
+def test_a_node_beyond_loopback_without_tls_does_not_start(tmp_path: Path, host: str) -> None:
+    refusal = rf"exit 2.*NODE_LISTEN={host}:0 is reachable from other hosts.*{NODE_ALLOW_PLAINTEXT}"
+    with pytest.raises(RuntimeError, match=refusal):
+        NodeProcess(data_dir=tmp_path / "node", listen=f"{host}:0").kill()
+
+
+def test_a_node_told_the_network_is_trusted_serves_plaintext_and_logs_it(
+    nodes: list[NodeProcess], tmp_path: Path
+) -> None:
+    node = NodeProcess(
+        data_dir=tmp_path / "node", listen="0.0.0.0:0", extra_env={NODE_ALLOW_PLAINTEXT: "true"}
+    )
+    nodes.append(node)
+    said = node.wait_for_log("node_serving_plaintext_remote")
+    assert said["level"] == "warning" and said["allowed_by"] == NODE_ALLOW_PLAINTEXT
+    assert httpx.get(f"http://127.0.0.1:{node.port}/healthz").status_code == 200
+    # On loopback, as by default, there is nothing to say.
+    local = NodeProcess(data_dir=tmp_path / "local")
+    nodes.append(local)
+    assert local.count("node_serving_plaintext_remote") == 0
+
+
+def nodes_file(tmp_path: Path, name: str, url: str, token: str) -> Path:
+    """A nodes file of one node, its token in a file beside it."""
+    (tmp_path / f"{name}.token").write_text(token)
+    path = tmp_path / "nodes.json"
+    entry = {"name": name, "url": url, "token_file": f"{name}.token", "labels": [name]}
+    path.write_text(json.dumps([entry]))
+    return path
+
+
+def with_nodes(settings: Settings, path: Path, **nodes: Any) -> Settings:
+    options = {"health_interval_seconds": 0.2, "wait_seconds": 10.0, "retry_seconds": 2.0}
+    return replace(
+        settings, worker="nodes", nodes=NodesSettings(file=str(path), **{**options, **nodes})
+    )
+
+
+async def run_one_job(settings: Settings, node: NodeProcess, name: str) -> None:
+    """Start an engine with `settings`, run a one-step workflow: it succeeds on `node`."""
+    running = await start_engine(settings)
+    try:
+        task_id = new_task_id()
+        spec = task(step("hello", "echo", "hello node", expect=[check("stdout_contains", "hello")]))
+        await running.stub.StartWorkflow(pb.StartWorkflowRequest(task_id=task_id, task=spec))
+        workflow = await wait_for_status(running.stub, task_id)
+    finally:
+        await stop_engine(running)
+    assert workflow.status == pb.SUCCEEDED, workflow.error
+    job = json_format.MessageToDict(workflow.state)["steps"]["hello"]["job"]
+    assert job["target"] == name
+    assert (node.data_dir / "jobs" / job["request"]["job_id"] / "result.json").is_file()
+
+
+async def test_a_node_with_tls_serves_https_only_and_the_engine_trusts_its_ca(
+    settings: Settings, nodes: list[NodeProcess], tmp_path: Path
+) -> None:
+    ca = Authority(tmp_path / "pki", "node-ca")
+    issued = ca.server()  # for localhost and 127.0.0.1
+    node = NodeProcess(
+        data_dir=tmp_path / "node",
+        listen="0.0.0.0:0",  # beyond loopback: TLS is what makes that allowed
+        extra_env={
+            "WORKFLOW_ENGINE_NODE_TLS_CERT_FILE": str(issued.cert),
+            "WORKFLOW_ENGINE_NODE_TLS_KEY_FILE": str(issued.key),
+        },
+    )
+    nodes.append(node)
+    assert node.url.startswith("https://") and node.count("node_serving_plaintext_remote") == 0
+    url = f"https://localhost:{node.port}"
+    # Plaintext gets no answer at all, and runs nothing.
+    marker = tmp_path / "plaintext-ran"
+    body = run_body("/bin/sh", "-c", f"echo ran > {marker}")
+    async with httpx.AsyncClient(headers=node.headers, timeout=10) as plain:
+        with pytest.raises(httpx.TransportError):
+            await plain.post(f"http://127.0.0.1:{node.port}{RUN}", json=body)
+        # A client that does not trust the node's CA does not get as far as sending its token.
+        with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+            await plain.post(f"{url}{RUN}", json=body)
+    trust = ssl.create_default_context(cafile=ca.issued.cert)
+    async with httpx.AsyncClient(verify=trust, timeout=10) as trusting:
+        assert (await trusting.get(f"{url}/readyz")).status_code == 200
+    path = nodes_file(tmp_path, "tls-node", url, node.token)
+    await run_one_job(with_nodes(settings, path, ca_file=str(ca.issued.cert)), node, "tls-node")
+    assert not marker.exists()
+
+
+async def test_the_engine_sends_nothing_in_clear_beyond_loopback_unless_told_the_network_is_trusted(
+    settings: Settings, nodes: list[NodeProcess], tmp_path: Path
+) -> None:
+    node = NodeProcess(
+        data_dir=tmp_path / "node", listen="0.0.0.0:0", extra_env={NODE_ALLOW_PLAINTEXT: "true"}
+    )
+    nodes.append(node)
+    url = f"http://{this_hosts_address()}:{node.port}"
+    path = nodes_file(tmp_path, "remote-1", url, node.token)
+    with pytest.raises(CapabilityConfigError) as refused:
+        await stop_engine(
+            await start_engine(with_nodes(settings, path))
+        )  # stopped, should it start
+    message = str(refused.value)
+    assert f"nodes[0] ('remote-1').url: {url} is plaintext HTTP to another host" in message
+    assert f"{NODES_ALLOW_PLAINTEXT}=true" in message
+    assert node.count("node_job_result") == 0 and not (node.data_dir / "jobs").exists()
+    # Told the network is trusted, it sends the job there.
+    await run_one_job(with_nodes(settings, path, allow_plaintext_remote=True), node, "remote-1")

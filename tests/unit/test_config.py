@@ -171,6 +171,31 @@ def test_worker_node_refuses_a_bad_cap_or_no_token() -> None:
     assert settings_from_args(_parser().parse_args(["serve"]), settings_from_env({}))
 
 
+def test_worker_node_tls_settings_and_where_plaintext_is_refused() -> None:
+    env = {
+        "WORKFLOW_ENGINE_NODE_TLS_CERT_FILE": "/tls/node.crt",
+        "WORKFLOW_ENGINE_NODE_TLS_KEY_FILE": "/tls/node.key",
+        "WORKFLOW_ENGINE_NODE_LISTEN": "0.0.0.0:8090",
+    }
+    node = settings_from_env(env).node
+    assert (node.tls_cert_file, node.tls_key_file) == ("/tls/node.crt", "/tls/node.key")
+    node.check_exposure()  # TLS: any address
+    args = _parser().parse_args(["worker-node", "--tls-cert-file", "/c", "--tls-key-file", "/k"])
+    flagged = settings_from_args(args, settings_from_env({"WORKFLOW_ENGINE_NODE_TOKEN": "t"}))
+    assert (flagged.node.tls_cert_file, flagged.node.tls_key_file) == ("/c", "/k")
+    with pytest.raises(ValueError, match=r"NODE_TLS_CERT_FILE and .*NODE_TLS_KEY_FILE: give both"):
+        settings_from_env({"WORKFLOW_ENGINE_NODE_TLS_CERT_FILE": "/tls/node.crt"})
+    for listen in ("127.0.0.1:8090", "127.0.0.2:0", "localhost:8090", "[::1]:8090"):
+        settings_from_env({"WORKFLOW_ENGINE_NODE_LISTEN": listen}).node.check_exposure()
+    for listen in ("0.0.0.0:8090", ":8090", "[::]:8090", "10.0.0.5:8090", "node-1:8090"):
+        plain = settings_from_env({"WORKFLOW_ENGINE_NODE_LISTEN": listen})
+        with pytest.raises(ValueError, match="WORKFLOW_ENGINE_NODE_ALLOW_PLAINTEXT_REMOTE=true"):
+            plain.node.check_exposure()
+        allowed = {"WORKFLOW_ENGINE_NODE_LISTEN": listen}
+        allowed["WORKFLOW_ENGINE_NODE_ALLOW_PLAINTEXT_REMOTE"] = "true"
+        settings_from_env(allowed).node.check_exposure()
+
+
 def test_the_nodes_worker_settings() -> None:
     s = settings_from_env(
         {
@@ -185,6 +210,14 @@ def test_the_nodes_worker_settings() -> None:
     assert (s.nodes.health_interval_seconds, s.nodes.wait_seconds) == (2.0, 10.0)
     assert s.nodes.retry_seconds == 60.0
     assert (s.nodes.effective_source, s.nodes.refresh_seconds) == ("file", 30.0)
+    assert (s.nodes.ca_file, s.nodes.allow_plaintext_remote) == ("", False)
+    trusting = settings_from_env(
+        {
+            "WORKFLOW_ENGINE_NODES_CA_FILE": "/tls/ca.crt",
+            "WORKFLOW_ENGINE_NODES_ALLOW_PLAINTEXT_REMOTE": "true",
+        }
+    )
+    assert (trusting.nodes.ca_file, trusting.nodes.allow_plaintext_remote) == ("/tls/ca.crt", True)
     with pytest.raises(ValueError, match="WORKFLOW_ENGINE_NODES_HEALTH_INTERVAL_SECONDS"):
         settings_from_env({"WORKFLOW_ENGINE_NODES_HEALTH_INTERVAL_SECONDS": "0"})
 

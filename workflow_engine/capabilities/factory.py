@@ -131,7 +131,9 @@ def _worker_nodes(settings: Settings, lent: Lent) -> Worker:
     timeout = settings.job.timeout_seconds
     if settings.nodes.effective_source == "orchestrator":
         # Read when the worker opens (the table missing stops the start), then refreshed.
-        table = NodeTable(lent.orchestrator_nodes)
+        table = NodeTable(
+            lent.orchestrator_nodes, allow_plaintext_remote=settings.nodes.allow_plaintext_remote
+        )
         return HttpWorker(
             (),
             settings.nodes,
@@ -141,7 +143,11 @@ def _worker_nodes(settings: Settings, lent: Lent) -> Worker:
         )
     # Tokens named by `token_env` are read here, once at start-up, like the settings: the
     # nodes file says which variables, so they cannot be fields of `Settings`.
-    nodes = load_nodes_file(Path(settings.nodes.file), os.environ)
+    nodes = load_nodes_file(
+        Path(settings.nodes.file),
+        os.environ,
+        allow_plaintext_remote=settings.nodes.allow_plaintext_remote,
+    )
     return HttpWorker(nodes, settings.nodes, default_timeout_seconds=timeout)
 
 

@@ -17,6 +17,12 @@ second run. Hence:
 - a 4xx answer (400 problem document, 401, 413) is not retried: the attempt fails with the
   node's message.
 
+An ``https://`` node's certificate must chain to the default CAs, or to those of
+``WORKFLOW_ENGINE_NODES_CA_FILE`` (`client_tls`), and name the URL's host, before its token is
+sent; an ``http://`` node
+beyond loopback is refused where the nodes are read (`nodes_file.plaintext_refusal`) unless
+``WORKFLOW_ENGINE_NODES_ALLOW_PLAINTEXT_REMOTE`` is set.
+
 The nodes come from a nodes file (read once, at start-up) or from a source that is refreshed
 (`refresh`, every ``WORKFLOW_ENGINE_NODES_REFRESH_SECONDS``: the orchestrator's nodes table,
 `node_table`): a node that joins is asked for its health at once and then gets jobs; one that
@@ -35,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from types import TracebackType
@@ -50,10 +57,11 @@ from tenacity import (
 )
 
 from workflow_engine.capabilities import worker_api
+from workflow_engine.capabilities.base import CapabilityConfigError
 from workflow_engine.capabilities.node_registry import NodeRegistry
 from workflow_engine.capabilities.node_table import NodeList
 from workflow_engine.capabilities.nodes_file import WorkerNode
-from workflow_engine.config import NodesSettings
+from workflow_engine.config import ENV_PREFIX, NodesSettings
 from workflow_engine.domain.jobs import JobRequest, JobResult, JobStatus
 from workflow_engine.domain.task import Step
 from workflow_engine.errors import NoEligibleNode
@@ -95,6 +103,21 @@ class _FailingFor:
         return now - self._since >= self._seconds
 
 
+def client_tls(settings: NodesSettings) -> ssl.SSLContext | None:
+    """The TLS context `https://` nodes are checked with: only the CAs of ``settings.ca_file``;
+    None (unset): the HTTP client's default CAs. Raises `CapabilityConfigError` naming the
+    setting when the file cannot be read."""
+    if not settings.ca_file:
+        return None
+    try:
+        return ssl.create_default_context(cafile=settings.ca_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise CapabilityConfigError(
+            f"{ENV_PREFIX}NODES_CA_FILE={settings.ca_file}: cannot load it as PEM CA "
+            f"certificates ({exc})"
+        ) from None
+
+
 class HttpWorker:
     """`Worker` sending jobs to the configured worker nodes; see the module docstring."""
 
@@ -112,6 +135,7 @@ class HttpWorker:
         they come from, in messages."""
         self._registry = NodeRegistry(nodes)
         self._settings = settings
+        self._tls = client_tls(settings)  # an unreadable CA file stops the start here
         self._default_timeout_seconds = default_timeout_seconds
         self._refresh = refresh
         self._source = source
@@ -131,6 +155,7 @@ class HttpWorker:
             # One connection per job in flight: a request lasts as long as its job.
             limits=httpx2.Limits(max_connections=None, max_keepalive_connections=64),
             timeout=httpx2.Timeout(self._settings.connect_timeout_seconds),
+            verify=True if self._tls is None else self._tls,
         )
         try:
             if self._refresh is not None:

@@ -8,7 +8,9 @@ of the rows. A row gives:
   ``worker_api_bearer_token`` (kept out of every repr and log).
 - It is *usable*, as their dispatcher's ``ListDispatchableNodes`` has it, when its ``status`` is
   ``active`` (their other values: ``registered``, ``inactive``, ``drained``), its
-  ``config_ack_status`` is ``applied`` (when the column exists), and it has a URL and a token.
+  ``config_ack_status`` is ``applied`` (when the column exists), and it has a URL and a token;
+  and, as for a nodes file, its URL is not plaintext ``http://`` beyond loopback unless
+  ``WORKFLOW_ENGINE_NODES_ALLOW_PLAINTEXT_REMOTE`` is set (`nodes_file.plaintext_refusal`).
   Any other row is left out, with the reason, which a dispatch that finds no node repeats.
 - Labels: the snapshot, read as a nodes file reads a label map, with dotted keys for nested
   maps (`snapshot_labels`): a string or number is ``key=value`` (``platform.arch=amd64``), a
@@ -37,6 +39,7 @@ from workflow_engine.capabilities.nodes_file import (
     NodesFileError,
     WorkerNode,
     base_url,
+    plaintext_refusal,
 )
 from workflow_engine.config import ENV_PREFIX
 from workflow_engine.domain.model import JsonObject
@@ -81,18 +84,24 @@ class NodeTable:
 
     where = WHERE
 
-    def __init__(self, read_rows: Callable[[], Awaitable[list[JsonObject] | None]]) -> None:
+    def __init__(
+        self,
+        read_rows: Callable[[], Awaitable[list[JsonObject] | None]],
+        *,
+        allow_plaintext_remote: bool = False,
+    ) -> None:
         self._read_rows = read_rows
+        self._allow_plaintext_remote = allow_plaintext_remote
 
     async def load(self) -> NodeList:
         """The nodes as the table has them now; raises `NodesTableMissing` without it."""
         rows = await self._read_rows()
         if rows is None:
             raise NodesTableMissing(MISSING_TABLE)
-        return nodes_from_rows(rows)
+        return nodes_from_rows(rows, allow_plaintext_remote=self._allow_plaintext_remote)
 
 
-def nodes_from_rows(rows: list[JsonObject]) -> NodeList:
+def nodes_from_rows(rows: list[JsonObject], *, allow_plaintext_remote: bool = False) -> NodeList:
     """The rows (`storage.orchestrator_nodes.read_nodes`) as usable nodes and the others."""
     nodes: list[WorkerNode] = []
     unusable: dict[str, str] = {}
@@ -100,7 +109,7 @@ def nodes_from_rows(rows: list[JsonObject]) -> NodeList:
         name = str(row.get("node_slug") or "").strip()
         if not name:
             continue  # nothing to name it by, in a finding or in a job's recorded target
-        node = node_from_row(name, row)
+        node = node_from_row(name, row, allow_plaintext_remote=allow_plaintext_remote)
         if isinstance(node, str):
             unusable[name] = node
         else:
@@ -108,7 +117,9 @@ def nodes_from_rows(rows: list[JsonObject]) -> NodeList:
     return NodeList(tuple(nodes), unusable)
 
 
-def node_from_row(name: str, row: JsonObject) -> WorkerNode | str:
+def node_from_row(
+    name: str, row: JsonObject, *, allow_plaintext_remote: bool = False
+) -> WorkerNode | str:
     """The node a row describes, or why it is not usable."""
     status = row.get("status")
     if status != USABLE_STATUS:
@@ -125,6 +136,9 @@ def node_from_row(name: str, row: JsonObject) -> WorkerNode | str:
         checked = base_url(url.strip(), "worker_api_target_url")
     except NodesFileError as exc:
         return str(exc)
+    refused = plaintext_refusal(checked, allowed=allow_plaintext_remote)
+    if refused:
+        return f"worker_api_target_url: {refused}"
     snapshot = _json(row.get("capability_snapshot"))
     metadata = _json(row.get("metadata"))
     labels = snapshot_labels(snapshot) | _metadata_labels(metadata)

@@ -12,6 +12,12 @@ A label list is taken as it is; a map gives ``key=value`` for a scalar value and
 ``key=item`` per item of a list value (``locality=eu-west``, ``capabilities=gpu``). A step's
 ``required_labels`` must all be among a node's labels for the node to run it.
 
+An ``http://`` URL whose host is not this host's loopback (``localhost``, 127.0.0.0/8, ``::1``;
+a name is not resolved) would carry the node's token and every job in clear, so it is refused
+unless ``WORKFLOW_ENGINE_NODES_ALLOW_PLAINTEXT_REMOTE`` says the network is trusted; an
+``https://`` node's certificate is checked against the default CAs, or against
+``WORKFLOW_ENGINE_NODES_CA_FILE`` (`http_worker`).
+
 Read once when the engine starts; anything wrong stops the start with a message naming the
 node and the field. A token comes from the environment variable or the file named, never from
 the nodes file itself (which may then be shared); it is kept out of every repr and log.
@@ -31,6 +37,7 @@ import yaml
 
 from workflow_engine import secret_files
 from workflow_engine.capabilities.base import CapabilityConfigError
+from workflow_engine.config import ENV_PREFIX, is_loopback
 from workflow_engine.secrets import add_credentials
 
 DEFAULT_MAX_JOBS = 8
@@ -55,8 +62,11 @@ class WorkerNode:
     max_jobs: int = DEFAULT_MAX_JOBS
 
 
-def load_nodes_file(path: Path, environ: Mapping[str, str]) -> tuple[WorkerNode, ...]:
-    """The nodes `path` lists; tokens from `environ` or from the files named (relative to it)."""
+def load_nodes_file(
+    path: Path, environ: Mapping[str, str], *, allow_plaintext_remote: bool = False
+) -> tuple[WorkerNode, ...]:
+    """The nodes `path` lists; tokens from `environ` or from the files named (relative to it).
+    `allow_plaintext_remote`: accept ``http://`` URLs beyond loopback (see the module doc)."""
     where = f"WORKFLOW_ENGINE_NODES_FILE {path}"
     try:
         text = path.read_text(encoding="utf-8")
@@ -66,11 +76,22 @@ def load_nodes_file(path: Path, environ: Mapping[str, str]) -> tuple[WorkerNode,
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (ValueError, yaml.YAMLError) as exc:
         raise NodesFileError(f"{where}: not valid {_format(path)}: {exc}") from None
-    return parse_nodes(data, environ, base_dir=path.parent, where=where)
+    return parse_nodes(
+        data,
+        environ,
+        base_dir=path.parent,
+        where=where,
+        allow_plaintext_remote=allow_plaintext_remote,
+    )
 
 
 def parse_nodes(
-    data: Any, environ: Mapping[str, str], *, base_dir: Path, where: str
+    data: Any,
+    environ: Mapping[str, str],
+    *,
+    base_dir: Path,
+    where: str,
+    allow_plaintext_remote: bool = False,
 ) -> tuple[WorkerNode, ...]:
     """`data` (the file's parsed content) as nodes; `where` prefixes every error."""
     if not isinstance(data, list) or not data:
@@ -80,7 +101,7 @@ def parse_nodes(
     nodes: list[WorkerNode] = []
     seen: set[str] = set()
     for i, entry in enumerate(data):
-        node = _node(entry, environ, base_dir, f"{where}: nodes[{i}]")
+        node = _node(entry, environ, base_dir, f"{where}: nodes[{i}]", allow_plaintext_remote)
         if node.name in seen:
             raise NodesFileError(f"{where}: nodes[{i}] ({node.name!r}).name: duplicate name")
         seen.add(node.name)
@@ -88,7 +109,9 @@ def parse_nodes(
     return tuple(nodes)
 
 
-def _node(entry: Any, environ: Mapping[str, str], base_dir: Path, at: str) -> WorkerNode:
+def _node(
+    entry: Any, environ: Mapping[str, str], base_dir: Path, at: str, allow_plaintext_remote: bool
+) -> WorkerNode:
     if not isinstance(entry, dict):
         raise NodesFileError(f"{at}: must be a mapping with name, url, token_env or token_file")
     name = entry.get("name")
@@ -102,9 +125,13 @@ def _node(entry: Any, environ: Mapping[str, str], base_dir: Path, at: str) -> Wo
         raise NodesFileError(
             f"{at}.{unknown[0]}: unknown field; expected {', '.join(sorted(_FIELDS))}"
         )
+    url = base_url(entry.get("url"), f"{at}.url")
+    refused = plaintext_refusal(url, allowed=allow_plaintext_remote)
+    if refused:
+        raise NodesFileError(f"{at}.url: {refused}")
     return WorkerNode(
         name=name,
-        url=base_url(entry.get("url"), f"{at}.url"),
+        url=url,
         token=_secret(_token(entry, environ, base_dir, at)),
         labels=_labels(entry.get("labels"), f"{at}.labels"),
         max_jobs=_max_jobs(entry.get("max_jobs", DEFAULT_MAX_JOBS), f"{at}.max_jobs"),
@@ -126,6 +153,20 @@ def base_url(value: Any, at: str) -> str:
     except ValueError:
         raise NodesFileError(f"{at}: invalid port: {value!r}") from None
     return value.rstrip("/")
+
+
+def plaintext_refusal(url: str, *, allowed: bool) -> str | None:
+    """Why `url` (a checked `base_url`) may not be used: plaintext HTTP to a host other than
+    this one, unless `allowed`; None when it may."""
+    parts = urlsplit(url)
+    if allowed or parts.scheme != "http" or is_loopback(parts.hostname or ""):
+        return None
+    return (
+        f"{url} is plaintext HTTP to another host: the node's bearer token and every job would "
+        f"cross the network in clear. Use https:// (a private CA: {ENV_PREFIX}NODES_CA_FILE), "
+        f"a loopback address, or set {ENV_PREFIX}NODES_ALLOW_PLAINTEXT_REMOTE=true if the "
+        "network between the engine and its nodes is trusted with that"
+    )
 
 
 def _token(entry: Mapping[str, Any], environ: Mapping[str, str], base_dir: Path, at: str) -> str:

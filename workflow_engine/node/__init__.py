@@ -7,6 +7,6 @@ whole system, and the engine can send jobs to other machines. `server` is the pr
 jobs, `problems` the error documents.
 """
 
-from workflow_engine.node.server import NodeInUse, serve_node
+from workflow_engine.node.server import NodeInUse, node_tls_context, serve_node
 
-__all__ = ["NodeInUse", "serve_node"]
+__all__ = ["NodeInUse", "node_tls_context", "serve_node"]

@@ -1,8 +1,13 @@
 """`workflow-engine worker-node`: the node's process, served by uvicorn on the node's own socket.
 
 The socket is bound before uvicorn starts, so port 0 works and the `serving` log line names the
-real address. The data directory is locked (``node.lock``, `flock`) for the process's life: a
-second node on the same directory would break the one-run-per-job_id promise, so it is refused.
+real address. With a certificate and key (``WORKFLOW_ENGINE_NODE_TLS_CERT_FILE`` / ``_KEY_FILE``)
+the port speaks HTTPS only (TLS 1.2 or later); without, it serves plaintext, which the command
+refuses on an address beyond loopback unless ``WORKFLOW_ENGINE_NODE_ALLOW_PLAINTEXT_REMOTE``
+says so (`NodeSettings.check_exposure`), and then logs ``node_serving_plaintext_remote``.
+
+The data directory is locked (``node.lock``, `flock`) for the process's life: a second node
+on the same directory would break the one-run-per-job_id promise, so it is refused.
 
 SIGTERM (or SIGINT) drains: /readyz turns 503 and new job ids are refused (503) at once; the
 jobs this process runs may finish for `drain_seconds`, then the server stops. A job still
@@ -17,6 +22,7 @@ import contextlib
 import os
 import signal
 import socket
+import ssl
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,7 +32,7 @@ import uvicorn
 from workflow_engine import pid_file
 from workflow_engine.capabilities.job_grant import Confinement
 from workflow_engine.capabilities.sandbox import LocalSandboxWorker
-from workflow_engine.config import NodeSettings
+from workflow_engine.config import ENV_PREFIX, NodeSettings
 from workflow_engine.node.app import create_app
 from workflow_engine.node.jobs import NodeJobs
 
@@ -58,14 +64,23 @@ class _NodeServer(uvicorn.Server):
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
+        tls = bool(self._settings.tls_cert_file)
         log.info(
             "serving",
             address=self._address,
-            url=f"http://{self._address}",
+            url=f"{'https' if tls else 'http'}://{self._address}",
+            tls=tls,
             data_dir=str(self._settings.data_dir),
             max_timeout_seconds=self._settings.max_timeout_seconds,
             pid=os.getpid(),
         )
+        if self._settings.plaintext_remote:  # allowed: `check_exposure` refuses it otherwise
+            log.warning(
+                "node_serving_plaintext_remote",
+                address=self._address,
+                allowed_by=f"{ENV_PREFIX}NODE_ALLOW_PLAINTEXT_REMOTE",
+                risk="the bearer token and every job cross the network in clear",
+            )
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -119,6 +134,25 @@ def bind(listen: str) -> socket.socket:
     return sock
 
 
+def node_tls_context(settings: NodeSettings) -> ssl.SSLContext | None:
+    """The node port's TLS context, from its certificate and key; None: plaintext. Raises
+    `ValueError` naming the settings when they cannot be used."""
+    if not settings.tls_cert_file:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.set_alpn_protocols(["http/1.1"])  # what uvicorn's h11 speaks
+    try:
+        context.load_cert_chain(settings.tls_cert_file, settings.tls_key_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(
+            f"{ENV_PREFIX}NODE_TLS_CERT_FILE={settings.tls_cert_file} and "
+            f"{ENV_PREFIX}NODE_TLS_KEY_FILE={settings.tls_key_file}: cannot load them as a "
+            f"certificate chain and its key ({exc})"
+        ) from None
+    return context
+
+
 @contextlib.contextmanager
 def lock_data_dir(data_dir: Path) -> Iterator[None]:
     """Hold the data directory for this process; `NodeInUse` if another node holds it."""
@@ -132,6 +166,8 @@ def lock_data_dir(data_dir: Path) -> Iterator[None]:
 
 async def serve_node(settings: NodeSettings) -> None:
     """Serve the Worker API until SIGTERM has drained the node (see the module docstring)."""
+    settings.check_exposure()
+    tls = node_tls_context(settings)
     with lock_data_dir(settings.data_dir), bind(settings.listen) as sock:
         runner = LocalSandboxWorker(
             jobs_dir=settings.data_dir / "jobs",
@@ -153,6 +189,7 @@ async def serve_node(settings: NodeSettings) -> None:
             timeout_graceful_shutdown=_CLOSE_SECONDS,
             # A synchronous job can take hours: the client's keep-alive is its own business.
             timeout_keep_alive=75,
+            ssl_context_factory=None if tls is None else lambda config, default: tls,
         )
         async with runner:  # prunes expired job directories while it serves
             await _NodeServer(config, jobs, settings).serve_on(sock)

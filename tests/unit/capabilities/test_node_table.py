@@ -38,7 +38,7 @@ def row(slug: str = "gpu-1", **columns: Any) -> dict[str, Any]:
         "node_slug": slug,
         "status": "active",
         "config_ack_status": "applied",
-        "worker_api_target_url": "http://10.0.0.5:9190/",
+        "worker_api_target_url": "https://10.0.0.5:9190/",
         "worker_api_bearer_token": "secret-token",
         "metadata": None,
         "capability_snapshot": None,
@@ -88,7 +88,7 @@ def test_a_usable_row_becomes_a_node() -> None:
         [row(capability_snapshot=json.dumps({"gpu": True}), metadata=metadata)]
     )
     (node,) = listed.nodes
-    assert (node.name, node.url, node.token) == ("gpu-1", "http://10.0.0.5:9190", "secret-token")
+    assert (node.name, node.url, node.token) == ("gpu-1", "https://10.0.0.5:9190", "secret-token")
     assert node.labels == {"gpu", "locality=eu"} and node.max_jobs == 2
     assert "secret-token" not in repr(listed)
 
@@ -133,6 +133,24 @@ def test_rows_that_are_not_usable_are_left_out_with_the_reason() -> None:
         "g-bad-url": "worker_api_target_url: must be an http:// or https:// URL with a host: "
         "'ftp://x'",
     }
+
+
+def test_a_plaintext_url_beyond_loopback_is_not_usable_unless_the_network_is_trusted() -> None:
+    rows = [
+        row("remote", worker_api_target_url="http://10.0.0.5:9190"),
+        row("named", worker_api_target_url="http://gpu-1.internal:9190"),  # not resolved
+        row("local", worker_api_target_url="http://127.0.0.1:9190"),
+        row("local6", worker_api_target_url="http://[::1]:9190"),
+    ]
+    listed = nodes_from_rows(rows)
+    assert [n.name for n in listed.nodes] == ["local", "local6"]
+    assert set(listed.unusable) == {"remote", "named"}
+    assert listed.unusable["remote"].startswith(
+        "worker_api_target_url: http://10.0.0.5:9190 is plaintext HTTP to another host"
+    )
+    assert "WORKFLOW_ENGINE_NODES_ALLOW_PLAINTEXT_REMOTE=true" in listed.unusable["remote"]
+    trusted = nodes_from_rows(rows, allow_plaintext_remote=True)
+    assert len(trusted.nodes) == 4 and not trusted.unusable
 
 
 def test_a_schema_without_config_ack_status_does_not_ask_for_it() -> None:

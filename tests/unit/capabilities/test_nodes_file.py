@@ -38,7 +38,8 @@ def test_a_yaml_file_with_both_token_sources_and_label_forms(tmp_path: Path) -> 
     (tmp_path / "secrets").mkdir()
     (tmp_path / "secrets" / "cpu-1").write_text("file-token\n")
     (tmp_path / "secrets" / "cpu-1").chmod(0o600)  # a token is its owner's alone
-    nodes = load_nodes_file(write(tmp_path, YAML), {"GPU1_TOKEN": " env-token "})
+    environ = {"GPU1_TOKEN": " env-token "}
+    nodes = load_nodes_file(write(tmp_path, YAML), environ, allow_plaintext_remote=True)
     assert nodes == (
         WorkerNode(
             name="gpu-1",
@@ -66,12 +67,12 @@ def test_a_yaml_file_with_both_token_sources_and_label_forms(tmp_path: Path) -> 
 
 
 def test_a_json_file(tmp_path: Path) -> None:
-    entry = {"name": "n", "url": "http://n:1", "token_env": "T"}
+    entry = {"name": "n", "url": "https://n:1", "token_env": "T"}
     (node,) = load_nodes_file(write(tmp_path, json.dumps([entry]), "nodes.json"), {"T": "t"})
     assert (node.name, node.token, node.labels) == ("n", "t", frozenset())
 
 
-GOOD: dict[str, Any] = {"name": "n1", "url": "http://n1:9190", "token_env": "T"}
+GOOD: dict[str, Any] = {"name": "n1", "url": "https://n1:9190", "token_env": "T"}
 
 
 @pytest.mark.parametrize(
@@ -93,6 +94,15 @@ GOOD: dict[str, Any] = {"name": "n1", "url": "http://n1:9190", "token_env": "T"}
         ([{**GOOD, "labels": ["gpu", ""]}], "nodes[0] ('n1').labels[1]: must not be empty"),
         ([{**GOOD, "labels": {"models": [None]}}], "('n1').labels.models[0]: must be a string"),
         ([{**GOOD, "max_job": 3}], "nodes[0] ('n1').max_job: unknown field"),
+        (
+            [{**GOOD, "url": "http://10.0.0.5:9190"}],
+            "nodes[0] ('n1').url: http://10.0.0.5:9190 is plaintext HTTP to another host: the "
+            "node's bearer token and every job would cross the network in clear. Use https:// "
+            "(a private CA: WORKFLOW_ENGINE_NODES_CA_FILE), a loopback address, or set "
+            "WORKFLOW_ENGINE_NODES_ALLOW_PLAINTEXT_REMOTE=true",
+        ),
+        ([{**GOOD, "url": "http://n1:9190"}], "('n1').url: http://n1:9190 is plaintext HTTP"),
+        ([{**GOOD, "url": "http://0.0.0.0:9190"}], "('n1').url: http://0.0.0.0:9190 is plaintext"),
     ],
 )
 def test_a_bad_node_is_named_with_its_field(tmp_path: Path, content: Any, message: str) -> None:
@@ -101,6 +111,20 @@ def test_a_bad_node_is_named_with_its_field(tmp_path: Path, content: Any, messag
         load_nodes_file(path, {"T": "token"})
     assert message in str(err.value)
     assert str(err.value).startswith(f"WORKFLOW_ENGINE_NODES_FILE {path}: ")
+
+
+@pytest.mark.parametrize(
+    "url", ["http://127.0.0.1:9190", "http://127.0.0.2:1", "http://localhost:1", "http://[::1]:1"]
+)
+def test_plaintext_to_loopback_needs_no_trust(tmp_path: Path, url: str) -> None:
+    path = write(tmp_path, json.dumps([{**GOOD, "url": url}]), "nodes.json")
+    assert load_nodes_file(path, {"T": "token"})[0].url == url
+
+
+def test_a_trusted_network_takes_plaintext_beyond_loopback(tmp_path: Path) -> None:
+    path = write(tmp_path, json.dumps([{**GOOD, "url": "http://10.0.0.5:9190"}]), "nodes.json")
+    (node,) = load_nodes_file(path, {"T": "token"}, allow_plaintext_remote=True)
+    assert node.url == "http://10.0.0.5:9190"
 
 
 def test_an_unreadable_file_or_token_file_is_named(tmp_path: Path) -> None:

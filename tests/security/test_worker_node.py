@@ -25,6 +25,9 @@ import asyncio
 import json
 import socket
 import ssl
+import stat
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
@@ -33,6 +36,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 from google.protobuf import json_format
 
 from tests.certificates import Authority
@@ -50,6 +54,7 @@ RUN = "/v1/worker/jobs:run"
 PROBLEM = "application/problem+json"
 NODE_ALLOW_PLAINTEXT = "WORKFLOW_ENGINE_NODE_ALLOW_PLAINTEXT_REMOTE"
 NODES_ALLOW_PLAINTEXT = "WORKFLOW_ENGINE_NODES_ALLOW_PLAINTEXT_REMOTE"
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 
 
 def this_hosts_address() -> str:
@@ -305,3 +310,35 @@ async def test_the_engine_sends_nothing_in_clear_beyond_loopback_unless_told_the
     assert node.count("node_job_result") == 0 and not (node.data_dir / "jobs").exists()
     # Told the network is trusted, it sends the job there.
     await run_one_job(with_nodes(settings, path, allow_plaintext_remote=True), node, "remote-1")
+
+
+def test_the_development_secrets_keep_keys_private_and_the_deployed_node_serves_with_them(
+    nodes: list[NodeProcess], tmp_path: Path
+) -> None:
+    """`deploy/make-secrets.sh` writes every key and token for its owner only, and a node with
+    its certificate passes compose's own healthcheck (pointed at these files and this port)."""
+    secrets = tmp_path / "secrets"
+    made = subprocess.run(
+        ["sh", str(DEPLOY / "make-secrets.sh"), str(secrets)], capture_output=True, check=False
+    )
+    assert made.returncode == 0, made.stderr
+    for name in ("ca.key", "tls.key", "node-tls.key", "orchestrator.token", "reader.token"):
+        assert stat.S_IMODE((secrets / name).stat().st_mode) == 0o600, name
+    node = NodeProcess(
+        data_dir=tmp_path / "node",
+        listen="0.0.0.0:0",
+        extra_env={
+            "WORKFLOW_ENGINE_NODE_TLS_CERT_FILE": str(secrets / "node-tls.crt"),
+            "WORKFLOW_ENGINE_NODE_TLS_KEY_FILE": str(secrets / "node-tls.key"),
+        },
+    )
+    nodes.append(node)
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    check_command = compose["services"]["worker-node-1"]["healthcheck"]["test"]
+    assert check_command[:3] == ["CMD", "python", "-c"]
+    code = check_command[3].replace("/run/secrets/", f"{secrets}/")
+    code = code.replace(":8090/", f":{node.port}/")
+    healthcheck = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, timeout=30, check=False
+    )
+    assert healthcheck.returncode == 0, healthcheck.stderr

@@ -32,7 +32,7 @@ def test_compose_and_kubernetes_serve_tls_with_callers_and_probe_the_health_port
         files = {
             env[f"WORKFLOW_ENGINE_{k}"] for k in ("TLS_CERT_FILE", "TLS_KEY_FILE", "TOKENS_FILE")
         }
-        assert files == {f"/run/secrets/{s}" for s in compose["secrets"]}
+        assert files == {f"/run/secrets/{s}" for s in compose["services"][name]["secrets"]}
         assert all(p.startswith("127.0.0.1:") for p in compose["services"][name]["ports"])
     docs = list(yaml.safe_load_all((DEPLOY / "kubernetes" / "workflow-engine.yaml").read_text()))
     deployment = next(d for d in docs if d["kind"] == "Deployment")
@@ -99,6 +99,30 @@ def test_the_worker_node_is_deployed_with_its_probes_and_own_volume() -> None:
     assert "8090" in (DEPLOY / "Dockerfile").read_text()
 
 
+def test_the_worker_node_serves_tls_from_a_secret_and_never_plaintext_beyond_loopback() -> None:
+    """Finding 11 of issue 48: the node bound 0.0.0.0 in plaintext, its token in clear."""
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    node = compose["services"]["worker-node-1"]
+    env = node["environment"]
+    files = {env["WORKFLOW_ENGINE_NODE_TLS_CERT_FILE"], env["WORKFLOW_ENGINE_NODE_TLS_KEY_FILE"]}
+    assert files == {f"/run/secrets/{name}" for name in ("node-tls.crt", "node-tls.key")}
+    assert {"node-tls.crt", "node-tls.key"} <= set(node["secrets"]) <= set(compose["secrets"])
+    assert "https://localhost:8090/readyz" in " ".join(node["healthcheck"]["test"])
+    assert "WORKFLOW_ENGINE_NODE_ALLOW_PLAINTEXT_REMOTE" not in env
+    docs = list(yaml.safe_load_all((DEPLOY / "kubernetes" / "worker-node.yaml").read_text()))
+    pod = next(d for d in docs if d["kind"] == "StatefulSet")["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    secrets = {v["name"]: v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+    for key in ("TLS_CERT_FILE", "TLS_KEY_FILE"):
+        assert env[f"WORKFLOW_ENGINE_NODE_{key}"].rsplit("/", 1)[0] == mounts["tls"]
+    assert secrets == {"tls": "worker-node-tls"}
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"]["scheme"] == "HTTPS"
+    assert "WORKFLOW_ENGINE_NODE_ALLOW_PLAINTEXT_REMOTE" not in env
+
+
 def test_containers_are_built_once_reap_restart_and_say_when_they_are_healthy() -> None:
     services = yaml.safe_load((DEPLOY / "compose.yaml").read_text())["services"]
     ours = ("engine-1", "engine-2", "worker-node-1")
@@ -113,7 +137,7 @@ def test_containers_are_built_once_reap_restart_and_say_when_they_are_healthy() 
 
 
 def test_kubernetes_pods_get_no_api_token_a_read_only_root_and_disruption_budgets() -> None:
-    for manifest, protocol in (("workflow-engine.yaml", "grpc"), ("worker-node.yaml", "http")):
+    for manifest, protocol in (("workflow-engine.yaml", "grpc"), ("worker-node.yaml", "https")):
         docs = list(yaml.safe_load_all((DEPLOY / "kubernetes" / manifest).read_text()))
         kinds = {d["kind"]: d for d in docs}
         pod = next(d for d in docs if d["kind"] in ("Deployment", "StatefulSet"))["spec"]

@@ -19,9 +19,8 @@ second run. Hence:
 
 An ``https://`` node's certificate must chain to the default CAs, or to those of
 ``WORKFLOW_ENGINE_NODES_CA_FILE`` (`client_tls`), and name the URL's host, before its token is
-sent; an ``http://`` node
-beyond loopback is refused where the nodes are read (`nodes_file.plaintext_refusal`) unless
-``WORKFLOW_ENGINE_NODES_ALLOW_PLAINTEXT_REMOTE`` is set.
+sent; an ``http://`` node beyond loopback is refused where the nodes are read
+(`nodes_file.plaintext_refusal`) unless ``WORKFLOW_ENGINE_NODES_ALLOW_PLAINTEXT_REMOTE`` is set.
 
 The nodes come from a nodes file (read once, at start-up) or from a source that is refreshed
 (`refresh`, every ``WORKFLOW_ENGINE_NODES_REFRESH_SECONDS``: the orchestrator's nodes table,

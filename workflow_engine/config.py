@@ -330,8 +330,13 @@ class Settings:
     #: Local sandbox: default and maximum job time, and how much output a result keeps.
     job: JobSettings = field(default_factory=JobSettings)
     #: Jobs running at once in this process, across all workflows (each workflow is also bounded
-    #: by its task's max_parallel_steps).
+    #: by its task's max_parallel_steps). While jobs wait for one, a slot that frees goes to the
+    #: tenant (the task's project) with the fewest running (`capabilities.fair_slots`).
     max_running_jobs: int = 64
+    #: One tenant's jobs running at once in this process, at most, even while slots are free;
+    #: 0: no cap beyond `max_running_jobs` (fair sharing already keeps a tenant's flood from
+    #: delaying another's next job by more than one slot, and a cap idles slots).
+    max_running_jobs_per_tenant: int = 0
     #: Characters of earlier steps' output handed to each dispatch as context, at most.
     context_budget_chars: int = 8000
     #: Automatic recovery: adopt RUNNING workflows whose lease was released or expired, every
@@ -407,6 +412,7 @@ class Settings:
             raise ValueError(f"{ENV_PREFIX}READINESS_INTERVAL_SECONDS: expected 0 < seconds <= 300")
         if not 1 <= self.processes <= MAX_PROCESSES:
             raise ValueError(f"{ENV_PREFIX}PROCESSES: expected 1 to {MAX_PROCESSES}")
+        self._check_limits()
         if self.task_source == "mcp" and not self.mcp.url:
             raise ValueError(f"{ENV_PREFIX}MCP_URL: required when {ENV_PREFIX}TASK_SOURCE is mcp")
         if not 0 < self.mcp.timeout_seconds <= 300:
@@ -423,6 +429,13 @@ class Settings:
             raise ValueError(
                 f"{ENV_PREFIX}VERIFIER_COMMAND: required when {ENV_PREFIX}VERIFIER is job"
             )
+
+    def _check_limits(self) -> None:
+        if not 1 <= self.max_running_jobs <= MAX_LIMIT:
+            raise ValueError(f"{ENV_PREFIX}MAX_RUNNING_JOBS: expected 1 to {MAX_LIMIT}")
+        for name in ("max_running_jobs_per_tenant",):
+            if not 0 <= getattr(self, name) <= MAX_LIMIT:
+                raise ValueError(f"{ENV_PREFIX}{name.upper()}: expected 0 (no cap) to {MAX_LIMIT}")
 
     def _check_tls(self) -> None:
         if bool(self.tls_cert_file) != bool(self.tls_key_file):

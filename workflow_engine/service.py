@@ -172,6 +172,7 @@ class WorkflowService:
                 ttl_seconds=ttl,
                 status=WorkflowStatus.RUNNING,
                 initial_input=state,
+                tenant=task.metadata.project_id,
             )
         return outcome
 
@@ -402,6 +403,7 @@ class WorkflowService:
             status=record.status,
             # Without a checkpoint the run died before its first node: start from the input.
             initial_input=None if record.has_checkpoint else record.state,  # type: ignore[arg-type]
+            tenant=record.project_id,
             changes=changes,
         )
 

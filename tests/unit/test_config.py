@@ -305,3 +305,23 @@ def test_job_directories_are_kept_a_week_unless_told_otherwise() -> None:
         for bad in ("-1", "nan", "inf"):
             with pytest.raises(ValueError, match=rf"^WORKFLOW_ENGINE_{name}: expected 0 \(keep\)"):
                 settings_from_env({f"WORKFLOW_ENGINE_{name}": bad})
+
+
+def test_a_tenants_running_jobs_cap_is_a_setting_with_none_by_default() -> None:
+    default = settings_from_env({})
+    assert (default.max_running_jobs, default.max_running_jobs_per_tenant) == (64, 0)
+    s = settings_from_env({"WORKFLOW_ENGINE_MAX_RUNNING_JOBS_PER_TENANT": "8"})
+    assert s.max_running_jobs_per_tenant == 8
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("WORKFLOW_ENGINE_MAX_RUNNING_JOBS", "0"),
+        ("WORKFLOW_ENGINE_MAX_RUNNING_JOBS_PER_TENANT", "-1"),
+        ("WORKFLOW_ENGINE_MAX_RUNNING_JOBS_PER_TENANT", str(2**31)),
+    ],
+)
+def test_a_limit_out_of_range_names_its_variable(variable: str, value: str) -> None:
+    with pytest.raises(ValueError, match=f"^{variable}: expected"):
+        settings_from_env({variable: value})

@@ -262,7 +262,11 @@ def build_capabilities(settings: Settings, lent: Lent) -> Capabilities:
     if uses_model and lent.model is None:
         lent = replace(lent, model=ModelClient(settings.llm))
     worker = _build(WORKERS, "worker", settings, lent)
-    jobs = JobTracker(worker, max_running=settings.max_running_jobs)
+    jobs = JobTracker(
+        worker,
+        max_running=settings.max_running_jobs,
+        max_running_per_tenant=settings.max_running_jobs_per_tenant,
+    )
     lent = replace(lent, worker=worker, jobs=jobs)
     return Capabilities(
         task_source=_build(TASK_SOURCES, "task_source", settings, lent),

@@ -12,8 +12,11 @@ cancelled or taken over. `cancel` stops a workflow's jobs (the worker kills them
 only stops waiting for them (a run that stops for a restart leaves its jobs running, to be
 re-attached by whoever resumes it).
 
-A per-process semaphore bounds how many jobs run at once across all workflows; a job waiting for
-a slot is dispatched (recorded in the checkpoint) but not yet started.
+A per-process number of slots bounds how many jobs run at once across all workflows, shared
+fairly among tenants (`fair_slots`: the next free slot goes to the waiting tenant with the
+fewest running); a job waiting for a slot is dispatched (recorded in the checkpoint) but not
+yet started. Its tenant is its workflow's project, as `tenant_of` (set by the run manager)
+tells.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 import structlog
 
 from workflow_engine.capabilities.base import Worker
+from workflow_engine.capabilities.fair_slots import FairSlots
 from workflow_engine.domain.jobs import JobRequest, JobResult
 from workflow_engine.domain.task import LOADER_PROBLEM, loader_variables
 from workflow_engine.errors import InvalidArgument
@@ -41,16 +45,25 @@ async def _admit_all(job: JobRequest) -> None:
     """No run manager to ask (tests driving the graph without one): every job may start."""
 
 
+def _one_tenant(task_id: str) -> str:
+    """No run manager to ask: every workflow's jobs are one tenant's."""
+    return ""
+
+
 class JobTracker:
     """The jobs of this process, by job id; see the module docstring."""
 
-    def __init__(self, worker: Worker, *, max_running: int) -> None:
+    def __init__(
+        self, worker: Worker, *, max_running: int, max_running_per_tenant: int = 0
+    ) -> None:
         self._worker = worker
-        self._slots = asyncio.Semaphore(max_running)
+        self.slots = FairSlots(max_running, per_tenant=max_running_per_tenant)
         self._tasks: dict[str, asyncio.Task[JobResult]] = {}
         # Every job this process waits on, by its workflow's task id (job id -> target, job).
         self._by_workflow: dict[str, dict[str, tuple[str, JobRequest]]] = {}
         self.admit: Admission = _admit_all
+        #: The tenant (project) of a workflow's jobs, by its task id.
+        self.tenant_of: Callable[[str], str] = _one_tenant
 
     async def wait_any(
         self, jobs: Sequence[tuple[str, JobRequest]]
@@ -122,7 +135,7 @@ class JobTracker:
         if refused := loader_variables(job.sandbox.env):
             # Dispatched by an earlier version, which did not refuse them: never started.
             raise InvalidArgument(f"sandbox.env[{refused[0]}]", LOADER_PROBLEM)
-        async with self._slots:
+        async with self.slots.slot(self.tenant_of(job.task_id)):
             await self.admit(job)
             with tracing.span(
                 f"job {job.step_id}",

@@ -11,6 +11,9 @@ confirming, under the run's fence, that the run holds the lease, so a workflow c
 taken over elsewhere starts no job here. The confirmation is the run's own checkpoint write
 when one just committed (a dispatch is written right before its job starts), otherwise a
 check made for the job. A cancel in any replica stops the run at once (`cancel`) either way.
+
+Each run is its tenant's (its task's project): the job tracker asks whose a job is
+(`tenant_of`) to share its slots fairly.
 """
 
 from __future__ import annotations
@@ -65,7 +68,10 @@ class RunManager:
         self._accepting = True
         # Task id -> when (monotonic) the database last confirmed its run's fence.
         self._confirmed: dict[str, float] = {}
+        # Task id -> its tenant (project), while it runs here.
+        self._tenants: dict[str, str] = {}
         jobs.admit = self.admit
+        jobs.tenant_of = self.tenant_of
 
     def __len__(self) -> int:
         return len(self._runs)
@@ -76,6 +82,15 @@ class RunManager:
     def get(self, task_id: str) -> Run | None:
         entry = self._runs.get(task_id)
         return entry[0] if entry else None
+
+    @property
+    def jobs(self) -> JobTracker:
+        """The runs' job tracker (its slots show who runs and waits)."""
+        return self._jobs
+
+    def tenant_of(self, task_id: str) -> str:
+        """The tenant (project) of the workflow `task_id` runs here ('' when none runs)."""
+        return self._tenants.get(task_id, "")
 
     @property
     def faults(self) -> FaultPlan | None:
@@ -92,9 +107,11 @@ class RunManager:
         ttl_seconds: float,
         status: str,
         initial_input: WorkflowState | None,
+        tenant: str,
         changes: Sequence[Change] = (),
     ) -> Run:
-        """Start driving a workflow whose lease `fence` holds, applying `changes` first."""
+        """Start driving a workflow of `tenant` whose lease `fence` holds, applying `changes`
+        first."""
         if self.get(fence.task_id) is not None:
             raise RuntimeError(f"task {fence.task_id} already has a run in this process")
         run = Run(
@@ -110,6 +127,7 @@ class RunManager:
         )
         task = asyncio.create_task(self._execute(run), name=f"run-{fence.task_id}")
         self._runs[fence.task_id] = (run, task)
+        self._tenants[fence.task_id] = tenant
         METRICS.lease("acquired")
         log.info("run_launched", task_id=fence.task_id, run_id=fence.run_id, epoch=fence.epoch)
         return run
@@ -123,6 +141,7 @@ class RunManager:
             if entry is not None and entry[0] is run:
                 del self._runs[task_id]
                 self._confirmed.pop(task_id, None)
+                del self._tenants[task_id]
             if run.status not in TERMINAL_STATUSES:
                 self._jobs.forget(task_id)  # their results are for whoever resumes it
         if run.status in TERMINAL_STATUSES:

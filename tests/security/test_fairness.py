@@ -1,0 +1,165 @@
+"""One tenant cannot take every slot (issue 48, finding 12).
+
+The attacker is a tenant (a caller scoped to project-a) that floods the engine with long
+jobs. Its jobs may take every free slot, but a slot that frees while another tenant's job
+waits goes to that job: project-b's next job waits for one slot at most. A per-tenant cap
+(a setting) keeps its jobs from even the free slots.
+
+The jobs are real processes under the local sandbox, each held by a gate file the test
+creates; each writes its name to a shared file when it starts, and the test compares orders
+of starts, not times.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import asynccontextmanager
+from dataclasses import replace
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from tests.conftest import RunningEngine, start_engine, stop_engine
+from tests.helpers import (
+    new_task_id,
+    shell_step,
+    wait_for_status,
+)
+from tests.security.conftest import as_caller, tenant_task
+from workflow_engine.config import Settings
+from workflow_engine.v1 import workflow_engine_pb2 as pb
+
+
+@asynccontextmanager
+async def serving(secured: Settings, **overrides: Any) -> AsyncIterator[RunningEngine]:
+    """The `served` engine with `overrides` to its settings."""
+    running = await start_engine(replace(secured, **overrides))
+    try:
+        yield running
+    finally:
+        await stop_engine(running)
+
+
+async def until(condition: Callable[[], bool], what: str, timeout: float = 60) -> None:
+    """Wait until `condition()` holds (checked every 20 ms), or fail naming `what`."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"still not: {what}")
+        await asyncio.sleep(0.02)
+
+
+class Gates:
+    """Jobs that say when they start (a line in `starts`) and run until their gate opens."""
+
+    def __init__(self, where: Path) -> None:
+        self.where = where
+        self.starts = where / "starts"
+        self.starts.touch()
+        self.starts.chmod(0o666)  # each task's jobs run as a user of its own (as root)
+
+    def held(self, name: str) -> pb.Step:
+        """A job that writes `name` as it starts, then runs until `open_(name)`."""
+        gate = self.where / f"gate-{name}"
+        return shell_step(
+            "work", f"echo {name} >> {self.starts}; while [ ! -e {gate} ]; do sleep 0.05; done"
+        )
+
+    def quick(self, name: str) -> pb.Step:
+        return shell_step("work", f"echo {name} >> {self.starts}")
+
+    def started(self) -> list[str]:
+        return self.starts.read_text().split()
+
+    def more_than(self, count: int) -> bool:
+        return len(self.started()) > count
+
+    def opened(self, name: str) -> bool:
+        return (self.where / f"gate-{name}").exists()
+
+    def open_(self, names: Iterable[str]) -> None:
+        for name in names:
+            (self.where / f"gate-{name}").touch()
+
+
+async def start(
+    served: RunningEngine, caller: str, spec: pb.TaskSpec, task_id: str | None = None
+) -> str:
+    task_id = task_id or new_task_id()
+    await served.stub.StartWorkflow(
+        pb.StartWorkflowRequest(task_id=task_id, task=spec), metadata=as_caller(caller)
+    )
+    return task_id
+
+
+async def test_a_flood_of_jobs_delays_another_tenants_next_job_by_one_slot_at_most(
+    secured: Settings, tmp_path: Path
+) -> None:
+    """Two slots. Project-a starts six long jobs: two run, four wait. Project-b's one job
+    then waits too; the first slot to free is its, before a's other four."""
+    gates = Gates(tmp_path)
+    flood = [f"a{i}" for i in range(6)]
+    async with serving(secured, max_running_jobs=2) as served:
+        slots = served.engine.runs.jobs.slots
+        try:
+            a_ids = [
+                await start(served, "a-orchestrator", tenant_task("project-a", gates.held(name)))
+                for name in flood
+            ]
+            await until(
+                lambda: (slots.running("project-a"), slots.waiting("project-a")) == (2, 4),
+                "two of a's jobs run and four wait",
+            )
+            b_id = await start(served, "b-orchestrator", tenant_task("project-b", gates.quick("b")))
+            await until(lambda: slots.waiting("project-b") == 1, "b's job waits for a slot")
+
+            # Free one slot at a time (the oldest running job of a's) until b's job started.
+            for _ in flood:
+                seen = gates.started()
+                if "b" in seen:
+                    break
+                gates.open_([next(name for name in seen if not gates.opened(name))])
+                await until(partial(gates.more_than, len(seen)), "a freed slot is taken")
+            started = gates.started()
+            assert started.index("b") == 2, f"b's job started after {started[: started.index('b')]}"
+            b = await wait_for_status(served.stub, b_id, metadata=as_caller("b-orchestrator"))
+            assert b.status == pb.SUCCEEDED
+        finally:
+            gates.open_(flood)
+        for task_id in a_ids:
+            a = await wait_for_status(served.stub, task_id, metadata=as_caller("a-orchestrator"))
+            assert a.status == pb.SUCCEEDED
+        assert sorted(gates.started()) == sorted([*flood, "b"])
+
+
+async def test_a_tenant_at_its_running_jobs_cap_waits_while_slots_are_free(
+    secured: Settings, tmp_path: Path
+) -> None:
+    """Three slots, one job per tenant. Project-a's second job waits although two slots are
+    free; project-b's job starts and ends meanwhile; a's second starts when its first ends."""
+    gates = Gates(tmp_path)
+    async with serving(secured, max_running_jobs=3, max_running_jobs_per_tenant=1) as served:
+        slots = served.engine.runs.jobs.slots
+        try:
+            a_ids = [
+                await start(served, "a-orchestrator", tenant_task("project-a", gates.held(name)))
+                for name in ("a0", "a1")
+            ]
+            await until(
+                lambda: (slots.running("project-a"), slots.waiting("project-a")) == (1, 1),
+                "one of a's jobs runs and one waits",
+            )
+            b_id = await start(served, "b-orchestrator", tenant_task("project-b", gates.quick("b")))
+            b = await wait_for_status(served.stub, b_id, metadata=as_caller("b-orchestrator"))
+            assert b.status == pb.SUCCEEDED
+            first, *others = gates.started()
+            assert others == ["b"]  # a's second still waits
+            gates.open_([first])
+            await until(partial(gates.more_than, 2), "a's second job started")
+        finally:
+            gates.open_(["a0", "a1"])
+        for task_id in a_ids:
+            a = await wait_for_status(served.stub, task_id, metadata=as_caller("a-orchestrator"))
+            assert a.status == pb.SUCCEEDED

@@ -186,7 +186,12 @@ class Engine:
         jobs = caps.jobs or JobTracker(caps.worker, max_running=caps.max_running_jobs)
         graph = build_graph(caps, jobs=jobs)
         runs = RunManager(
-            graph=graph, checkpoints=checkpoints, store=store, jobs=jobs, faults=faults
+            graph=graph,
+            checkpoints=checkpoints,
+            store=store,
+            jobs=jobs,
+            faults=faults,
+            max_runs_per_tenant=settings.max_running_workflows_per_tenant,
         )
         events = EventHub(settings.listen_url(url), on_control=runs.cancel)
         checkpoints.observe(events)

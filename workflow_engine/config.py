@@ -337,6 +337,11 @@ class Settings:
     #: 0: no cap beyond `max_running_jobs` (fair sharing already keeps a tenant's flood from
     #: delaying another's next job by more than one slot, and a cap idles slots).
     max_running_jobs_per_tenant: int = 0
+    #: One tenant's workflows running in this process at once, at most: a StartWorkflow or a
+    #: ResumeWorkflow (or an override) that would run one more is RESOURCE_EXHAUSTED, nothing
+    #: stored (automatic recovery adopts regardless). 0: no cap (one tenant may have the
+    #: 10,000 in flight `benchmarks/inflight.py` measures).
+    max_running_workflows_per_tenant: int = 0
     #: Characters of earlier steps' output handed to each dispatch as context, at most.
     context_budget_chars: int = 8000
     #: Automatic recovery: adopt RUNNING workflows whose lease was released or expired, every
@@ -433,7 +438,10 @@ class Settings:
     def _check_limits(self) -> None:
         if not 1 <= self.max_running_jobs <= MAX_LIMIT:
             raise ValueError(f"{ENV_PREFIX}MAX_RUNNING_JOBS: expected 1 to {MAX_LIMIT}")
-        for name in ("max_running_jobs_per_tenant",):
+        for name in (
+            "max_running_jobs_per_tenant",
+            "max_running_workflows_per_tenant",
+        ):
             if not 0 <= getattr(self, name) <= MAX_LIMIT:
                 raise ValueError(f"{ENV_PREFIX}{name.upper()}: expected 0 (no cap) to {MAX_LIMIT}")
 

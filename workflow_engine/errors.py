@@ -116,6 +116,15 @@ class InvalidState(WorkflowEngineError):
     """The request is well formed but the workflow is not in a state that allows it."""
 
 
+class ResourceExhausted(WorkflowEngineError):
+    """A caller or tenant holds as much of something as a setting allows (running workflows,
+    open watches); `setting` names that setting's variable. Nothing was stored: retry later."""
+
+    def __init__(self, setting: str, problem: str) -> None:
+        super().__init__(f"{setting}: {problem}")
+        self.setting = setting
+
+
 class ShuttingDown(WorkflowEngineError):
     """This replica is draining and takes no new work; another replica should."""
 

@@ -143,21 +143,23 @@ class WorkflowService:
         self._check_accepting()
         holder = holder_id or self._settings.holder_id
         state = initial_state(task_id)
-        try:
-            outcome = await self._store.create(
-                task_id=task_id,
-                holder_id=holder,
-                idempotency_key=idempotency_key,
-                ttl_seconds=ttl,
-                spec=task.to_json(),
-                initial_state=dict(state),
-            )
-        except (WorkflowExists, LeaseHeld):
-            await self._taken_in_scope(task_id, scope)
-            raise
-        if outcome.status != "STARTED":
-            await self._taken_in_scope(task_id, scope)
-        if outcome.status == "STARTED":
+        tenant = task.metadata.project_id
+        with self._runs.room_for(tenant):
+            try:
+                outcome = await self._store.create(
+                    task_id=task_id,
+                    holder_id=holder,
+                    idempotency_key=idempotency_key,
+                    ttl_seconds=ttl,
+                    spec=task.to_json(),
+                    initial_state=dict(state),
+                )
+            except (WorkflowExists, LeaseHeld):
+                await self._taken_in_scope(task_id, scope)
+                raise
+            if outcome.status != "STARTED":
+                await self._taken_in_scope(task_id, scope)
+                return outcome
             assert outcome.lease is not None  # a started workflow holds the lease it took
             assert outcome.started_at is not None
             first = WorkflowEventRecord(
@@ -172,7 +174,7 @@ class WorkflowService:
                 ttl_seconds=ttl,
                 status=WorkflowStatus.RUNNING,
                 initial_input=state,
-                tenant=task.metadata.project_id,
+                tenant=tenant,
             )
         return outcome
 
@@ -240,19 +242,20 @@ class WorkflowService:
         _refuse_blocked(record)
         changes = _resume_changes(record, decision, budget, actor or holder)
         if changes:
-            applied = await self._apply(task_id, holder, ttl, changes)
+            applied = await self._apply(record, holder, ttl, changes)
             return ResumeOutcome(applied.record, applied.lease, True, applied.status)
         run = await self._settled_run(task_id)
         if run is not None:  # already running here: nothing to do, and nothing dropped
             return ResumeOutcome(record, None, False, record.status)
         self._check_accepting()
-        claim = await self._store.claim_for_resume(
-            task_id=task_id, holder_id=holder, ttl_seconds=ttl
-        )
-        if claim.lease is None:
-            _refuse_blocked(claim.record)  # changed outside the engine since the read above
-            return ResumeOutcome(claim.record, None, False, claim.record.status)
-        self._launch_resumed(claim.record, holder, claim.lease, ttl)
+        with self._runs.room_for(record.project_id):
+            claim = await self._store.claim_for_resume(
+                task_id=task_id, holder_id=holder, ttl_seconds=ttl
+            )
+            if claim.lease is None:
+                _refuse_blocked(claim.record)  # changed outside the engine since the read above
+                return ResumeOutcome(claim.record, None, False, claim.record.status)
+            self._launch_resumed(claim.record, holder, claim.lease, ttl)
         return ResumeOutcome(claim.record, claim.lease, True, claim.record.status)
 
     async def update(self, task_id: str, override: Override, scope: Scope | None = None) -> Applied:
@@ -285,7 +288,7 @@ class WorkflowService:
         changes = [override.change]
         commands.apply_all(changes, _state_of(record))  # refuse early; applied below
         return await self._apply(
-            task_id, self._settings.holder_id, float(self._settings.lease_ttl_seconds), changes
+            record, self._settings.holder_id, float(self._settings.lease_ttl_seconds), changes
         )
 
     async def _accept_outside_state(self, record: WorkflowRecord, override: Override) -> Applied:
@@ -299,29 +302,32 @@ class WorkflowService:
         self._check_accepting()
         holder = self._settings.holder_id
         ttl = float(self._settings.lease_ttl_seconds)
-        claim = await self._store.restart_from(
-            task_id=record.task_id,
-            holder_id=holder,
-            ttl_seconds=ttl,
-            state=lambda outside: dict(accepted_state(record.task_id, outside)),
-            actor=override.actor,
-            detail="accepted the state written outside the engine; re-planning"
-            + (f": {override.reason}" if override.reason else ""),
-        )
-        assert claim.lease is not None
-        self._launch_resumed(claim.record, holder, claim.lease, ttl)
+        with self._runs.room_for(record.project_id):
+            claim = await self._store.restart_from(
+                task_id=record.task_id,
+                holder_id=holder,
+                ttl_seconds=ttl,
+                state=lambda outside: dict(accepted_state(record.task_id, outside)),
+                actor=override.actor,
+                detail="accepted the state written outside the engine; re-planning"
+                + (f": {override.reason}" if override.reason else ""),
+            )
+            assert claim.lease is not None
+            self._launch_resumed(claim.record, holder, claim.lease, ttl)
         return Applied(claim.record, claim.lease, claim.record.status)
 
     async def _apply(
-        self, task_id: str, holder: str, ttl: float, changes: Sequence[Change]
+        self, record: WorkflowRecord, holder: str, ttl: float, changes: Sequence[Change]
     ) -> Applied:
         """Make `changes` durable through whichever run holds the workflow's lease.
 
         A live run here takes them at once. A closing run (it wrote its last checkpoint, which
         released the lease, or it is stopping) is waited for, then the workflow is claimed and
-        a new run applies them first. Either way each change is computed from the state it is
-        applied to, so a concurrent decision makes this one refused, never applied twice.
+        a new run applies them first (if its tenant has room for one more). Either way each
+        change is computed from the state it is applied to, so a concurrent decision makes
+        this one refused, never applied twice.
         """
+        task_id = record.task_id
         for _ in range(3):
             run = await self._settled_run(task_id)
             if run is not None:
@@ -334,22 +340,23 @@ class WorkflowService:
                     continue
                 return await self._applied(task_id, None, state)
             self._check_accepting()
-            claim = await self._store.claim_for_resume(
-                task_id=task_id, holder_id=holder, ttl_seconds=ttl
-            )
-            if claim.lease is None:
-                _refuse_blocked(claim.record)
-                raise InvalidState(
-                    f"the workflow has ended ({claim.record.status}); nothing was changed"
+            with self._runs.room_for(record.project_id):
+                claim = await self._store.claim_for_resume(
+                    task_id=task_id, holder_id=holder, ttl_seconds=ttl
                 )
-            try:  # refused by the state as claimed (it may have moved on): change nothing
-                commands.apply_all(changes, _state_of(claim.record))
-            except Exception:
-                await self._store.release_lease(
-                    Fence(task_id, claim.record.run_id, holder, claim.lease.epoch)
-                )
-                raise
-            run = self._launch_resumed(claim.record, holder, claim.lease, ttl, changes)
+                if claim.lease is None:
+                    _refuse_blocked(claim.record)
+                    raise InvalidState(
+                        f"the workflow has ended ({claim.record.status}); nothing was changed"
+                    )
+                try:  # refused by the state as claimed (it may have moved on): change nothing
+                    commands.apply_all(changes, _state_of(claim.record))
+                except Exception:
+                    await self._store.release_lease(
+                        Fence(task_id, claim.record.run_id, holder, claim.lease.epoch)
+                    )
+                    raise
+                run = self._launch_resumed(claim.record, holder, claim.lease, ttl, changes)
             state = await run.pending()[0]
             return await self._applied(task_id, claim.lease, state)
         raise InvalidState("the workflow's run kept changing hands; nothing was changed, retry")

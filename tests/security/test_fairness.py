@@ -1,9 +1,11 @@
 """One tenant cannot take every slot (issue 48, finding 12).
 
-The attacker is a tenant (a caller scoped to project-a) that floods the engine with long
-jobs. Its jobs may take every free slot, but a slot that frees while another tenant's job
-waits goes to that job: project-b's next job waits for one slot at most. A per-tenant cap
-(a setting) keeps its jobs from even the free slots.
+The attacker is a tenant (a caller scoped to project-a) that floods the engine: many long
+jobs, many workflows. Its jobs may take every free slot, but a slot that frees while another
+tenant's job waits goes to that job: project-b's next job waits for one slot at most. A
+per-tenant cap (a setting) keeps its jobs from even the free slots. Its running workflows are
+capped by a setting too, and one more is refused with RESOURCE_EXHAUSTED naming the setting,
+with nothing stored.
 
 The jobs are real processes under the local sandbox, each held by a gate file the test
 creates; each writes its name to a shared file when it starts, and the test compares orders
@@ -21,10 +23,15 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import grpc
+import pytest
+
 from tests.conftest import RunningEngine, start_engine, stop_engine
 from tests.helpers import (
     new_task_id,
     shell_step,
+    snapshot,
+    step,
     wait_for_status,
 )
 from tests.security.conftest import as_caller, tenant_task
@@ -82,6 +89,14 @@ class Gates:
     def open_(self, names: Iterable[str]) -> None:
         for name in names:
             (self.where / f"gate-{name}").touch()
+
+
+async def stored_but(db_url: str, task_ids: Iterable[str]) -> dict[str, list[Any]]:
+    """Every row of the engine's tables (`snapshot`) but those of `task_ids`."""
+    return {
+        table: [row for row in rows if not any(task_id in str(row) for task_id in task_ids)]
+        for table, rows in (await snapshot(db_url)).items()
+    }
 
 
 async def start(
@@ -163,3 +178,64 @@ async def test_a_tenant_at_its_running_jobs_cap_waits_while_slots_are_free(
         for task_id in a_ids:
             a = await wait_for_status(served.stub, task_id, metadata=as_caller("a-orchestrator"))
             assert a.status == pb.SUCCEEDED
+
+
+async def test_a_tenant_at_its_running_workflows_cap_is_refused_and_nothing_is_stored(
+    secured: Settings, db_url: str, tmp_path: Path
+) -> None:
+    """Cap 2. Project-a runs two workflows: a third start, and the approval that would run a
+    paused one, are RESOURCE_EXHAUSTED naming the setting, and store nothing; project-b
+    starts as before. Once one of a's ends, the start is taken; once that one ends, the
+    approval."""
+    gates = Gates(tmp_path)
+    setting = "WORKFLOW_ENGINE_MAX_RUNNING_WORKFLOWS_PER_TENANT"
+    async with serving(secured, max_running_workflows_per_tenant=2) as served:
+        orchestrator = as_caller("a-orchestrator")
+        paused = await start(
+            served,
+            "a-orchestrator",
+            tenant_task("project-a", step("gate", "true", requires_approval=True)),
+        )
+        await wait_for_status(served.stub, paused, {pb.WAITING_FOR_APPROVAL}, metadata=orchestrator)
+        assert await served.engine.runs.wait(paused, 30)  # its run ended: it runs no more
+        running = [
+            await start(served, "a-orchestrator", tenant_task("project-a", gates.held(name)))
+            for name in ("a0", "a1")
+        ]
+        try:
+            # The two that run write on (checkpoints, lease renewals): everything else stays.
+            before = await stored_but(db_url, running)
+            refused_id, third = new_task_id(), tenant_task("project-a", gates.quick("a2"))
+            with pytest.raises(grpc.aio.AioRpcError) as start_refused:
+                await start(served, "a-orchestrator", third, refused_id)
+            approve = pb.ApprovalDecision(step_id="gate", verdict=pb.APPROVE)
+            with pytest.raises(grpc.aio.AioRpcError) as resume_refused:
+                await served.stub.ResumeWorkflow(
+                    pb.ResumeWorkflowRequest(task_id=paused, decision=approve),
+                    metadata=as_caller("a-operator"),
+                )
+            assert await stored_but(db_url, running) == before
+            assert refused_id not in str(before)
+            for refused in (start_refused.value, resume_refused.value):
+                assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                assert (refused.details() or "").startswith(f"{setting}: project 'project-a'")
+
+            b_id = await start(served, "b-orchestrator", tenant_task("project-b", gates.quick("b")))
+            b = await wait_for_status(served.stub, b_id, metadata=as_caller("b-orchestrator"))
+            assert b.status == pb.SUCCEEDED
+
+            gates.open_(["a0"])
+            await wait_for_status(served.stub, running[0], metadata=orchestrator)
+            assert await served.engine.runs.wait(running[0], 30)
+            await start(served, "a-orchestrator", third, refused_id)
+            await wait_for_status(served.stub, refused_id, metadata=orchestrator)
+            assert await served.engine.runs.wait(refused_id, 30)
+            await served.stub.ResumeWorkflow(
+                pb.ResumeWorkflowRequest(task_id=paused, decision=approve),
+                metadata=as_caller("a-operator"),
+            )
+        finally:
+            gates.open_(["a0", "a1"])
+        for task_id in (*running, refused_id, paused):
+            ended = await wait_for_status(served.stub, task_id, metadata=orchestrator)
+            assert ended.status == pb.SUCCEEDED, task_id

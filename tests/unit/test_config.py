@@ -307,11 +307,17 @@ def test_job_directories_are_kept_a_week_unless_told_otherwise() -> None:
                 settings_from_env({f"WORKFLOW_ENGINE_{name}": bad})
 
 
-def test_a_tenants_running_jobs_cap_is_a_setting_with_none_by_default() -> None:
+def test_tenant_limits_are_settings_that_cap_nothing_by_default() -> None:
     default = settings_from_env({})
-    assert (default.max_running_jobs, default.max_running_jobs_per_tenant) == (64, 0)
-    s = settings_from_env({"WORKFLOW_ENGINE_MAX_RUNNING_JOBS_PER_TENANT": "8"})
-    assert s.max_running_jobs_per_tenant == 8
+    assert default.max_running_jobs == 64
+    assert (default.max_running_jobs_per_tenant, default.max_running_workflows_per_tenant) == (0, 0)
+    s = settings_from_env(
+        {
+            "WORKFLOW_ENGINE_MAX_RUNNING_JOBS_PER_TENANT": "8",
+            "WORKFLOW_ENGINE_MAX_RUNNING_WORKFLOWS_PER_TENANT": "100",
+        }
+    )
+    assert (s.max_running_jobs_per_tenant, s.max_running_workflows_per_tenant) == (8, 100)
 
 
 @pytest.mark.parametrize(
@@ -319,7 +325,8 @@ def test_a_tenants_running_jobs_cap_is_a_setting_with_none_by_default() -> None:
     [
         ("WORKFLOW_ENGINE_MAX_RUNNING_JOBS", "0"),
         ("WORKFLOW_ENGINE_MAX_RUNNING_JOBS_PER_TENANT", "-1"),
-        ("WORKFLOW_ENGINE_MAX_RUNNING_JOBS_PER_TENANT", str(2**31)),
+        ("WORKFLOW_ENGINE_MAX_RUNNING_WORKFLOWS_PER_TENANT", "-1"),
+        ("WORKFLOW_ENGINE_MAX_RUNNING_WORKFLOWS_PER_TENANT", str(2**31)),
     ],
 )
 def test_a_limit_out_of_range_names_its_variable(variable: str, value: str) -> None:

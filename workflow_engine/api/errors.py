@@ -18,6 +18,7 @@ from workflow_engine.errors import (
     LeaseHeld,
     LeaseLost,
     OutOfScope,
+    ResourceExhausted,
     RunControl,
     ShuttingDown,
     TaskNotFound,
@@ -44,6 +45,7 @@ _CODES: list[tuple[type[WorkflowEngineError | RunControl], grpc.StatusCode]] = [
     (LeaseLost, grpc.StatusCode.ABORTED),
     (InvalidState, grpc.StatusCode.FAILED_PRECONDITION),
     (ShuttingDown, grpc.StatusCode.UNAVAILABLE),
+    (ResourceExhausted, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (CheckpointCorrupt, grpc.StatusCode.DATA_LOSS),
 ]
 

@@ -13,19 +13,22 @@ when one just committed (a dispatch is written right before its job starts), oth
 check made for the job. A cancel in any replica stops the run at once (`cancel`) either way.
 
 Each run is its tenant's (its task's project): the job tracker asks whose a job is
-(`tenant_of`) to share its slots fairly.
+(`tenant_of`) to share its slots fairly, and `room_for` refuses a new run of a tenant that has
+`max_runs_per_tenant` running here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 
 import psycopg
 import structlog
 
 from workflow_engine.capabilities.jobs import JobTracker
+from workflow_engine.config import ENV_PREFIX
 from workflow_engine.domain.jobs import JobRequest
 from workflow_engine.domain.records import Fence, WorkflowEventRecord
 from workflow_engine.domain.status import TERMINAL_STATUSES, WorkflowStatus
@@ -34,6 +37,7 @@ from workflow_engine.faults import FaultPlan
 from workflow_engine.graph.builder import WorkflowGraph
 from workflow_engine.graph.commands import Change
 from workflow_engine.graph.state import WorkflowState
+from workflow_engine.runtime.quotas import Quota
 from workflow_engine.runtime.run import Run
 from workflow_engine.storage.checkpointer import RowCheckpointer
 from workflow_engine.storage.workflows import WorkflowStore
@@ -57,6 +61,7 @@ class RunManager:
         store: WorkflowStore,
         jobs: JobTracker,
         faults: FaultPlan | None = None,
+        max_runs_per_tenant: int = 0,
     ) -> None:
         self._graph = graph
         self._checkpoints = checkpoints
@@ -68,8 +73,14 @@ class RunManager:
         self._accepting = True
         # Task id -> when (monotonic) the database last confirmed its run's fence.
         self._confirmed: dict[str, float] = {}
-        # Task id -> its tenant (project), while it runs here.
+        # Task id -> its tenant (project), while it runs here; and each tenant's runs.
         self._tenants: dict[str, str] = {}
+        self._tenant_runs = Quota(
+            max_runs_per_tenant,
+            setting=f"{ENV_PREFIX}MAX_RUNNING_WORKFLOWS_PER_TENANT",
+            holder="project",
+            what="running workflows",
+        )
         jobs.admit = self.admit
         jobs.tenant_of = self.tenant_of
 
@@ -92,6 +103,13 @@ class RunManager:
         """The tenant (project) of the workflow `task_id` runs here ('' when none runs)."""
         return self._tenants.get(task_id, "")
 
+    @contextmanager
+    def room_for(self, tenant: str) -> Iterator[None]:
+        """Hold room for one more run of `tenant` while the block claims and launches it;
+        `ResourceExhausted` when the tenant has `max_runs_per_tenant` running (or starting)."""
+        with self._tenant_runs.holding(tenant):
+            yield
+
     @property
     def faults(self) -> FaultPlan | None:
         return self._faults
@@ -111,7 +129,7 @@ class RunManager:
         changes: Sequence[Change] = (),
     ) -> Run:
         """Start driving a workflow of `tenant` whose lease `fence` holds, applying `changes`
-        first."""
+        first. A start or resume checks `room_for` the tenant before it claims the lease."""
         if self.get(fence.task_id) is not None:
             raise RuntimeError(f"task {fence.task_id} already has a run in this process")
         run = Run(
@@ -128,6 +146,7 @@ class RunManager:
         task = asyncio.create_task(self._execute(run), name=f"run-{fence.task_id}")
         self._runs[fence.task_id] = (run, task)
         self._tenants[fence.task_id] = tenant
+        self._tenant_runs.add(tenant)
         METRICS.lease("acquired")
         log.info("run_launched", task_id=fence.task_id, run_id=fence.run_id, epoch=fence.epoch)
         return run
@@ -141,7 +160,7 @@ class RunManager:
             if entry is not None and entry[0] is run:
                 del self._runs[task_id]
                 self._confirmed.pop(task_id, None)
-                del self._tenants[task_id]
+                self._tenant_runs.give_back(self._tenants.pop(task_id))
             if run.status not in TERMINAL_STATUSES:
                 self._jobs.forget(task_id)  # their results are for whoever resumes it
         if run.status in TERMINAL_STATUSES:

@@ -342,6 +342,11 @@ class Settings:
     #: stored (automatic recovery adopts regardless). 0: no cap (one tenant may have the
     #: 10,000 in flight `benchmarks/inflight.py` measures).
     max_running_workflows_per_tenant: int = 0
+    #: WatchWorkflow streams one caller (its authenticated identity; without callers, everyone
+    #: together) may have open on this process at once; one more is RESOURCE_EXHAUSTED. Each
+    #: open watch reads the database every `watch_poll_seconds` while its workflow is quiet.
+    #: 0: no cap (an orchestrator may watch every workflow it runs).
+    max_watches_per_caller: int = 0
     #: Characters of earlier steps' output handed to each dispatch as context, at most.
     context_budget_chars: int = 8000
     #: Automatic recovery: adopt RUNNING workflows whose lease was released or expired, every
@@ -441,6 +446,7 @@ class Settings:
         for name in (
             "max_running_jobs_per_tenant",
             "max_running_workflows_per_tenant",
+            "max_watches_per_caller",
         ):
             if not 0 <= getattr(self, name) <= MAX_LIMIT:
                 raise ValueError(f"{ENV_PREFIX}{name.upper()}: expected 0 (no cap) to {MAX_LIMIT}")

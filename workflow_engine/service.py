@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from workflow_engine.capabilities.base import TaskSource
-from workflow_engine.config import Settings
+from workflow_engine.config import ENV_PREFIX, Settings
 from workflow_engine.domain.records import (
     Fence,
     Lease,
@@ -43,6 +43,7 @@ from workflow_engine.graph.nodes import jobs_in_flight
 from workflow_engine.graph.state import WorkflowState, accepted_state, initial_state
 from workflow_engine.runtime.events import EventHub
 from workflow_engine.runtime.manager import RunManager
+from workflow_engine.runtime.quotas import Quota
 from workflow_engine.runtime.run import Run, RunEnded
 from workflow_engine.secrets import SECRETS, state_secrets, step_secrets
 from workflow_engine.storage.queries import MAX_HISTORY_EVENTS
@@ -103,6 +104,12 @@ class WorkflowService:
         self._check_startable = check_startable
         # Where a StartWorkflow without a task loads it by id.
         self._task_source = task_source
+        self._watches = Quota(
+            settings.max_watches_per_caller,
+            setting=f"{ENV_PREFIX}MAX_WATCHES_PER_CALLER",
+            holder="caller",
+            what="open watches",
+        )
 
     def _ttl(self, requested: int) -> float:
         """The lease TTL a request asked for (checked by the API), or the configured one."""
@@ -464,44 +471,47 @@ class WorkflowService:
         from_sequence: int,
         scope: Scope | None = None,
         kinds: frozenset[str] | None = None,
+        caller: str = "",
     ) -> AsyncIterator[WorkflowEventRecord]:
         """Yield the task's events from `from_sequence` on, ending after a terminal status;
         with `kinds`, only events of those kinds and the terminal one.
 
         Events this process wrote come from its event feed; the table is read only for what
-        the feed does not hold (see `runtime.events`).
+        the feed does not hold (see `runtime.events`). A `caller` (the authenticated identity)
+        with `max_watches_per_caller` open here is refused before anything is read.
         """
         next_seq = max(from_sequence, 1)
-        await self._check_scope(task_id, scope)
-        with self._events.subscribe(task_id) as news:
-            record: WorkflowRecord | None = None
-            if not self._feed_holds_the_end(task_id, next_seq):
-                # NOT_FOUND before anything is streamed; and the table may be ahead of the feed.
-                record = await self._store.get(task_id)
-                SECRETS.add(state_secrets(record.state))  # it may run elsewhere
-                news.stale = True
-            while True:
-                news.woken.clear()  # before reading, so a wake-up during the read is not lost
-                batch = None if news.stale else self._events.recent(task_id, next_seq)
-                if batch is None:
-                    news.stale = False
-                    batch = await self._store.events(task_id, next_seq)
-                for event in batch:
-                    next_seq = event.seq + 1
-                    ends = event.kind == "status" and event.status in TERMINAL_STATUSES
-                    if ends or kinds is None or event.kind in kinds:
-                        yield event
-                    if ends:
-                        return
-                if batch:
-                    continue
-                if record is not None and record.terminal and next_seq > record.event_seq:
-                    return
-                try:
-                    await asyncio.wait_for(news.woken.wait(), self._watch_poll)
-                except TimeoutError:
+        with self._watches.holding(caller):
+            await self._check_scope(task_id, scope)
+            with self._events.subscribe(task_id) as news:
+                record: WorkflowRecord | None = None
+                if not self._feed_holds_the_end(task_id, next_seq):
+                    # NOT_FOUND before anything is streamed; the table may be ahead of the feed.
                     record = await self._store.get(task_id)
+                    SECRETS.add(state_secrets(record.state))  # it may run elsewhere
                     news.stale = True
+                while True:
+                    news.woken.clear()  # before reading: a wake-up during the read is kept
+                    batch = None if news.stale else self._events.recent(task_id, next_seq)
+                    if batch is None:
+                        news.stale = False
+                        batch = await self._store.events(task_id, next_seq)
+                    for event in batch:
+                        next_seq = event.seq + 1
+                        ends = event.kind == "status" and event.status in TERMINAL_STATUSES
+                        if ends or kinds is None or event.kind in kinds:
+                            yield event
+                        if ends:
+                            return
+                    if batch:
+                        continue
+                    if record is not None and record.terminal and next_seq > record.event_seq:
+                        return
+                    try:
+                        await asyncio.wait_for(news.woken.wait(), self._watch_poll)
+                    except TimeoutError:
+                        record = await self._store.get(task_id)
+                        news.stale = True
 
     def _feed_holds_the_end(self, task_id: str, from_seq: int) -> bool:
         """Whether this process's event feed may stand in for the table at a watch's start: it

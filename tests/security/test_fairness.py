@@ -1,11 +1,10 @@
 """One tenant cannot take every slot (issue 48, finding 12).
 
 The attacker is a tenant (a caller scoped to project-a) that floods the engine: many long
-jobs, many workflows. Its jobs may take every free slot, but a slot that frees while another
-tenant's job waits goes to that job: project-b's next job waits for one slot at most. A
-per-tenant cap (a setting) keeps its jobs from even the free slots. Its running workflows are
-capped by a setting too, and one more is refused with RESOURCE_EXHAUSTED naming the setting,
-with nothing stored.
+jobs, many workflows, many watch streams. Its jobs may take every free slot, but a slot that
+frees while another tenant's job waits goes to that job: project-b's next job waits for one
+slot at most. Its workflows and its watches are capped by settings, and one more is refused
+with RESOURCE_EXHAUSTED naming the setting, with nothing stored.
 
 The jobs are real processes under the local sandbox, each held by a gate file the test
 creates; each writes its name to a shared file when it starts, and the test compares orders
@@ -28,6 +27,7 @@ import pytest
 
 from tests.conftest import RunningEngine, start_engine, stop_engine
 from tests.helpers import (
+    TERMINAL,
     new_task_id,
     shell_step,
     snapshot,
@@ -239,3 +239,68 @@ async def test_a_tenant_at_its_running_workflows_cap_is_refused_and_nothing_is_s
         for task_id in (*running, refused_id, paused):
             ended = await wait_for_status(served.stub, task_id, metadata=orchestrator)
             assert ended.status == pb.SUCCEEDED, task_id
+
+
+async def test_a_caller_at_its_watch_cap_is_refused_until_one_of_its_watches_ends(
+    secured: Settings, tmp_path: Path
+) -> None:
+    """Cap 2. a-reader holds two watches: a third is RESOURCE_EXHAUSTED naming the setting,
+    while another caller of the same project watches on. A watch that ends (its workflow
+    ended) and one the caller drops each make room for one more."""
+    gates = Gates(tmp_path)
+    setting = "WORKFLOW_ENGINE_MAX_WATCHES_PER_CALLER"
+    reader = as_caller("a-reader")
+    async with serving(secured, max_watches_per_caller=2) as served:
+        ids = [
+            await start(served, "a-orchestrator", tenant_task("project-a", gates.held(name)))
+            for name in ("w0", "w1", "w2")
+        ]
+
+        def watch(task_id: str, metadata: list[tuple[str, str]] = reader) -> Any:
+            return served.stub.WatchWorkflow(
+                pb.WatchWorkflowRequest(task_id=task_id), metadata=metadata
+            )
+
+        async def refused(task_id: str) -> grpc.aio.AioRpcError:
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await watch(task_id).read()
+            return caught.value
+
+        try:
+            first, second = watch(ids[0]), watch(ids[1])
+            for call in (first, second):
+                assert (await call.read()).status == pb.RUNNING  # held, counted
+            third = await refused(ids[2])
+            assert third.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert (third.details() or "").startswith(f"{setting}: caller 'a-reader'")
+            other = watch(ids[2], as_caller("a-operator"))
+            assert (await other.read()).status == pb.RUNNING
+            other.cancel()
+
+            gates.open_(["w0"])  # first's workflow ends, and so does its stream
+            last = await first.read()
+            while (event := await first.read()) != grpc.aio.EOF:
+                last = event
+            assert last.status in TERMINAL
+            third_call = watch(ids[2])
+            assert (await third_call.read()).status == pb.RUNNING
+
+            assert (await refused(ids[0])).code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            second.cancel()  # dropped by the caller: the engine gives its place back
+            # The engine learns of the drop when the cancel reaches it: until then, refused.
+            deadline = time.monotonic() + 30
+            while True:
+                call = watch(ids[1])
+                try:
+                    assert (await call.read()).status == pb.RUNNING
+                    break
+                except grpc.aio.AioRpcError as exc:
+                    assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, exc
+                    assert time.monotonic() < deadline, "the dropped watch was never given back"
+                    await asyncio.sleep(0.05)
+            call.cancel()
+            third_call.cancel()
+        finally:
+            gates.open_(["w0", "w1", "w2"])
+        for task_id in ids:
+            await wait_for_status(served.stub, task_id, metadata=as_caller("a-orchestrator"))

@@ -310,14 +310,23 @@ def test_job_directories_are_kept_a_week_unless_told_otherwise() -> None:
 def test_tenant_limits_are_settings_that_cap_nothing_by_default() -> None:
     default = settings_from_env({})
     assert default.max_running_jobs == 64
-    assert (default.max_running_jobs_per_tenant, default.max_running_workflows_per_tenant) == (0, 0)
+    assert (
+        default.max_running_jobs_per_tenant,
+        default.max_running_workflows_per_tenant,
+        default.max_watches_per_caller,
+    ) == (0, 0, 0)
     s = settings_from_env(
         {
             "WORKFLOW_ENGINE_MAX_RUNNING_JOBS_PER_TENANT": "8",
             "WORKFLOW_ENGINE_MAX_RUNNING_WORKFLOWS_PER_TENANT": "100",
+            "WORKFLOW_ENGINE_MAX_WATCHES_PER_CALLER": "50",
         }
     )
-    assert (s.max_running_jobs_per_tenant, s.max_running_workflows_per_tenant) == (8, 100)
+    assert (
+        s.max_running_jobs_per_tenant,
+        s.max_running_workflows_per_tenant,
+        s.max_watches_per_caller,
+    ) == (8, 100, 50)
 
 
 @pytest.mark.parametrize(
@@ -326,7 +335,7 @@ def test_tenant_limits_are_settings_that_cap_nothing_by_default() -> None:
         ("WORKFLOW_ENGINE_MAX_RUNNING_JOBS", "0"),
         ("WORKFLOW_ENGINE_MAX_RUNNING_JOBS_PER_TENANT", "-1"),
         ("WORKFLOW_ENGINE_MAX_RUNNING_WORKFLOWS_PER_TENANT", "-1"),
-        ("WORKFLOW_ENGINE_MAX_RUNNING_WORKFLOWS_PER_TENANT", str(2**31)),
+        ("WORKFLOW_ENGINE_MAX_WATCHES_PER_CALLER", str(2**31)),
     ],
 )
 def test_a_limit_out_of_range_names_its_variable(variable: str, value: str) -> None:

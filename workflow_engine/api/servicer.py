@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import grpc
 
 from workflow_engine.api import convert, listing, requests
-from workflow_engine.api.auth import recorded_actor, scope
+from workflow_engine.api.auth import caller, recorded_actor, scope
 from workflow_engine.api.decoding import UndecodableRequest
 from workflow_engine.api.errors import status_for
 from workflow_engine.errors import RunControl
@@ -136,7 +136,14 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
                 raise request.error()
             task_id = requests.parse_task_id(request.task_id)
             kinds = requests.parse_event_kinds(request.kinds)
-            async for event in self._service.watch(task_id, request.from_sequence, scope(), kinds):
+            identity = caller()
+            async for event in self._service.watch(
+                task_id,
+                request.from_sequence,
+                scope(),
+                kinds,
+                caller=identity.name if identity is not None else "",
+            ):
                 yield convert.event_to_proto(task_id, event)
         except (Exception, RunControl) as exc:
             code, message = status_for(exc)

@@ -20,7 +20,7 @@ import pytest
 from google.protobuf import json_format
 
 from tests.conftest import RunningEngine, start_engine, stop_engine
-from tests.helpers import new_task_id, open_to_jobs, wait_for_status
+from tests.helpers import new_task_id, open_to_jobs, wait_for_status, write_secret
 from tests.model_server import API_KEY, MODEL, ModelServer
 from workflow_engine.config import LlmSettings, Settings
 from workflow_engine.v1 import workflow_engine_pb2 as pb
@@ -45,8 +45,7 @@ async def planned(
     """An engine whose planner is the scripted model, under `POLICY`."""
     policy = tmp_path / "policy.json"
     policy.write_text(json.dumps(POLICY))
-    key = tmp_path / "api-key"
-    key.write_text(API_KEY)
+    key = write_secret(tmp_path / "api-key", API_KEY)
     llm = LlmSettings(base_url=model.base_url, model=MODEL, api_key_file=str(key), retries=0)
     running = await start_engine(
         replace(

@@ -192,7 +192,9 @@ def test_the_model_key_and_node_token_files_others_may_read_are_refused(tmp_path
     token.chmod(0o604)
     nodes = tmp_path / "nodes.yaml"
     nodes.write_text(
-        yaml.safe_dump([{"name": "gpu-1", "url": "http://n:1", "token_file": "gpu-1.token"}])
+        yaml.safe_dump(
+            [{"name": "gpu-1", "url": "http://127.0.0.1:1", "token_file": "gpu-1.token"}]
+        )
     )
     with pytest.raises(NodesFileError, match=f"chmod 600 {token}") as refused:
         load_nodes_file(nodes, {})
@@ -208,10 +210,12 @@ async def test_make_secrets_writes_keys_and_tokens_for_their_owner_alone(
     assert make_secrets(out) == {
         "ca.key": 0o600,
         "tls.key": 0o600,
+        "node-tls.key": 0o600,
         "orchestrator.token": 0o600,
         "reader.token": 0o600,
         "ca.crt": 0o644,
         "tls.crt": 0o644,
+        "node-tls.crt": 0o644,
         "tokens.json": 0o644,  # the tokens' SHA-256 only
     }
     assert out.stat().st_mode & 0o777 == 0o700

@@ -86,11 +86,14 @@ async def reader_answers(served: RunningEngine, task_id: str) -> list[Message]:
     return [wf, listed, *await asyncio.wait_for(events(), 30)]
 
 
-async def set_plan(served: RunningEngine, task_id: str, plan: dict[str, Any]) -> pb.Workflow:
+async def set_plan(
+    served: RunningEngine, task_id: str, plan: dict[str, Any], who: str = "a-orchestrator"
+) -> pb.Workflow:
+    """A plan edit (the orchestrator's: an operator may not set the plan, `test_roles.py`)."""
     request = pb.UpdateWorkflowRequest(
         task_id=task_id, operator="mallory", set_state=struct({"plan": plan})
     )
-    answer = await served.stub.UpdateWorkflow(request, metadata=OPERATOR)
+    answer = await served.stub.UpdateWorkflow(request, metadata=as_caller(who))
     return answer  # type: ignore[no-any-return]
 
 
@@ -116,7 +119,7 @@ async def forget_kept_secrets(settings: Settings, task_id: str) -> None:
 
 
 @pytest.mark.parametrize("written_before", [False, True], ids=["kept", "row-from-before"])
-async def test_an_operators_plan_edit_neither_drops_a_secret_nor_unmasks_one(
+async def test_a_plan_edit_neither_drops_a_secret_nor_unmasks_one(
     served: RunningEngine, secured: Settings, written_before: bool
 ) -> None:
     used, dropped = f"used-{uuid.uuid4().hex}", f"dropped-{uuid.uuid4().hex}"
@@ -146,7 +149,10 @@ async def test_an_operators_plan_edit_neither_drops_a_secret_nor_unmasks_one(
     plan = json_format.MessageToDict(seen.state)["plan"]
     assert plan["steps"][0]["env"] == {"TOKEN": MASK}
 
-    # The plan as the operator sees it, without `use`'s secret_env, or with another value.
+    with pytest.raises(grpc.aio.AioRpcError) as not_theirs:
+        await set_plan(served, task_id, plan, who="a-operator")
+    assert not_theirs.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    # The plan as its editor sees it, without `use`'s secret_env, or with another value.
     unmarked = json.loads(json.dumps(plan))
     unmarked["steps"][0]["secret_env"] = []
     changed = json.loads(json.dumps(plan))

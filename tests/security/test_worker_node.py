@@ -42,7 +42,7 @@ from google.protobuf import json_format
 from tests.certificates import Authority
 from tests.conftest import start_engine, stop_engine
 from tests.e2e.node.bodies import new_id, run_body
-from tests.helpers import check, new_task_id, step, task, wait_for_status
+from tests.helpers import check, new_task_id, step, task, wait_for_status, write_secret
 from tests.node_process import NodeProcess
 from workflow_engine.capabilities.base import CapabilityConfigError
 from workflow_engine.config import NodesSettings, Settings
@@ -228,7 +228,7 @@ def test_a_node_told_the_network_is_trusted_serves_plaintext_and_logs_it(
 
 def nodes_file(tmp_path: Path, name: str, url: str, token: str) -> Path:
     """A nodes file of one node, its token in a file beside it."""
-    (tmp_path / f"{name}.token").write_text(token)
+    write_secret(tmp_path / f"{name}.token", token)
     path = tmp_path / "nodes.json"
     entry = {"name": name, "url": url, "token_file": f"{name}.token", "labels": [name]}
     path.write_text(json.dumps([entry]))

@@ -92,9 +92,11 @@ pgbouncer:
 chaos: install
 	CHAOS_SCALE=full $(BIN)/pytest tests/chaos -v -p no:cacheprovider
 
-# Durability's cost side by side with the peers (table, JSON, bench-results/throughput.png),
-# then what one workflow costs in statements and commits (exact, from the server log).
+# What one local `true` job costs through the default worker (CPU of the engine and of the job's
+# processes), durability's cost side by side with the peers (table, JSON,
+# bench-results/throughput.png), then what one workflow costs in statements and commits.
 bench: install pgbouncer
+	$(BIN)/python benchmarks/job_cost.py
 	$(BIN)/python benchmarks/compare.py
 	$(BIN)/python benchmarks/grpc_floor.py
 	$(BIN)/python benchmarks/node_cost.py

@@ -138,6 +138,25 @@ async def test_no_process_of_a_job_outlives_it(served: RunningEngine, ended_by: 
     assert job_pids(sleeper) == [], "a process of the job outlived it"
 
 
+async def test_a_tasks_jobs_share_a_tmp_no_other_task_sees(served: RunningEngine) -> None:
+    mark = uuid.uuid4().hex
+    mine, other = str(uuid.uuid4()), str(uuid.uuid4())
+    spec = tenant_task(
+        "project-a",
+        shell_step("write", f"echo {mark} > /tmp/mark; echo {mark} > /dev/shm/mark"),
+        shell_step("read", "cat /tmp/mark /dev/shm/mark"),
+    )
+    await served.stub.StartWorkflow(
+        pb.StartWorkflowRequest(task_id=mine, task=spec), metadata=as_caller("a-orchestrator")
+    )
+    assert (await stdout_of(served, mine, "a-orchestrator"))["read"] == f"{mark}\n{mark}\n"
+    look = tenant_task("project-b", shell_step("look", "ls -A /tmp /dev/shm; cat /tmp/mark; true"))
+    await served.stub.StartWorkflow(
+        pb.StartWorkflowRequest(task_id=other, task=look), metadata=as_caller("b-orchestrator")
+    )
+    assert mark not in (await stdout_of(served, other, "b-orchestrator"))["look"]
+
+
 @pytest.fixture
 def host_sockets(tmp_path: Path) -> Iterator[list[str]]:
     """Unix sockets anyone may connect to, as a host's services leave them: in /run, /tmp and

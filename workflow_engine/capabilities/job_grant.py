@@ -11,8 +11,8 @@ A local job (the embedded sandbox's, or a `worker-node`'s) runs with only what i
   (exit status, claim) are out of the command's reach. Not root: the job runs as the
   engine's user.
 - **Its own processes and mounts** (``jobwrap``; see there): a PID namespace whose init ends
-  every process of the job when its command ends, a fresh /proc, private /tmp, /dev/shm and
-  /run, and of the jobs directory its own job directory only.
+  every process of the job when its command ends, a fresh /proc, /tmp and /dev/shm its task's
+  own (`JobRunner`), an empty /run, and of the jobs directory its own job directory only.
 - **Its environment, and only it.** The step's env reaches the command after it became the
   job's user, never a process that runs as root (the wrapper's environment is fixed); a name
   or value that cannot be passed as one variable is refused.

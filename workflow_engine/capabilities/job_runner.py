@@ -140,6 +140,10 @@ _MAX_POLL_INTERVAL = 0.5
 #: a letter or digit).
 _PRUNED = ".pruned-"
 _MIN_PRUNE_INTERVAL = 0.25
+#: Where the tasks' /tmp directories are, in the jobs directory (a dot name: never a job's).
+_TASK_TMP = ".tmp"
+#: How often a task's /tmp is touched while its jobs start (idle means days: see `prune`).
+_TOUCH_SECONDS = 60.0
 #: The write ends of every runner's pipe in this process: a forked child (which is not the
 #: engine) closes them, or the wrappers would take it for their engine.
 _engine_pipes: set[int] = set()
@@ -198,6 +202,8 @@ class JobRunner:
         # One watch per job this process follows, by job dir: its result once the job ends.
         self._watches: dict[Path, asyncio.Task[JobResult]] = {}
         self._timers: set[asyncio.TimerHandle] = set()
+        # The tasks' /tmp directories this process touched lately, and when (`_task_tmp`).
+        self._tmp_touched: dict[Path, float] = {}
 
     async def run(self, job: JobRequest) -> JobResult:
         """Start the job unless its directory exists, then wait for its result."""
@@ -255,6 +261,9 @@ class JobRunner:
         none of whose jobs can still run or be kept; how many directories it removed."""
         idle = self._retention_seconds + MAX_TIMEOUT_SECONDS
         await asyncio.to_thread(self._confinement.release_idle_users, idle)
+        idle_tmp = await asyncio.to_thread(_idle_entries, self._jobs_dir / _TASK_TMP, idle)
+        self._tmp_touched.clear()  # what remains is looked at afresh
+        await asyncio.to_thread(_remove, idle_tmp)
         cutoff = time.time() - self._retention_seconds
         doomed: list[Path] = []
         for path in await asyncio.to_thread(_expired, self._jobs_dir, cutoff):
@@ -307,6 +316,25 @@ class JobRunner:
 
     def _job_dir(self, job_id: str) -> Path:
         return self._jobs_dir / _dir_name(job_id)
+
+    def _task_tmp(self, task_id: str, uid: int | None) -> Path:
+        """The task's own /tmp (and /dev/shm), which its jobs share and no other job sees:
+        made at its first job, its user's, touched (at most once a minute) so that `prune`
+        keeps it while a job of the task may still run or be kept."""
+        path = self._jobs_dir / _TASK_TMP / hashlib.sha256(task_id.encode()).hexdigest()[:32]
+        now = time.monotonic()
+        if now - self._tmp_touched.get(path, -math.inf) < _TOUCH_SECONDS:
+            return path
+        try:
+            os.utime(path)
+        except FileNotFoundError:
+            (self._jobs_dir / _TASK_TMP).mkdir(mode=0o711, exist_ok=True)
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(path, 0o700)
+        if uid is not None and os.stat(path).st_uid != uid:
+            os.chown(path, uid, uid)  # made just now, or its task's user was drawn afresh
+        self._tmp_touched[path] = now
+        return path
 
     def _wrapper_may_run(self) -> bool:
         """Whether this runner's wrapper may start jobs: as root, only ``jobwrap``, which keeps
@@ -434,7 +462,8 @@ class JobRunner:
                 isolation = "join-" + isolation
                 file_actions += [(os.POSIX_SPAWN_DUP2, fd, 4 + i) for i, fd in enumerate(shared)]
             uid = "-" if grant.uid is None else str(grant.uid)
-            argv = [program, str(job_dir), str(deadline), str(grace), isolation, uid]
+            tmp = str(self._task_tmp(job.task_id, grant.uid))
+            argv = [program, str(job_dir), str(deadline), str(grace), isolation, uid, tmp]
             argv += [*grant.rlimit_args(), "--", *job.sandbox.command]
         else:
             # Never as root (`_wrapper_may_run`): the shell wrapper and util-linux `unshare` run
@@ -676,6 +705,21 @@ def _expired(jobs_dir: Path, cutoff: float) -> list[Path]:
                 if entry.stat(follow_symlinks=False).st_mtime < cutoff - MAX_TIMEOUT_SECONDS:
                     expired.append(path)
     return expired
+
+
+def _idle_entries(directory: Path, idle_seconds: float) -> list[Path]:
+    """The entries of `directory` that have not changed for `idle_seconds`."""
+    cutoff = time.time() - idle_seconds
+    try:
+        entries = list(os.scandir(directory))
+    except FileNotFoundError:
+        return []
+    idle = []
+    for entry in entries:
+        with contextlib.suppress(FileNotFoundError):
+            if entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                idle.append(Path(entry.path))
+    return idle
 
 
 def _remove(paths: list[Path]) -> None:

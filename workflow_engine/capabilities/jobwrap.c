@@ -1,6 +1,6 @@
 /* jobwrap: the wrapper of one local job, as a small program instead of /bin/sh.
  *
- *   jobwrap JOB_DIR DEADLINE GRACE ISOLATION UID LIMIT... -- COMMAND...
+ *   jobwrap JOB_DIR DEADLINE GRACE ISOLATION UID TMP LIMIT... -- COMMAND...
  *   jobwrap --namespaces ISOLATION
  *
  * job_runner.py starts it (in a session of its own, stdout and stderr on /dev/null, fd 3 the
@@ -26,9 +26,10 @@
  *     units. Unless ISOLATION is "none", the job gets a PID namespace and a mount namespace
  *     of its own: a small init (this program, pid 1 there) starts the command and, when the
  *     command ends, exits, and the kernel then kills every process left in the namespace
- *     (a `setsid` child included); the job sees only its own processes (a fresh /proc), an
- *     empty private /tmp, /run and /dev/shm (no host socket lives there for it), and in the
- *     jobs directory only its own job directory;
+ *     (a `setsid` child included); the job sees only its own processes (a fresh /proc), as
+ *     /tmp and /dev/shm the directory TMP (its task's, which the engine made; "-" with
+ *     ISOLATION "none"), an empty /run (no host socket lives in any of them for it), and in
+ *     the jobs directory only its own job directory;
  *   - while the engine lives (fd 3 stays open) it only waits; once fd 3 reads end of file it
  *     keeps the deadline itself (DEADLINE: whole seconds of CLOCK_BOOTTIME), or, for a
  *     cancelled job, GRACE seconds: then it writes timed_out (not for a cancel) and kills
@@ -327,20 +328,20 @@ static int make_path(char *path) {
 }
 
 /* In the job's init, in its new PID namespace: give the job a mount namespace of its own in
- * which /tmp and /dev/shm are its job directory's tmp/, /run is empty, the jobs directory
- * holds its own job directory only, and /proc shows its own processes. NULL, or what failed. */
-static const char *contain(const char *job_dir, int in_userns) {
+ * which /tmp and /dev/shm are its task's directory `tmp_dir` (shared by the task's jobs alone),
+ * /run is empty, the jobs directory holds its own job directory only, and /proc shows its own
+ * processes. NULL, or what failed. */
+static const char *contain(const char *job_dir, const char *tmp_dir, int in_userns) {
     static char why[PATH_MAX + 80];
     char path[PATH_MAX];
     const char *failed = NULL;
-    if (snprintf(path, sizeof path, "%s/tmp", job_dir) >= (int)sizeof path) return "path too long";
     if (unshare(CLONE_NEWNS) != 0) return "no mount namespace";
     /* Opened in the new namespace (a bind's source must be in it), before anything hides them */
     int job = open(job_dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
-    int tmp = open(path, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    int tmp = open(tmp_dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
     char *jobs = strdup(job_dir), *cut = jobs ? strrchr(jobs, '/') : NULL;
     if (job < 0 || tmp < 0 || cut == NULL || cut == jobs) {
-        failed = "cannot open its job directory";
+        failed = "cannot open its job directory and its task's tmp directory";
     } else if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) {
         failed = "cannot make its mounts private";
     } else if (!cover("/tmp", tmp, NULL) || !cover("/dev/shm", tmp, NULL) ||
@@ -412,11 +413,12 @@ static void forward_term(int signum) {
 /* The job's init, pid 1 of its PID namespace: contain the job, start the command, reap
  * whatever ends, and exit with the command's status as soon as it ends, which makes the kernel
  * kill every process left in the namespace. A SIGTERM (a cancel) is passed on to them all. */
-static void be_init(const char *job_dir, int in_userns, char **command, char **env,
+static void be_init(const char *job_dir, const char *tmp, int in_userns, char **command,
+                    char **env,
                     const char *user, int nlimits, char **limits, int out, int err) {
     prctl(PR_SET_PDEATHSIG, SIGKILL); /* the wrapper gone (killed): the whole job goes */
     close(ENGINE_PIPE);
-    const char *why = contain(job_dir, in_userns);
+    const char *why = contain(job_dir, tmp, in_userns);
     if (why != NULL) {
         dprintf(err, "jobwrap: %s\n", why);
         _exit(125);
@@ -447,8 +449,8 @@ static void be_init(const char *job_dir, int in_userns, char **command, char **e
 
 int main(int argc, char **argv) {
     if (argc == 3 && strcmp(argv[1], "--namespaces") == 0) return serve_namespaces(argv[2]);
-    if (argc < 7) {
-        fprintf(stderr, "usage: jobwrap JOB_DIR DEADLINE GRACE ISOLATION UID LIMIT... -- COMMAND...\n"
+    if (argc < 8) {
+        fprintf(stderr, "usage: jobwrap JOB_DIR DEADLINE GRACE ISOLATION UID TMP LIMIT... -- COMMAND...\n"
                         "       jobwrap --namespaces net|userns\n");
         return 2;
     }
@@ -457,11 +459,12 @@ int main(int argc, char **argv) {
     double grace = strtod(argv[3], NULL);
     const char *isolation = argv[4];
     const char *user = argv[5];
-    char **limits = argv + 6;
+    const char *tmp = argv[6];
+    char **limits = argv + 7;
     int nlimits = 0;
-    while (6 + nlimits < argc && strcmp(limits[nlimits], "--") != 0) nlimits++;
+    while (7 + nlimits < argc && strcmp(limits[nlimits], "--") != 0) nlimits++;
     char **command = limits + nlimits + 1;
-    if (6 + nlimits + 1 >= argc) {
+    if (7 + nlimits + 1 >= argc) {
         fprintf(stderr, "jobwrap: no command after --\n");
         return 2;
     }
@@ -489,15 +492,14 @@ int main(int argc, char **argv) {
     snprintf(line, line_size, "%s\n", request);
     write_file("request.json", line, O_TRUNC);
     free(line);
-    /* work/ (its working directory) and tmp/ (its /tmp) are the job's user's, and only that */
-    if ((mkdir("work", 0700) != 0 && errno != EEXIST) ||
-        (mkdir("tmp", 0700) != 0 && errno != EEXIST)) {
-        complain("jobwrap: cannot make work/ and tmp/: %s\n", strerror(errno));
+    /* work/, its working directory, is the job's user's, and only that */
+    if (mkdir("work", 0700) != 0 && errno != EEXIST) {
+        complain("jobwrap: cannot make work/: %s\n", strerror(errno));
         return 96;
     }
     if (strcmp(user, "-") != 0) {
         uid_t id = (uid_t)strtoul(user, NULL, 10);
-        if (chown("work", id, id) != 0 || chown("tmp", id, id) != 0) {
+        if (chown("work", id, id) != 0) {
             complain("jobwrap: cannot give work/ to user %s: %s\n", user, strerror(errno));
             return 96;
         }
@@ -532,8 +534,8 @@ int main(int argc, char **argv) {
         sigprocmask(SIG_BLOCK, &term, &before); /* the init's own handler takes over */
         child = fork();
         if (child == 0 && contained)
-            be_init(job_dir, strstr(isolation, "userns") != NULL, command, env, user, nlimits,
-                    limits, out, err);
+            be_init(job_dir, tmp, strstr(isolation, "userns") != NULL, command, env, user,
+                    nlimits, limits, out, err);
         if (child == 0) run_command(command, env, user, nlimits, limits, out, err);
         sigprocmask(SIG_SETMASK, &before, NULL);
         if (child < 0) {

@@ -8,6 +8,7 @@ marker file outside their work directory.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import shutil
 import subprocess
@@ -71,6 +72,7 @@ async def test_prune_removes_only_jobs_whose_retention_has_passed(tmp_path: Path
         assert await runner.prune() == 3
 
         assert sorted(p.name for p in jobs_dir.iterdir()) == [
+            ".tmp",  # the tasks' /tmp directories
             ".users",  # the tasks' users (job_users)
             "fresh",
             "recent-unfinished",
@@ -106,7 +108,7 @@ async def test_prune_removes_what_a_job_locked_and_nothing_it_links_to(tmp_path:
         assert await runner.prune() == 1
     finally:
         await runner.close()
-    assert [p.name for p in (tmp_path / "jobs").iterdir()] == [".users"]
+    assert sorted(p.name for p in (tmp_path / "jobs").iterdir()) == [".tmp", ".users"]
     assert (outside / "keep").is_dir()
     assert (outside.stat().st_mode & 0o777, (outside / "keep").stat().st_mode & 0o777) == (
         0o755,
@@ -183,3 +185,28 @@ def _remove_as_the_owner(base: Path) -> None:
     assert "job_dir_prune_failed" not in done.stdout + done.stderr
     assert not doomed.exists()
     assert outside.is_dir() and outside.stat().st_mode & 0o777 == 0o500
+
+
+async def test_prune_removes_a_tasks_tmp_once_no_job_of_it_can_run_or_be_kept(
+    tmp_path: Path,
+) -> None:
+    runner = JobRunner(jobs_dir=tmp_path / "jobs", retention_seconds=HOUR)
+    try:
+        for task_id in ("task-old", "task-new"):
+            request = JobRequest(
+                task_id=task_id,
+                job_id=f"job-of-{task_id}",
+                sandbox=Sandbox(command=("sh", "-c", "echo kept > /tmp/note")),
+            )
+            assert (await runner.run(request)).status == "completed"
+        tmps = tmp_path / "jobs" / ".tmp"
+        old, new = (
+            tmps / hashlib.sha256(t.encode()).hexdigest()[:32] for t in ("task-old", "task-new")
+        )
+        assert (old / "note").exists() and (new / "note").exists()
+        # No job of `task-old` started for the retention plus the longest a job may run.
+        age(old, HOUR + MAX_TIMEOUT_SECONDS + 60)
+        await runner.prune()
+        assert list(tmps.iterdir()) == [new]
+    finally:
+        await runner.close()

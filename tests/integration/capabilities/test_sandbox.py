@@ -228,7 +228,7 @@ async def test_unsafe_job_ids_stay_inside_the_jobs_dir(tmp_path: Path) -> None:
     result = await worker(tmp_path).run("local", job("../../escape", "true"))
     assert result.status == "completed"
     assert not (tmp_path / "escape").exists()
-    [job_dir] = [p for p in (tmp_path / "jobs").iterdir() if p.name != ".users"]
+    [job_dir] = [p for p in (tmp_path / "jobs").iterdir() if not p.name.startswith(".")]
     assert job_dir.name.startswith("job-")
 
 

@@ -15,8 +15,12 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import IO
+
+import httpx
+import pytest
 
 NODE_COMMAND = Path(sys.executable).parent / "workflow-engine"
 TOKEN_VARIABLE = "WORKFLOW_ENGINE_NODE_TOKEN"
@@ -134,3 +138,27 @@ class NodeProcess:
 
 
 _ROOT = Path(__file__).resolve().parent.parent
+
+
+# Fixtures for the tests that drive one node of their own (import them into the test module).
+
+
+@pytest.fixture
+def nodes() -> Iterator[list[NodeProcess]]:
+    """Node processes a test started; any still alive at the end is killed."""
+    started: list[NodeProcess] = []
+    yield started
+    for node in started:
+        node.kill()
+
+
+@pytest.fixture
+def node(nodes: list[NodeProcess], tmp_path: Path) -> NodeProcess:
+    nodes.append(NodeProcess(data_dir=tmp_path / "node"))
+    return nodes[-1]
+
+
+@pytest.fixture
+async def client(node: NodeProcess) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(headers=node.headers, timeout=60) as c:
+        yield c

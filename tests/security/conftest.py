@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import RunningEngine, start_engine, stop_engine
+from tests.node_process import client, node, nodes  # noqa: F401 (fixtures)
 from workflow_engine.config import Settings
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 

@@ -29,7 +29,6 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -67,27 +66,6 @@ def this_hosts_address() -> str:
         except OSError:
             return socket.gethostname()
     return address if not address.startswith("127.") else socket.gethostname()
-
-
-@pytest.fixture
-def nodes() -> Iterator[list[NodeProcess]]:
-    """Node processes a test started; any still alive at the end is killed."""
-    started: list[NodeProcess] = []
-    yield started
-    for node in started:
-        node.kill()
-
-
-@pytest.fixture
-def node(nodes: list[NodeProcess], tmp_path: Path) -> NodeProcess:
-    nodes.append(NodeProcess(data_dir=tmp_path / "node"))
-    return nodes[-1]
-
-
-@pytest.fixture
-async def client(node: NodeProcess) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(headers=node.headers, timeout=60) as c:
-        yield c
 
 
 def victim_job(marker: Path, job_id: str, seconds: float = 0) -> dict[str, Any]:

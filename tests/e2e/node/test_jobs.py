@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,27 +22,6 @@ from tests.node_process import NodeProcess
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
 RUN = "/v1/worker/jobs:run"
-
-
-@pytest.fixture
-def nodes() -> Iterator[list[NodeProcess]]:
-    """Node processes a test started; any still alive at the end is killed."""
-    started: list[NodeProcess] = []
-    yield started
-    for node in started:
-        node.kill()
-
-
-@pytest.fixture
-def node(nodes: list[NodeProcess], tmp_path: Path) -> NodeProcess:
-    nodes.append(NodeProcess(data_dir=tmp_path / "node"))
-    return nodes[-1]
-
-
-@pytest.fixture
-async def client(node: NodeProcess) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(headers=node.headers, timeout=60) as c:
-        yield c
 
 
 def lines(path: Path) -> list[str]:

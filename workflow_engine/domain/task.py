@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Sized
 from typing import Annotated, Any, Self
 
 from pydantic import (
@@ -44,15 +44,24 @@ DEFAULT_MAX_ATTEMPTS = 3
 
 # Bounds on what one task may ask for. They keep a single request from exhausting the engine
 # (memory, argv limits of the OS) and are reported as INVALID_ARGUMENT, not as a crash later.
+# A list is counted before any of its elements is validated (`_at_most`), here and, for a
+# request, on the message before it is converted (`api.limits`).
 MAX_PROMPT_CHARS = 64 * 1024
 MAX_STEPS = 500
 MAX_ARGV = 256
 MAX_ARG_CHARS = 32 * 1024
 MAX_ENV = 256
+#: `secret_env` names `env` variables, so it needs no more names than `env` has variables.
+MAX_SECRET_ENV = MAX_ENV
+#: A step may wait for every other step.
+MAX_DEPENDS_ON = MAX_STEPS
 MAX_CHECKS = 64
 MAX_CHECK_TEXT_CHARS = 32 * 1024  # a check's value or field: as long as one argument may be
 MAX_LABELS = 64
 MAX_LABEL_CHARS = 256
+MAX_CRITERIA = 64  # a task's acceptance criteria (their checks run on the final result)
+MAX_PREFERENCES = 32  # preference layers (merged in order)
+MAX_METADATA_LABELS = 64  # the free labels of a task's metadata
 MAX_TIMEOUT_SECONDS = 10_800  # the Worker API's node maximum
 MAX_ATTEMPTS = 100
 DEFAULT_MAX_PARALLEL = 4
@@ -104,6 +113,13 @@ def _no_nul(text: str) -> str:
 
 #: Free text that is stored: PostgreSQL's text and jsonb refuse NUL.
 Text = Annotated[str, AfterValidator(_no_nul)]
+
+
+def _at_most(value: Any, limit: int, noun: str) -> None:
+    """Refuse a list (or object) as sent when it holds more than `limit`: before any of its
+    elements is validated, so that refusing it costs nothing per element."""
+    if isinstance(value, Sized) and not isinstance(value, str) and len(value) > limit:
+        raise invalid("", f"more than {limit} {noun}")
 
 
 def check_argv(command: tuple[str, ...]) -> tuple[str, ...]:
@@ -187,7 +203,7 @@ class Step(DomainModel):
     timeout_seconds: int = Field(
         0, json_schema_extra={"minimum": 0, "maximum": MAX_TIMEOUT_SECONDS}
     )
-    depends_on: tuple[str, ...] = ()
+    depends_on: tuple[str, ...] = Field((), json_schema_extra={"maxItems": MAX_DEPENDS_ON})
     requires_approval: bool = False
     expect: tuple[Check, ...] = Field((), json_schema_extra={"maxItems": MAX_CHECKS})
     image: Text = ""
@@ -195,7 +211,7 @@ class Step(DomainModel):
     #: node registry spells them); the local sandbox has none, and refuses a step that asks.
     required_labels: tuple[str, ...] = Field((), json_schema_extra={"maxItems": MAX_LABELS})
     #: Names of `env` entries whose values are secret: shown nowhere (see `secrets`).
-    secret_env: tuple[str, ...] = ()
+    secret_env: tuple[str, ...] = Field((), json_schema_extra={"maxItems": MAX_SECRET_ENV})
     #: What its job may use (CPU time, memory, open files, processes, output); 0: the worker's.
     limits: Limits = Field(default_factory=Limits)
 
@@ -254,17 +270,29 @@ class Step(DomainModel):
     @classmethod
     def _few_checks(cls, checks: Any, info: ValidationInfo) -> Any:
         """Counted before each check is validated (and its pattern compiled)."""
+        _at_most(checks, MAX_CHECKS, "checks")
         if isinstance(checks, list | tuple):
-            if len(checks) > MAX_CHECKS:
-                raise invalid("", f"more than {MAX_CHECKS} checks")
             _few_patterns(checks, info)
         return checks
+
+    # Limits newer than some stored steps: input only (see `input_rules`).
+    @field_validator("depends_on", mode="before")
+    @classmethod
+    def _few_dependencies(cls, names: Any, info: ValidationInfo) -> Any:
+        if input_rules(info):
+            _at_most(names, MAX_DEPENDS_ON, "dependencies")
+        return names
+
+    @field_validator("secret_env", mode="before")
+    @classmethod
+    def _few_secrets(cls, names: Any, info: ValidationInfo) -> Any:
+        if input_rules(info):
+            _at_most(names, MAX_SECRET_ENV, "secret variables")
+        return names
 
 
 def _steps_form_a_plan(steps: tuple[Step, ...]) -> tuple[Step, ...]:
     """Unique ids, `depends_on` naming known other steps, and no cycle."""
-    if len(steps) > MAX_STEPS:
-        raise invalid("", f"more than {MAX_STEPS} steps")
     seen: set[str] = set()
     for i, step in enumerate(steps):
         if step.id in seen:
@@ -302,7 +330,9 @@ def _few_patterns(checks: Any, info: ValidationInfo) -> None:
         raise invalid("", str(exc)) from None
 
 
-def _steps_patterns(steps: Any, info: ValidationInfo) -> Any:
+def _few_steps(steps: Any, info: ValidationInfo) -> Any:
+    """Counted, and their patterns costed together, before any step is validated."""
+    _at_most(steps, MAX_STEPS, "steps")
     if isinstance(steps, list | tuple):
         expects = [s.get("expect") for s in steps if isinstance(s, Mapping)]
         _few_patterns([c for e in expects if isinstance(e, list | tuple) for c in e], info)
@@ -313,7 +343,7 @@ def _steps_patterns(steps: Any, info: ValidationInfo) -> Any:
 Steps = Annotated[
     tuple[Step, ...],
     Field(json_schema_extra={"maxItems": MAX_STEPS}),
-    BeforeValidator(_steps_patterns),
+    BeforeValidator(_few_steps),
     AfterValidator(_steps_form_a_plan),
 ]
 STEPS: TypeAdapter[tuple[Step, ...]] = TypeAdapter(Steps)
@@ -329,7 +359,16 @@ class AcceptanceCriterion(DomainModel):
 class TaskMetadata(DomainModel):
     user_id: Text = ""
     project_id: Text = ""
-    labels: dict[Text, Text] = Field(default_factory=dict)
+    labels: dict[Text, Text] = Field(
+        default_factory=dict, json_schema_extra={"maxProperties": MAX_METADATA_LABELS}
+    )
+
+    @field_validator("labels", mode="before")
+    @classmethod
+    def _few_labels(cls, labels: Any, info: ValidationInfo) -> Any:
+        if input_rules(info):
+            _at_most(labels, MAX_METADATA_LABELS, "labels")
+        return labels
 
 
 class Budget(DomainModel):
@@ -365,17 +404,23 @@ class TaskSpec(DomainModel):
     """A task: what to achieve (prompt, criteria), optionally how (steps), and its limits."""
 
     prompt: Text = ""
-    acceptance_criteria: tuple[AcceptanceCriterion, ...] = ()
+    acceptance_criteria: tuple[AcceptanceCriterion, ...] = Field(
+        (), json_schema_extra={"maxItems": MAX_CRITERIA}
+    )
     steps: Steps = ()
-    preferences: tuple[JsonObject, ...] = ()
+    preferences: tuple[JsonObject, ...] = Field((), json_schema_extra={"maxItems": MAX_PREFERENCES})
     metadata: TaskMetadata = Field(default_factory=TaskMetadata)
     max_attempts_per_step: int = DEFAULT_MAX_ATTEMPTS
     budget: Budget = Field(default_factory=Budget)
     max_parallel_steps: int = DEFAULT_MAX_PARALLEL
 
+    # Limits newer than some stored tasks: input only (see `input_rules`).
     @field_validator("acceptance_criteria", mode="before")
     @classmethod
-    def _criteria_patterns(cls, criteria: Any, info: ValidationInfo) -> Any:
+    def _few_criteria(cls, criteria: Any, info: ValidationInfo) -> Any:
+        """Counted, and their patterns costed together, before any criterion is validated."""
+        if input_rules(info):
+            _at_most(criteria, MAX_CRITERIA, "acceptance criteria")
         if isinstance(criteria, list | tuple):
             checks = [c.get("check") for c in criteria if isinstance(c, Mapping)]
             _few_patterns(checks, info)
@@ -387,6 +432,13 @@ class TaskSpec(DomainModel):
         if len(prompt) > MAX_PROMPT_CHARS:
             raise invalid("", f"longer than {MAX_PROMPT_CHARS} characters")
         return prompt
+
+    @field_validator("preferences", mode="before")
+    @classmethod
+    def _few_preferences(cls, layers: Any, info: ValidationInfo) -> Any:
+        if input_rules(info):
+            _at_most(layers, MAX_PREFERENCES, "preference layers")
+        return layers
 
     @field_validator("preferences")
     @classmethod

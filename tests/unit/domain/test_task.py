@@ -307,3 +307,46 @@ def test_secret_env_must_name_env_variables() -> None:
     assert error.field == "task.steps[0].secret_env[1]" and "'KEY'" in error.message
     ok = parse(TaskSpec, {"steps": [{**step, "secret_env": ["TOKEN"]}]}, "task")
     assert ok.steps[0].secret_env == ("TOKEN",)
+
+
+#: Each list of a task one past its limit, its elements all invalid: the count is what refuses
+#: it, before a single element is validated (a request's lists are counted on the message before
+#: it is converted, `api.limits`; a set_state plan or a model's plan arrives as JSON).
+OVER_THE_LIMIT = [
+    ({"steps": [{}] * 501}, "task.steps", "more than 500 steps"),
+    ({"acceptance_criteria": [7] * 65}, "task.acceptance_criteria", "more than 64 acceptance"),
+    ({"preferences": [7] * 33}, "task.preferences", "more than 32 preference layers"),
+    (
+        {"metadata": {"labels": {str(i): 7 for i in range(65)}}},
+        "task.metadata.labels",
+        "more than 64 labels",
+    ),
+    (one(depends_on=[7] * 501), "task.steps[0].depends_on", "more than 500 dependencies"),
+    (one(secret_env=[7] * 257), "task.steps[0].secret_env", "more than 256 secret variables"),
+    (one(expect=[7] * 65), "task.steps[0].expect", "more than 64 checks"),
+]
+
+
+@pytest.mark.parametrize(("data", "field", "problem"), OVER_THE_LIMIT, ids=lambda v: str(v)[:30])
+def test_a_list_is_counted_before_its_elements_are_validated(
+    data: dict[str, Any], field: str, problem: str
+) -> None:
+    error = refused(data)
+    assert error.field == field
+    assert problem in error.message
+
+
+def test_lists_an_older_engine_stored_past_a_newer_limit_still_read() -> None:
+    """Limits added since (criteria, preferences, labels, dependencies, secrets) hold for input;
+    a task stored before them still reads."""
+    stored = {
+        "acceptance_criteria": [{"description": "c"}] * 65,
+        "preferences": [{}] * 33,
+        "metadata": {"labels": {str(i): "" for i in range(65)}},
+        "steps": [
+            {"id": "a", "command": ["true"], "env": {"K": "v"}, "secret_env": ["K"] * 257},
+            {"id": "b", "command": ["true"], "depends_on": ["a"] * 501},
+        ],
+    }
+    task = TaskSpec.from_json(stored)
+    assert len(task.acceptance_criteria) == 65 and len(task.steps[1].depends_on) == 501

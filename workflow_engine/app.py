@@ -30,6 +30,7 @@ from workflow_engine import supervised as supervisor
 from workflow_engine.api.auth import AuthConfigError, Authenticator, AuthInterceptor, Callers
 from workflow_engine.api.decoding import generic_handler
 from workflow_engine.api.health import HealthServicer
+from workflow_engine.api.reading import RequestReader
 from workflow_engine.api.reflection import CommentedPool
 from workflow_engine.api.servicer import WorkflowEngineServicer
 from workflow_engine.api.telemetry import TelemetryInterceptor
@@ -266,8 +267,9 @@ class GrpcServer:
         interceptors: list[grpc.aio.ServerInterceptor] = []  # type: ignore[type-arg]
         if METRICS.enabled or tracing.enabled():  # outermost: it sees refused calls too
             interceptors.append(TelemetryInterceptor(SERVICE_NAME))
+        reader = RequestReader()
         if authenticator:
-            interceptors.append(AuthInterceptor(authenticator, SERVICE_NAME))
+            interceptors.append(AuthInterceptor(authenticator, SERVICE_NAME, reader.read))
         self.server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", limit),
@@ -277,7 +279,7 @@ class GrpcServer:
             interceptors=interceptors,
         )
         self.server.add_generic_rpc_handlers(
-            (generic_handler(SERVICE, WorkflowEngineServicer(engine.service)),)
+            (generic_handler(SERVICE, WorkflowEngineServicer(engine.service, reader)),)
         )
         self.health = HealthServicer()
         self.readiness: Readiness | None = None

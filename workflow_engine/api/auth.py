@@ -28,9 +28,9 @@ call a method or set a field PERMISSION_DENIED (naming the field); neither reach
 so nothing changes. Health is always open;
 reflection is open while it is enabled (`WORKFLOW_ENGINE_REFLECTION`).
 
-Nor is a refused caller's request decoded: grpcio decodes a request before any interceptor's
-behaviour runs, so `AuthInterceptor` registers a deserializer that only keeps the bytes
-(`decoding.deferred`) and decodes them once the caller is known and may call the method.
+Nor is a refused caller's request decoded: the service's handlers only keep its bytes
+(`decoding.deferred`), which `AuthInterceptor` has read (`api.reading`: decoded and counted)
+once the caller is known and may call the method.
 
 A caller with ``projects`` and/or ``users`` is scoped to them (a tenant): it sees, lists,
 watches and changes only workflows whose task metadata has one of those projects and one of
@@ -48,14 +48,13 @@ import contextvars
 import hashlib
 import hmac
 import json
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
 from workflow_engine import secret_files
-from workflow_engine.api.decoding import Undecoded, deferred
 from workflow_engine.api.interceptors import Behavior, MethodInterceptor
 from workflow_engine.api.roles import ROLES, refusal
 from workflow_engine.domain.records import Scope
@@ -248,13 +247,13 @@ class Authenticator:
 class AuthInterceptor(MethodInterceptor):
     """Runs every call of `service` only for a caller whose role may call its method."""
 
-    def __init__(self, authenticator: Authenticator, service: str) -> None:
+    def __init__(
+        self, authenticator: Authenticator, service: str, read: Callable[[Any], Awaitable[Any]]
+    ) -> None:
+        """`read` turns a request's kept bytes into a message (`RequestReader.read`)."""
         super().__init__(service)
         self._auth = authenticator
-
-    def request_deserializer(self, handler: grpc.RpcMethodHandler[Any, Any]) -> Any:
-        decode = handler.request_deserializer
-        return deferred(decode) if decode is not None else None
+        self._read = read
 
     async def _admit(self, method: str, request: Any, context: Any) -> Any:
         """The decoded request, once its caller is known and may call `method`."""
@@ -268,8 +267,7 @@ class AuthInterceptor(MethodInterceptor):
                 grpc.StatusCode.PERMISSION_DENIED,
                 f"{identity.name} ({identity.role}) may not call {method}",
             )
-        if isinstance(request, Undecoded):
-            request = request.decoded()
+        request = await self._read(request)
         refused = refusal(identity.role, method, request)
         if refused is not None:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, refused)

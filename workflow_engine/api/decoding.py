@@ -1,15 +1,16 @@
 """Request decoding that turns undecodable bytes into INVALID_ARGUMENT naming the field.
 
-grpcio decodes requests before any servicer code runs, and a body it cannot parse (say, a
-string field holding invalid UTF-8) comes back to the client as UNKNOWN. Here the service's
-handlers are registered with a deserializer that never raises: it returns an
-`UndecodableRequest` instead, which the servicer refuses with the path of the offending field,
-found by walking the wire format against the message descriptor.
+grpcio decodes requests before any servicer code runs, on the event loop, and a body it cannot
+parse (say, a string field holding invalid UTF-8) comes back to the client as UNKNOWN. Here the
+service's handlers are registered with a deserializer that only keeps the bytes (`deferred`):
+`api.reading` decodes them once the caller is known, with one that never raises
+(`lenient_deserializer`). It returns a `RefusedRequest` instead, which the servicer refuses
+with the path of the offending field, found by walking the wire format against the message
+descriptor.
 
 Whoever can reach the port chooses the bytes, so naming the field is cheap and bounded: one
 pass over the bytes without copying them, no deeper than protobuf itself goes, and at most
-`DIAGNOSED_FIELDS` fields. Where callers authenticate, nothing is decoded before the caller is
-known: `api.auth` registers `deferred` deserializers and decodes the `Undecoded` bytes itself.
+`DIAGNOSED_FIELDS` fields.
 """
 
 from __future__ import annotations
@@ -36,8 +37,9 @@ Deserializer = Callable[[bytes], Any]
 
 
 @dataclass(frozen=True, slots=True)
-class UndecodableRequest:
-    """Stands in for a request whose bytes did not parse."""
+class RefusedRequest:
+    """Stands in for a request refused before it was converted: bytes that did not parse, or
+    a list longer than its limit (`api.limits`)."""
 
     field: str
     problem: str
@@ -63,17 +65,17 @@ def deferred(decode: Deserializer) -> Deserializer:
 
 
 def lenient_deserializer(cls: type[Message]) -> Deserializer:
-    def parse(data: bytes) -> Message | UndecodableRequest:
+    def parse(data: bytes) -> Message | RefusedRequest:
         try:
             return cls.FromString(data)
         except DecodeError as exc:
             found = find_bad_field(cast(Descriptor, cls.DESCRIPTOR), data)
-            return found or UndecodableRequest("request", f"cannot be decoded ({exc})")
+            return found or RefusedRequest("request", f"cannot be decoded ({exc})")
 
     return parse
 
 
-def find_bad_field(descriptor: Descriptor, data: bytes) -> UndecodableRequest | None:
+def find_bad_field(descriptor: Descriptor, data: bytes) -> RefusedRequest | None:
     """The first string field that is not UTF-8, malformed wire data, or a message nested past
     `MAX_DEPTH`, by path; None if the first `DIAGNOSED_FIELDS` fields show none."""
     return _Walk(descriptor, data).run()
@@ -109,7 +111,7 @@ class _Walk:
         self.pos = 0
         self.stack = [_Frame(descriptor, len(data), "")]
 
-    def run(self) -> UndecodableRequest | None:
+    def run(self) -> RefusedRequest | None:
         for _ in range(DIAGNOSED_FIELDS):
             while self.stack and self.pos >= self.stack[-1].end:
                 self.stack.pop()  # the message ended: its parent's next field
@@ -120,7 +122,7 @@ class _Walk:
                 return found
         return None
 
-    def _field(self, frame: _Frame) -> UndecodableRequest | None:
+    def _field(self, frame: _Frame) -> RefusedRequest | None:
         key = self._varint(frame.end)
         if key is None:
             return self._bad(None, "truncated or malformed")
@@ -141,9 +143,7 @@ class _Walk:
             ends = False  # groups (3, 4) are not proto3; 6 and 7 are not wire types
         return None if ends else self._bad(name, "truncated or malformed")
 
-    def _chunk(
-        self, known: FieldDescriptor | None, name: str, end: int
-    ) -> UndecodableRequest | None:
+    def _chunk(self, known: FieldDescriptor | None, name: str, end: int) -> RefusedRequest | None:
         """A length-delimited field ending at `end`: a message is entered, a string checked."""
         if known is not None and known.message_type is not None:
             if len(self.stack) > MAX_DEPTH:
@@ -172,17 +172,18 @@ class _Walk:
             shift += 7
         return None
 
-    def _bad(self, name: str | None, problem: str) -> UndecodableRequest:
+    def _bad(self, name: str | None, problem: str) -> RefusedRequest:
         path = [frame.name for frame in self.stack[1:]]
         if name is not None:
             path.append(name)
-        return UndecodableRequest(".".join(path) or "request", f"cannot be decoded: {problem}")
+        return RefusedRequest(".".join(path) or "request", f"cannot be decoded: {problem}")
 
 
 def generic_handler(
     service: ServiceDescriptor, servicer: object
 ) -> grpc.GenericRpcHandler[Any, Any]:
-    """Handlers for every method of `service` on `servicer`, decoding requests leniently."""
+    """Handlers for every method of `service` on `servicer`, keeping each request's bytes for
+    `api.reading` to decode (leniently)."""
     handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
     for method in service.methods:
         request = message_factory.GetMessageClass(method.input_type)
@@ -194,7 +195,7 @@ def generic_handler(
         )
         handlers[method.name] = make(
             getattr(servicer, method.name),
-            request_deserializer=lenient_deserializer(request),
+            request_deserializer=deferred(lenient_deserializer(request)),
             response_serializer=response.SerializeToString,
         )
     return grpc.method_handlers_generic_handler(service.full_name, handlers)

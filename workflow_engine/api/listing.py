@@ -30,6 +30,8 @@ from workflow_engine.v1 import workflow_engine_pb2 as pb
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
 MAX_FILTER_CHARS = 256
+#: `statuses` filter entries: each status once, and room for statuses the contract may add.
+MAX_STATUSES = 32
 # A page stops early (with a next_page_token) once its items reach this many bytes, so a page of
 # long summaries stays well under the default 4 MiB message limit of gRPC clients.
 MAX_PAGE_BYTES = 1 << 20

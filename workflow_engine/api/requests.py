@@ -43,6 +43,10 @@ MAX_HOLDER_ID_CHARS = 256
 MAX_LEASE_TTL_SECONDS = 24 * 3600
 MIN_LEASE_TTL_SECONDS = 3
 MAX_REASON_CHARS = 4096
+#: WatchWorkflow's `kinds` filter entries: each kind once, and room for kinds the contract may add.
+MAX_EVENT_KINDS = 32
+#: Fields one `set_state` may name: more than the state has (30), fewer than would cost.
+MAX_SET_STATE_KEYS = 32
 
 
 def parse_uuid(value: str, field: str, *, required: bool = True) -> str | None:

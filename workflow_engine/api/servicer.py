@@ -2,8 +2,9 @@
 
 Every method parses its request (refusing malformed fields before anything is stored), calls
 the service, and converts the answer. Exceptions become status codes in `api.errors`, here at
-the boundary and nowhere else. Requests are decoded by `api.decoding`, which hands over an
-`UndecodableRequest` rather than failing inside grpcio.
+the boundary and nowhere else. Requests are decoded and counted by `api.reading` (by the auth
+interceptor, when there is one), which hands over a `RefusedRequest` rather than failing
+inside grpcio.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ import grpc
 
 from workflow_engine.api import convert, listing, requests
 from workflow_engine.api.auth import caller, recorded_actor, scope
-from workflow_engine.api.decoding import UndecodableRequest
+from workflow_engine.api.decoding import RefusedRequest
 from workflow_engine.api.errors import status_for
+from workflow_engine.api.reading import RequestReader
 from workflow_engine.errors import RunControl
 from workflow_engine.service import WorkflowService
 from workflow_engine.v1 import workflow_engine_pb2 as pb
@@ -30,12 +32,13 @@ Context = grpc.aio.ServicerContext[Any, Any]
 
 
 def _unary(
-    method: Callable[[Any, Req, Context], Awaitable[Resp]],
-) -> Callable[[Any, Req, Context], Awaitable[Resp]]:
+    method: Callable[[WorkflowEngineServicer, Req, Context], Awaitable[Resp]],
+) -> Callable[[WorkflowEngineServicer, Req, Context], Awaitable[Resp]]:
     @wraps(method)
-    async def wrapper(self: Any, request: Req, context: Context) -> Resp:
+    async def wrapper(self: WorkflowEngineServicer, request: Req, context: Context) -> Resp:
         try:
-            if isinstance(request, UndecodableRequest):
+            request = await self.reader.read(request)
+            if isinstance(request, RefusedRequest):
                 raise request.error()
             return await method(self, request, context)
         except (Exception, RunControl) as exc:
@@ -49,8 +52,9 @@ def _unary(
 class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
     """gRPC front end of a `WorkflowService`."""
 
-    def __init__(self, service: WorkflowService) -> None:
+    def __init__(self, service: WorkflowService, reader: RequestReader) -> None:
         self._service = service
+        self.reader = reader
 
     @_unary
     async def StartWorkflow(
@@ -132,7 +136,8 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
         self, request: pb.WatchWorkflowRequest, context: Context
     ) -> AsyncIterator[pb.WorkflowEvent]:
         try:
-            if isinstance(request, UndecodableRequest):
+            request = await self.reader.read(request)
+            if isinstance(request, RefusedRequest):
                 raise request.error()
             task_id = requests.parse_task_id(request.task_id)
             kinds = requests.parse_event_kinds(request.kinds)

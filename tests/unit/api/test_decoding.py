@@ -13,20 +13,21 @@ import pytest
 from tests.wire import deep_update, field, varint
 from workflow_engine.api.auth import Authenticator, AuthInterceptor, Callers
 from workflow_engine.api.decoding import (
-    UndecodableRequest,
+    RefusedRequest,
     Undecoded,
     generic_handler,
     lenient_deserializer,
 )
+from workflow_engine.api.reading import RequestReader
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
 
 NOT_UTF8 = field(1, b"\xff\xfe")  # task_id
 
 
-def naming(cls: type[Any], body: bytes) -> UndecodableRequest:
+def naming(cls: type[Any], body: bytes) -> RefusedRequest:
     found = lenient_deserializer(cls)(body)
-    assert isinstance(found, UndecodableRequest), found
+    assert isinstance(found, RefusedRequest), found
     return found
 
 
@@ -76,10 +77,12 @@ class Details:
 
 async def test_nothing_is_decoded_before_the_caller_is_known() -> None:
     """grpcio runs a handler's deserializer before any interceptor's behaviour: the one the
-    auth interceptor hands grpcio only keeps the bytes; they are decoded after `identify`."""
+    service's handlers (and so the auth interceptor's) hand grpcio only keeps the bytes; they
+    are read after `identify`."""
     service = pb.DESCRIPTOR.services_by_name["WorkflowEngine"]
     handlers = generic_handler(service, pb_grpc.WorkflowEngineServicer())
-    interceptor = AuthInterceptor(Authenticator(Callers([], {}), False), service.full_name)
+    authenticator = Authenticator(Callers([], {}), False)
+    interceptor = AuthInterceptor(authenticator, service.full_name, RequestReader().read)
 
     async def continuation(details: Any) -> Any:
         return handlers.service(details)

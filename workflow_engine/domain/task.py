@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence, Sized
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Self
 
 from pydantic import (
@@ -115,11 +115,11 @@ def _no_nul(text: str) -> str:
 Text = Annotated[str, AfterValidator(_no_nul)]
 
 
-def _at_most(value: Any, limit: int, noun: str) -> None:
+def _at_most(value: Any, limit: int, noun: str, at: str = "") -> None:
     """Refuse a list (or object) as sent when it holds more than `limit`: before any of its
     elements is validated, so that refusing it costs nothing per element."""
-    if isinstance(value, Sized) and not isinstance(value, str) and len(value) > limit:
-        raise invalid("", f"more than {limit} {noun}")
+    if isinstance(value, list | tuple | dict) and len(value) > limit:
+        raise invalid(at, f"more than {limit} {noun}")
 
 
 def check_argv(command: tuple[str, ...]) -> tuple[str, ...]:
@@ -275,21 +275,6 @@ class Step(DomainModel):
             _few_patterns(checks, info)
         return checks
 
-    # Limits newer than some stored steps: input only (see `input_rules`).
-    @field_validator("depends_on", mode="before")
-    @classmethod
-    def _few_dependencies(cls, names: Any, info: ValidationInfo) -> Any:
-        if input_rules(info):
-            _at_most(names, MAX_DEPENDS_ON, "dependencies")
-        return names
-
-    @field_validator("secret_env", mode="before")
-    @classmethod
-    def _few_secrets(cls, names: Any, info: ValidationInfo) -> Any:
-        if input_rules(info):
-            _at_most(names, MAX_SECRET_ENV, "secret variables")
-        return names
-
 
 def _steps_form_a_plan(steps: tuple[Step, ...]) -> tuple[Step, ...]:
     """Unique ids, `depends_on` naming known other steps, and no cycle."""
@@ -310,7 +295,7 @@ def _steps_form_a_plan(steps: tuple[Step, ...]) -> tuple[Step, ...]:
     return steps
 
 
-def _few_patterns(checks: Any, info: ValidationInfo) -> None:
+def _few_patterns(checks: Any, info: ValidationInfo, at: str = "") -> None:
     """Refuse input whose patterns cost too much to compile together, before any is compiled.
 
     `checks` are checks as sent (JSON objects); anything else is left to the model to refuse.
@@ -327,15 +312,27 @@ def _few_patterns(checks: Any, info: ValidationInfo) -> None:
     try:
         check_together(patterns)
     except PatternError as exc:
-        raise invalid("", str(exc)) from None
+        raise invalid(at, str(exc)) from None
 
 
 def _few_steps(steps: Any, info: ValidationInfo) -> Any:
-    """Counted, and their patterns costed together, before any step is validated."""
+    """Counted, each step's `depends_on` and `secret_env` too, and their patterns costed
+    together, before any step is validated. (Here rather than in `Step`: one validator call
+    for all the steps; the two counts are newer than some stored steps, so input only.)"""
     _at_most(steps, MAX_STEPS, "steps")
-    if isinstance(steps, list | tuple):
-        expects = [s.get("expect") for s in steps if isinstance(s, Mapping)]
-        _few_patterns([c for e in expects if isinstance(e, list | tuple) for c in e], info)
+    if not isinstance(steps, list | tuple):
+        return steps
+    if input_rules(info):
+        for i, step in enumerate(steps):
+            if isinstance(step, Mapping) and (step.get("depends_on") or step.get("secret_env")):
+                _at_most(
+                    step.get("depends_on"), MAX_DEPENDS_ON, "dependencies", f"[{i}].depends_on"
+                )
+                _at_most(
+                    step.get("secret_env"), MAX_SECRET_ENV, "secret variables", f"[{i}].secret_env"
+                )
+    expects = [step.get("expect") for step in steps if isinstance(step, Mapping)]
+    _few_patterns([c for e in expects if isinstance(e, list | tuple) for c in e], info)
     return steps
 
 
@@ -362,13 +359,6 @@ class TaskMetadata(DomainModel):
     labels: dict[Text, Text] = Field(
         default_factory=dict, json_schema_extra={"maxProperties": MAX_METADATA_LABELS}
     )
-
-    @field_validator("labels", mode="before")
-    @classmethod
-    def _few_labels(cls, labels: Any, info: ValidationInfo) -> Any:
-        if input_rules(info):
-            _at_most(labels, MAX_METADATA_LABELS, "labels")
-        return labels
 
 
 class Budget(DomainModel):
@@ -414,17 +404,26 @@ class TaskSpec(DomainModel):
     budget: Budget = Field(default_factory=Budget)
     max_parallel_steps: int = DEFAULT_MAX_PARALLEL
 
-    # Limits newer than some stored tasks: input only (see `input_rules`).
-    @field_validator("acceptance_criteria", mode="before")
+    @model_validator(mode="before")
     @classmethod
-    def _few_criteria(cls, criteria: Any, info: ValidationInfo) -> Any:
-        """Counted, and their patterns costed together, before any criterion is validated."""
+    def _few_of_each(cls, data: Any, info: ValidationInfo) -> Any:
+        """Criteria, preference layers and labels counted as sent (input only: these limits are
+        newer than some stored tasks, see `input_rules`), and the criteria's patterns costed
+        together, before any of them is validated."""
+        if not isinstance(data, Mapping):
+            return data
+        criteria = data.get("acceptance_criteria")
         if input_rules(info):
-            _at_most(criteria, MAX_CRITERIA, "acceptance criteria")
+            _at_most(criteria, MAX_CRITERIA, "acceptance criteria", ".acceptance_criteria")
+            layers = data.get("preferences")
+            _at_most(layers, MAX_PREFERENCES, "preference layers", ".preferences")
+            if isinstance(metadata := data.get("metadata"), Mapping):
+                labels = metadata.get("labels")
+                _at_most(labels, MAX_METADATA_LABELS, "labels", ".metadata.labels")
         if isinstance(criteria, list | tuple):
             checks = [c.get("check") for c in criteria if isinstance(c, Mapping)]
-            _few_patterns(checks, info)
-        return criteria
+            _few_patterns(checks, info, ".acceptance_criteria")
+        return data
 
     @field_validator("prompt")
     @classmethod
@@ -432,13 +431,6 @@ class TaskSpec(DomainModel):
         if len(prompt) > MAX_PROMPT_CHARS:
             raise invalid("", f"longer than {MAX_PROMPT_CHARS} characters")
         return prompt
-
-    @field_validator("preferences", mode="before")
-    @classmethod
-    def _few_preferences(cls, layers: Any, info: ValidationInfo) -> Any:
-        if input_rules(info):
-            _at_most(layers, MAX_PREFERENCES, "preference layers")
-        return layers
 
     @field_validator("preferences")
     @classmethod

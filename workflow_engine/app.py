@@ -267,7 +267,7 @@ class GrpcServer:
         interceptors: list[grpc.aio.ServerInterceptor] = []  # type: ignore[type-arg]
         if METRICS.enabled or tracing.enabled():  # outermost: it sees refused calls too
             interceptors.append(TelemetryInterceptor(SERVICE_NAME))
-        reader = RequestReader()
+        self.reader = reader = RequestReader()
         if authenticator:
             interceptors.append(AuthInterceptor(authenticator, SERVICE_NAME, reader.read))
         self.server = grpc.aio.server(
@@ -346,6 +346,7 @@ class GrpcServer:
         await self._set_health(False)
         await self.engine.close(drain_timeout=drain_timeout)
         await self.server.stop(grace=5)
+        self.reader.close()
         if self.health_server is not None:
             await self.health_server.stop(grace=1)
         log.info("stopped")

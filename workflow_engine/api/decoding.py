@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any, cast
 
 import grpc
@@ -32,6 +33,13 @@ MAX_DEPTH = 100
 #: Fields the walk reads before it gives up naming one (the request is then named as a
 #: whole): a few milliseconds of the event loop, whatever the size and shape of the bytes.
 DIAGNOSED_FIELDS = 2_000
+#: Fields (tags on the wire, at any depth, JSON's and unknown ones included) one request may
+#: hold, counted before protobuf decodes it (`too_many_fields`). Protobuf's decoding is C that
+#: holds the interpreter for as long as it runs, whichever thread runs it: 4 MiB of small
+#: fields took it 0.4 s on this project's 2 shared cores, this many 15 ms at most. A task of
+#: 500 steps, each with 5 arguments, 5 variables and 3 checks, holds 16,000; one of 500 steps
+#: of 64 checks each (every list at its limit) 97,500.
+MAX_REQUEST_FIELDS = 100_000
 
 Deserializer = Callable[[bytes], Any]
 
@@ -65,14 +73,129 @@ def deferred(decode: Deserializer) -> Deserializer:
 
 
 def lenient_deserializer(cls: type[Message]) -> Deserializer:
+    """Decodes bytes into a `cls`, or a `RefusedRequest` naming why not: a field protobuf
+    refuses, or more than `MAX_REQUEST_FIELDS` fields (counted first, in bodies that could
+    hold that many: a field takes a byte at least)."""
+    descriptor = cast(Descriptor, cls.DESCRIPTOR)
+
     def parse(data: bytes) -> Message | RefusedRequest:
+        if len(data) > MAX_REQUEST_FIELDS:
+            refused = too_many_fields(descriptor, data, MAX_REQUEST_FIELDS)
+            if refused is not None:
+                return refused
         try:
             return cls.FromString(data)
         except DecodeError as exc:
-            found = find_bad_field(cast(Descriptor, cls.DESCRIPTOR), data)
+            found = find_bad_field(descriptor, data)
             return found or RefusedRequest("request", f"cannot be decoded ({exc})")
 
     return parse
+
+
+def too_many_fields(descriptor: Descriptor, data: bytes, most: int) -> RefusedRequest | None:
+    """A refusal when `data` holds more than `most` fields, naming where they are (down to the
+    first list, or JSON, on the way); None otherwise, and where the bytes are malformed
+    (protobuf then refuses them, having read no further than this did).
+
+    One pass by offsets, entering known message fields (so JSON's fields count), counting
+    every tag; no string is copied or checked. Pure Python: where it runs in a thread, the
+    event loop gets the interpreter back every switch interval.
+    """
+    view = memoryview(data)
+    pos, end = 0, len(data)
+    inside: list[tuple[int, Descriptor, _Child]] = []  # entered: (its parent's end, type, field)
+    for _ in range(most):
+        while pos >= end:
+            if not inside:
+                return None
+            end, descriptor, _entered = inside.pop()
+        key, pos = _varint(view, pos, end)
+        wire = key & 7
+        if wire == 2:
+            length, pos = _varint(view, pos, end)
+            if length < 0 or pos + length > end:
+                return None
+            child = _children(descriptor).get(key >> 3)
+            if child is not None and len(inside) < MAX_DEPTH:
+                inside.append((end, descriptor, child))
+                descriptor, end = child.kind, pos + length
+            else:
+                pos += length
+        elif wire == 0:
+            value, pos = _varint(view, pos, end)
+            if value < 0:
+                return None
+        elif wire in (1, 5):
+            pos += 8 if wire == 1 else 4
+            if pos > end:
+                return None
+        elif key < 0 or wire not in (3, 4):  # 3, 4: a group's start or end, a tag alone
+            return None
+    while pos >= end and inside:
+        end, descriptor, _entered = inside.pop()
+    if pos >= end:
+        return None  # exactly `most`
+    return RefusedRequest(_where(inside, descriptor, view, pos, end), f"more than {most} fields")
+
+
+@dataclass(frozen=True, slots=True)
+class _Child:
+    """A message field, as `too_many_fields` enters it."""
+
+    name: str
+    kind: Descriptor
+    repeated: bool
+
+
+@cache
+def _children(descriptor: Descriptor) -> dict[int, _Child]:
+    """Field number -> `_Child` for `descriptor`'s message fields (maps' entries included)."""
+    return {
+        field.number: _Child(field.name, field.message_type, field.is_repeated)
+        for field in descriptor.fields
+        if field.message_type is not None
+    }
+
+
+def _where(
+    inside: list[tuple[int, Descriptor, _Child]],
+    descriptor: Descriptor,
+    view: memoryview,
+    pos: int,
+    end: int,
+) -> str:
+    """The path of the field at `pos`, down to the first list or JSON value on the way."""
+    path = []
+    for _end, parent, child in inside:
+        if parent.full_name.startswith(_JSON):
+            break
+        path.append(child.name)
+        if child.repeated:
+            break
+    else:
+        number = _varint(view, pos, end)[0] >> 3
+        field = descriptor.fields_by_number.get(number)
+        if field is not None and not descriptor.full_name.startswith(_JSON):
+            path.append(field.name)
+    return ".".join(path) or "request"
+
+
+_JSON = "google.protobuf."
+
+
+def _varint(view: memoryview, pos: int, end: int) -> tuple[int, int]:
+    """The varint at `pos` and the position after it; -1 when it runs past `end` or 10 bytes."""
+    if pos < end and view[pos] < 0x80:
+        return view[pos], pos + 1  # most tags and lengths: one byte
+    result = shift = 0
+    while pos < end and shift < 64:
+        byte = view[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, pos
+        shift += 7
+    return -1, pos
 
 
 def find_bad_field(descriptor: Descriptor, data: bytes) -> RefusedRequest | None:

@@ -63,11 +63,12 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
         task_id = requests.parse_task_id(request.task_id)
         holder_id = requests.parse_holder_id(request.holder_id)
         key = requests.parse_uuid(request.idempotency_key, "idempotency_key", required=False)
+        task = await self.reader.convert(requests.optional_task, request)
         outcome = await self._service.start(
             task_id=task_id,
             holder_id=holder_id,
             idempotency_key=key,
-            task=requests.optional_task(request),
+            task=task,
             lease_ttl_seconds=requests.parse_lease_ttl(request.lease_ttl_seconds),
             scope=scope(),
         )
@@ -87,15 +88,18 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
         self, request: pb.ResumeWorkflowRequest, context: Context
     ) -> pb.ResumeWorkflowResponse:
         task_id = requests.parse_task_id(request.task_id)
+        holder_id = requests.parse_holder_id(request.holder_id)
+        lease_ttl_seconds = requests.parse_lease_ttl(request.lease_ttl_seconds)
+        decision = (
+            await self.reader.convert(requests.decision_from_proto, request.decision)
+            if request.HasField("decision")
+            else None
+        )
         outcome = await self._service.resume(
             task_id=task_id,
-            holder_id=requests.parse_holder_id(request.holder_id),
-            lease_ttl_seconds=requests.parse_lease_ttl(request.lease_ttl_seconds),
-            decision=(
-                requests.decision_from_proto(request.decision)
-                if request.HasField("decision")
-                else None
-            ),
+            holder_id=holder_id,
+            lease_ttl_seconds=lease_ttl_seconds,
+            decision=decision,
             budget=requests.budget_from_proto(request.budget)
             if request.HasField("budget")
             else None,
@@ -167,7 +171,7 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
         self, request: pb.UpdateWorkflowRequest, context: Context
     ) -> pb.Workflow:
         task_id = requests.parse_task_id(request.task_id)
-        override = requests.update_from_proto(request)
+        override = await self.reader.convert(requests.update_from_proto, request)
         applied = await self._service.update(task_id, override, scope())
         workflow = convert.workflow_to_proto(applied.record)
         workflow.status = convert.status_to_proto(applied.status)

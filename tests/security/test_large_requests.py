@@ -103,6 +103,15 @@ SHAPES = {
         grpc.StatusCode.PERMISSION_DENIED,
         "task.metadata: the caller may not start workflows of project 'project-b'",
     ),
+    "a prompt of 16,383 command lines": (
+        "StartWorkflow",
+        lambda: pb.StartWorkflowRequest(
+            task_id=str(uuid.uuid4()), task=pb.TaskSpec(prompt="$ x\n" * 16_383)
+        ).SerializeToString(),
+        4,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "task.prompt: its '$ command' lines plan steps that cannot run: plan.steps: more than 500",
+    ),
     "a task at every limit, started": ("StartWorkflow", widest_task, 1, grpc.StatusCode.OK, ""),
 }
 

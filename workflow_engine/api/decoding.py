@@ -46,8 +46,8 @@ Deserializer = Callable[[bytes], Any]
 
 @dataclass(frozen=True, slots=True)
 class RefusedRequest:
-    """Stands in for a request refused before it was converted: bytes that did not parse, or
-    a list longer than its limit (`api.limits`)."""
+    """Stands in for a request refused before it was converted: bytes that did not parse, more
+    than `MAX_REQUEST_FIELDS` fields, or a list longer than its limit (`api.limits`)."""
 
     field: str
     problem: str

@@ -335,6 +335,7 @@ static const char *contain(const char *job_dir, const char *tmp_dir, int in_user
     static char why[PATH_MAX + 80];
     char path[PATH_MAX];
     const char *failed = NULL;
+    umask(022); /* what `make_path` makes, the job's user must be able to pass through */
     if (unshare(CLONE_NEWNS) != 0) return "no mount namespace";
     /* Opened in the new namespace (a bind's source must be in it), before anything hides them */
     int job = open(job_dir, O_PATH | O_DIRECTORY | O_CLOEXEC);

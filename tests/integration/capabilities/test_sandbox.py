@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import sys
+import tempfile
 import textwrap
 import time
 from collections.abc import AsyncIterator
@@ -542,3 +543,17 @@ async def test_a_job_whose_work_dir_cannot_be_made_is_lost_and_says_why(
     assert "jobwrap: cannot enter work/: Not a directory" in result.stderr
     assert not marker.exists()
     await runner.close()
+
+
+async def test_a_jobs_dir_under_tmp_is_reachable_from_the_jobs_own_tmp(
+    each_wrapper: str,
+) -> None:
+    # A job's /tmp is its task's own: a jobs directory under the host's /tmp (a checkout in
+    # /tmp, say) must still be where the job's HOME and working directory say.
+    with tempfile.TemporaryDirectory(dir="/tmp") as under_tmp:
+        async with LocalSandboxWorker(jobs_dir=Path(under_tmp) / "jobs") as sandbox:
+            result = await sandbox.run(
+                "local", job("tmp-1", "sh", "-c", 'cd "$HOME" && pwd && echo x > /tmp/mine')
+            )
+    assert result.status == "completed", result.stderr
+    assert result.stdout == f"{result.work_dir}\n"

@@ -2,9 +2,18 @@
 
 A real HTTP server (Starlette, uvicorn on a free port, in a thread with its own event loop), as
 vLLM or llama.cpp's server would be. It checks that every request carries the model, the
-messages and a JSON Schema ``response_format`` (and the bearer token), refusing one that does
-not with 400 and recording why in `problems`. Answers come from a script per schema name
-(``plan``, ``step``, ``verification``, ``summary``), in order; an empty script answers with its
+messages and the answer's JSON Schema in one of the shapes the engine's structured-output
+ladder sends (and the bearer token), refusing one that does not with 400 and recording why in
+`problems`. Its `dialect` says which shapes it takes, as real servers differ:
+
+- ``openai``: every shape (OpenAI, vLLM, llama.cpp's server);
+- ``llama-cpp-python``: ``json_schema`` refused with HTTP 500, as its server does;
+- ``no-response-format``: any ``response_format`` refused with 400 (the schema must be in the
+  prompt), and the JSON answered inside prose and a Markdown fence, as an unconstrained model
+  writes it.
+
+Answers come from a script per schema (``plan``, ``step``, ``verification``, ``summary``, told
+apart by the schema's top-level properties), in order; an empty script answers with its
 default (a ``verification`` passes). A scripted answer is one of:
 
 - a dict or list: answered as the JSON content;
@@ -31,7 +40,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from workflow_engine.capabilities.structured_output import OutputModes
+
 MODEL = "test-model"
+DIALECTS = ("openai", "llama-cpp-python", "no-response-format")
+#: The schemas' top-level properties, and the name a script is kept under.
+SCHEMA_NAMES = {"steps": "plan", "command": "step", "status": "verification", "summary": "summary"}
 API_KEY = "sk-test-key"
 
 DEFAULTS: dict[str, Any] = {
@@ -70,7 +84,10 @@ class Call:
 class ModelServer:
     """The server, its scripts and what it was asked."""
 
-    def __init__(self) -> None:
+    def __init__(self, dialect: str = "openai") -> None:
+        assert dialect in DIALECTS, dialect
+        self.dialect = dialect
+        OutputModes.forget()  # a port reused by a server of another dialect starts at the top
         self.scripts: dict[str, deque[Any]] = defaultdict(deque)
         self.calls: list[Call] = []
         self.problems: list[str] = []
@@ -114,13 +131,28 @@ class ModelServer:
             return "messages: required"
         if not all(isinstance(m, dict) and m.get("role") and m.get("content") for m in messages):
             return "messages: each needs a role and content"
-        form = body.get("response_format") or {}
-        schema = (form.get("json_schema") or {}).get("schema")
-        if form.get("type") != "json_schema" or not isinstance(schema, dict):
-            return "response_format: expected a json_schema with a schema"
-        if not schema.get("properties"):
-            return "response_format.json_schema.schema: has no properties"
+        if not isinstance(body.get("max_tokens"), int) or body["max_tokens"] < 1:
+            return "max_tokens: expected a bound on the answer"
+        schema = schema_of(body)
+        if not isinstance(schema, dict) or not schema.get("properties"):
+            return "the answer's JSON Schema: not in the response_format nor in the prompt"
         return ""
+
+    def _refusal(self, body: dict[str, Any]) -> Response | None:
+        """The error this server's dialect answers a request shape it does not take with."""
+        kind = (body.get("response_format") or {}).get("type")
+        if self.dialect == "llama-cpp-python" and kind == "json_schema":
+            detail = {
+                "type": "literal_error",
+                "loc": ["body", "response_format", "type"],
+                "msg": "Input should be 'text' or 'json_object'",
+                "input": "json_schema",
+            }
+            return JSONResponse({"detail": [detail]}, 500)
+        if self.dialect == "no-response-format" and kind:
+            message = f"response_format of type {kind} is not supported"
+            return JSONResponse({"error": {"message": message, "type": "invalid_request"}}, 400)
+        return None
 
     async def _complete(self, request: Request) -> Response:
         try:
@@ -128,13 +160,15 @@ class ModelServer:
         except ValueError:
             body = None
         problem = self._check(request, body)
-        name = str(
-            (((body or {}).get("response_format") or {}).get("json_schema") or {}).get("name")
-        )
+        name = schema_name(schema_of(body)) if not problem else "?"
         if problem:
             self.problems.append(problem)
             self.calls.append(Call(name, body or {}, 400))
             return JSONResponse({"error": {"message": problem, "type": "invalid_request"}}, 400)
+        refused = self._refusal(body)
+        if refused is not None:
+            self.calls.append(Call(name, body, refused.status_code))
+            return refused
         with self._lock:
             queue = self.scripts[name]
             answer = queue.popleft() if queue else DEFAULTS.get(name)
@@ -149,6 +183,9 @@ class ModelServer:
             self.problems.append(f"no scripted answer for {name!r}")
             return JSONResponse({"error": {"message": f"nothing scripted for {name}"}}, 400)
         content = reply.content if reply.content is not None else json.dumps(reply.json)
+        if self.dialect == "no-response-format" and reply.content is None:
+            # A model nothing constrains wraps its JSON in words and a Markdown fence.
+            content = f"Here is the {name}:\n```json\n{content}\n```\nAsk if you need more."
         if reply.refusal is not None:
             content = ""
         prompt_tokens = len(json.dumps(body["messages"])) // 4
@@ -177,3 +214,30 @@ class ModelServer:
                 },
             }
         )
+
+
+def schema_of(body: Any) -> Any:
+    """The answer's JSON Schema as the request carries it: in the response format, or (the
+    engine's lower rungs) at the end of the system message."""
+    if not isinstance(body, dict):
+        return None
+    form = body.get("response_format") or {}
+    if form.get("type") == "json_schema":
+        return (form.get("json_schema") or {}).get("schema")
+    if form.get("type") == "json_object" and "schema" in form:
+        return form["schema"]
+    system = next((m for m in body.get("messages", []) if m.get("role") == "system"), None)
+    content = str((system or {}).get("content", ""))
+    marker = "JSON Schema:\n"
+    if marker not in content:
+        return None
+    try:
+        return json.loads(content.rsplit(marker, 1)[1])
+    except ValueError:
+        return None
+
+
+def schema_name(schema: Any) -> str:
+    """Which script answers a request for `schema` (``plan``, ``step``, ...)."""
+    properties = schema.get("properties", {}) if isinstance(schema, dict) else {}
+    return next((n for key, n in SCHEMA_NAMES.items() if key in properties), "?")

@@ -10,6 +10,7 @@ capability adds its section here and reads it in its factory entry.
 from __future__ import annotations
 
 import ipaddress
+import json
 import math
 import os
 import socket
@@ -17,7 +18,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import Any, Literal, get_type_hints
 
 from workflow_engine.domain.jobs import MAX_LIMIT
 
@@ -234,6 +235,14 @@ class NodesSettings:
         return self.source or ("file" if self.file else "orchestrator")
 
 
+#: How a model is asked for JSON, most enforced first (see `capabilities.model_client`).
+OUTPUT_MODES = ("json_schema", "json_object_schema", "json_object", "text")
+#: The answer's token limit per purpose when no setting gives one: enough for a plan of a few
+#: steps, a verdict with its findings, a summary, and short enough that a model that rambles
+#: is cut in seconds, not minutes.
+DEFAULT_MAX_TOKENS = {"plan": 1024, "revise": 512, "verify": 512, "summary": 512}
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LlmSettings:
     """The model the ``llm`` planner and verifier ask (``WORKFLOW_ENGINE_LLM_*``): any
@@ -248,8 +257,22 @@ class LlmSettings:
     api_key_file: str = ""
     #: How long one request may take (a slower answer is retried, as a timeout).
     timeout_seconds: float = 60.0
-    #: The answer's token limit; an answer cut there is a finding, not a plan.
-    max_tokens: int = 4096
+    #: The answer's token limit for every purpose that has none of its own (0: each purpose's
+    #: default, `DEFAULT_MAX_TOKENS`). An answer cut there is asked for again, shorter, and
+    #: fails the call when every attempt is cut; its tokens count in the budget either way.
+    max_tokens: int = 0
+    #: The token limits of a plan (and a step's revision), a verdict and a summary (0: above).
+    plan_max_tokens: int = 0
+    verify_max_tokens: int = 0
+    summary_max_tokens: int = 0
+    #: Stop sequences sent with every call, as a JSON array of strings (empty: none).
+    stop: str = ""
+    #: How answers are asked for: ``auto`` walks `OUTPUT_MODES` down from the first until the
+    #: server takes one, and remembers it; or one of them, always.
+    output_mode: str = "auto"
+    #: What the prompts and schemas ask for: ``full``, or ``small`` for sub-billion models
+    #: (id, command and checks only; shorter instructions).
+    profile: str = "full"
     temperature: float = 0.0
     #: Tries after the first for a timeout, a connection error, 429 or 5xx; backoff between
     #: them doubles from 0.5 s up to `retry_max_seconds` (a 429's Retry-After wins).
@@ -263,6 +286,39 @@ class LlmSettings:
     revise: bool = True
     #: Whether `finalize_summary` asks the model for the summary (today's summary otherwise).
     summary: bool = False
+
+    def answer_profile(self) -> Literal["full", "small"]:
+        """`profile`, as the prompts and schemas take it."""
+        return "small" if self.profile == "small" else "full"
+
+    def tokens_for(self, purpose: str) -> int:
+        """The answer's token limit for `purpose` (plan, revise, verify, summary)."""
+        own = {
+            "plan": self.plan_max_tokens,
+            "revise": self.plan_max_tokens,
+            "verify": self.verify_max_tokens,
+            "summary": self.summary_max_tokens,
+        }.get(purpose, 0)
+        return own or self.max_tokens or DEFAULT_MAX_TOKENS.get(purpose, 1024)
+
+    def stop_sequences(self) -> list[str]:
+        """`stop` as a list; `ValueError` naming the variable when it is not one."""
+        if not self.stop:
+            return []
+        try:
+            sequences = json.loads(self.stop)
+        except ValueError:
+            sequences = None
+        if (
+            not isinstance(sequences, list)
+            or not 1 <= len(sequences) <= 4
+            or not all(isinstance(s, str) and 0 < len(s) <= 64 for s in sequences)
+        ):
+            raise ValueError(
+                f"{ENV_PREFIX}LLM_STOP: expected a JSON array of 1 to 4 non-empty strings "
+                '(at most 64 characters each), e.g. ["\\n\\n\\n"]'
+            )
+        return sequences
 
     def check(self, planner: str, verifier: str) -> None:
         """Refuse settings a model capability cannot run with, naming the variable."""
@@ -280,9 +336,20 @@ class LlmSettings:
             raise ValueError(f"{prefix}API_KEY_FILE: set, and so is {prefix}API_KEY; set one")
         if not 0 < self.timeout_seconds <= 3600:
             raise ValueError(f"{prefix}TIMEOUT_SECONDS: expected 0 < seconds <= 3600")
-        for name in ("max_tokens", "plan_attempts", "excerpt_chars"):
+        for name in ("plan_attempts", "excerpt_chars"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{prefix}{name.upper()}: expected 1 or more")
+        for name in ("max_tokens", "plan_max_tokens", "verify_max_tokens", "summary_max_tokens"):
+            if not 0 <= getattr(self, name) <= 1_000_000:
+                raise ValueError(f"{prefix}{name.upper()}: expected 0 (the default) to 1000000")
+        if self.output_mode not in ("auto", *OUTPUT_MODES):
+            raise ValueError(
+                f"{prefix}OUTPUT_MODE: expected auto or one of {', '.join(OUTPUT_MODES)}, "
+                f"got {self.output_mode!r}"
+            )
+        if self.profile not in ("full", "small"):
+            raise ValueError(f"{prefix}PROFILE: expected full or small, got {self.profile!r}")
+        self.stop_sequences()
         if not 0 <= self.retries <= 20:
             raise ValueError(f"{prefix}RETRIES: expected 0 to 20")
 

@@ -1,10 +1,11 @@
 """The ``llm`` planner: a model turns a task's prompt and criteria into executable steps.
 
 The model is told the task, its acceptance criteria, the effective preferences and what the
-workers can run, and answers with a `Plan` in the plan's own JSON Schema; the answer is checked
-by the domain model and against what the worker can run (`Worker.unfit`: the local sandbox has
-no labels), and an invalid one is asked for again with what was wrong (see `answer_valid`). A
-task that gives its own steps is not sent to the model: the caller planned it. Every
+workers can run, and answers with a plan in the schema a model writes (`answer_schemas`: only
+what a model may set; nothing else of its answer is kept). The answer is checked by the domain
+model and against what the worker can run (`Worker.unfit`: the local sandbox has no labels),
+and an invalid one is asked for again with what was wrong (see `answer_valid`). A task that
+gives its own steps is not sent to the model: the caller planned it. Every
 model-planned step then goes through the command policy, its program and its env: allowed,
 waiting for approval (`requires_approval`), or refused (`PlanRefused`, the workflow fails with
 the rule).
@@ -21,6 +22,7 @@ from typing import Any
 
 import structlog
 
+from workflow_engine.capabilities.answer_schemas import plan_schema, step_schema, trimmed
 from workflow_engine.capabilities.base import Unfit, check_step, check_steps
 from workflow_engine.capabilities.command_policy import CommandPolicy
 from workflow_engine.capabilities.model_client import ModelClient, answer_valid
@@ -46,6 +48,15 @@ as `value` (no backreferences or lookaround), file_exists with a `value` relativ
 directory (no absolute path, no `..`), json_field_equals with `field` and `equals`). Steps run \
 in order unless a step names `depends_on`. Put what you assumed in `assumptions`. Answer with \
 JSON only, following the schema."""
+
+#: The plan's instructions for a small model (``WORKFLOW_ENGINE_LLM_PROFILE=small``): fewer
+#: words, and an example answer to copy the shape of.
+PLAN_SYSTEM_SMALL = """\
+You turn a task into commands. Answer with JSON only, like this example: \
+{"steps": [{"id": "write", "command": ["sh", "-c", "echo hi > /tmp/note.txt"], "expect": \
+[{"kind": "exit_code", "equals": 0}]}, {"id": "show", "command": ["cat", "/tmp/note.txt"], \
+"expect": [{"kind": "stdout_contains", "value": "hi"}]}]}. Each command is an argv list; use \
+["sh", "-c", "..."] for shell syntax. Steps run in order. Keep files in /tmp."""
 
 REVISE_SYSTEM = """\
 You are the planner of a workflow engine. A step of your plan failed its verification. Answer \
@@ -76,6 +87,11 @@ class LlmPlanner:
         #: Why the worker can never run a step (`Worker.unfit`): a planned step it names is
         #: asked for again, like any invalid answer.
         self._unfit = unfit
+        profile = settings.answer_profile()
+        #: What a model may write: a plan, or one step (a revision).
+        self._plan_schema = plan_schema(profile)
+        self._step_schema = step_schema(profile)
+        self._system = PLAN_SYSTEM_SMALL if profile == "small" else PLAN_SYSTEM
 
     def check(self, task: TaskSpec) -> None:
         """A task with neither steps nor a prompt gives the model nothing to plan."""
@@ -88,7 +104,7 @@ class LlmPlanner:
         if task.steps:
             return derive_plan(task)
         messages = [
-            {"role": "system", "content": PLAN_SYSTEM},
+            {"role": "system", "content": self._system},
             {"role": "user", "content": json.dumps(self._task_brief(task), indent=1)},
         ]
         plan: Plan = await answer_valid(
@@ -96,14 +112,14 @@ class LlmPlanner:
             "plan",
             messages,
             "plan",
-            Plan.model_json_schema(),
+            self._plan_schema,
             self._valid_plan,
             self._settings.plan_attempts,
         )
         return self.contained(plan)
 
     def _valid_plan(self, answer: Any) -> Plan:
-        plan: Plan = parse(Plan, answer, "plan")
+        plan: Plan = parse(Plan, trimmed(answer, self._plan_schema), "plan")
         if not plan.steps:
             raise InvalidArgument("plan.steps", "required: at least one step")
         check_steps(self._unfit, plan.steps, "plan.steps")
@@ -150,7 +166,7 @@ class LlmPlanner:
         ]
 
         def valid_step(answer: Any) -> Step:
-            revised: Step = parse(Step, answer, "step")
+            revised: Step = parse(Step, trimmed(answer, self._step_schema), "step")
             if revised.id != step.id:
                 raise InvalidArgument("step.id", f"must stay {step.id!r}, got {revised.id!r}")
             if revised.depends_on != step.depends_on:
@@ -163,13 +179,18 @@ class LlmPlanner:
             "revise",
             messages,
             "step",
-            Step.model_json_schema(),
+            self._step_schema,
             valid_step,
             self._settings.plan_attempts,
         )
         return self.contain(revised)
 
     def _task_brief(self, task: TaskSpec) -> JsonObject:
+        if self._settings.answer_profile() == "small":
+            return {
+                "task": task.prompt,
+                "acceptance_criteria": [c.to_json() for c in task.acceptance_criteria],
+            }
         return {
             "prompt": task.prompt,
             "acceptance_criteria": [c.to_json() for c in task.acceptance_criteria],

@@ -2,10 +2,10 @@
 
 The model sees the step (its description, command and expected outputs), bounded excerpts of
 the result (stdout, stderr, artifacts' names), the acceptance criteria and the preferences, and
-answers with the state's `verification` in its own JSON Schema. The verdict is the stricter of
-the two: a failed machine check fails the step whatever the model says, and so does the model's
-`fail`. The model's findings are kept beside the checks' (their `check` prefixed ``model:``), so
-the next attempt's remediation carries both.
+answers with a verdict in the schema a judge writes (`answer_schemas.verification_schema`).
+The verdict is the stricter of the two: a failed machine check fails the step whatever the
+model says, and so does the model's `fail`. The model's findings are kept beside the checks'
+(their `check` prefixed ``model:``), so the next attempt's remediation carries both.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from workflow_engine.capabilities.answer_schemas import trimmed, verification_schema
 from workflow_engine.capabilities.llm_planner import excerpt
 from workflow_engine.capabilities.model_client import ModelClient, answer_valid
 from workflow_engine.capabilities.verifier import MachineVerifier
@@ -29,6 +30,12 @@ and the preferences. Answer with JSON only, following the schema: `status` pass 
 finding per thing you checked (`check`, `passed`, `detail` quoting the evidence), and \
 `recommended_actions` that would make a failed step pass on its next attempt."""
 
+#: The judge's instructions for a small model (``WORKFLOW_ENGINE_LLM_PROFILE=small``).
+VERIFY_SYSTEM_SMALL = """\
+Did the step work? Read its command and output. Answer with JSON only, like this example: \
+{"status": "pass", "findings": [{"check": "output", "passed": true, "detail": "it printed hi"}]}. \
+Use "fail" when the output shows it did not work."""
+
 
 class LlmVerifier:
     """Machine checks, then the model's judgement; the stricter verdict wins."""
@@ -42,6 +49,9 @@ class LlmVerifier:
         self.client = client
         self._settings = settings
         self._machine = machine or MachineVerifier()
+        profile = settings.answer_profile()
+        self._schema = verification_schema(profile)
+        self._system = VERIFY_SYSTEM_SMALL if profile == "small" else VERIFY_SYSTEM
 
     async def verify(
         self,
@@ -55,7 +65,7 @@ class LlmVerifier:
             step, result, checked, criteria, preferences, self._settings.excerpt_chars
         )
         messages = [
-            {"role": "system", "content": VERIFY_SYSTEM},
+            {"role": "system", "content": self._system},
             {"role": "user", "content": json.dumps(brief, indent=1)},
         ]
         judged: Verification = await answer_valid(
@@ -63,8 +73,8 @@ class LlmVerifier:
             "verify",
             messages,
             "verification",
-            Verification.model_json_schema(),
-            lambda answer: parse(Verification, answer, "verification"),
+            self._schema,
+            lambda answer: parse(Verification, trimmed(answer, self._schema), "verification"),
             self._settings.plan_attempts,
         )
         return combine(checked, judged)

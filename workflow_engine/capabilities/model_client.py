@@ -1,14 +1,17 @@
-"""A model over any OpenAI-compatible Chat Completions endpoint, answering in a JSON Schema.
+"""A model over any OpenAI-compatible Chat Completions endpoint, answering in JSON.
 
 The official `openai` SDK speaks the protocol (OpenAI, vLLM, llama.cpp's server, Ollama, an
-orchestrator's model router: each takes its ``base_url``); its own retries are off, because
-retries live here, in one place (`_retryable`): a timeout, a connection error, 429 (after its
-``Retry-After``) and 5xx are retried with backoff; anything else, a 4xx, a refusal, an answer
-cut at the token limit or one that is not JSON, is a `ModelError` whose message a finding quotes.
+orchestrator's model router: each takes its ``base_url``). How the answer's JSON Schema is
+sent depends on what the server takes: `structured_output` walks a ladder of request shapes
+and remembers the endpoint's rung. The SDK's own retries are off, because retries live here,
+in one place (`_retryable`): a timeout, a connection error, 429 (after its ``Retry-After``) and
+5xx are retried with backoff; any other 4xx or a refusal is a `ModelError` whose message a
+finding quotes. An answer cut at its purpose's token limit (`LlmSettings.tokens_for`) or holding
+no JSON is an `AnswerProblem`, asked for again like an invalid one (`answer_valid`).
 
 Every call that got an answer is recorded (model, latency, prompt and completion tokens) in
 the ledger of the node that made it (`recording`), so the node can put it in the state and its
-history event without the capability knowing about either.
+history event without the capability knowing about either: a cut answer's tokens count too.
 """
 
 from __future__ import annotations
@@ -29,6 +32,13 @@ from opentelemetry.trace import SpanKind
 
 from workflow_engine import secret_files
 from workflow_engine.capabilities.base import CapabilityConfigError
+from workflow_engine.capabilities.structured_output import (
+    OutputModes,
+    Request,
+    asked_for,
+    extract_json,
+    refuses_shape,
+)
 from workflow_engine.config import ENV_PREFIX, LlmSettings
 from workflow_engine.domain.model import JsonObject
 from workflow_engine.errors import WorkflowEngineError
@@ -40,11 +50,23 @@ log = structlog.get_logger(__name__)
 
 #: Longest wait honoured from one ``Retry-After``; a server asking for more is not waited on.
 MAX_RETRY_AFTER_SECONDS = 60.0
+#: How much of an unusable answer is shown to the model again when it is asked to correct it.
+MAX_REPEATED_CHARS = 8000
 _QUOTED = 300
 
 
 class ModelError(WorkflowEngineError):
     """The model gave no usable answer (after the retries, or for a reason no retry fixes)."""
+
+
+class AnswerProblem(ModelError):
+    """The model answered, but the answer cannot be read: cut at the token limit, or no JSON.
+    Asked for again (`answer_valid`) like an answer that does not validate."""
+
+    def __init__(self, reason: str, content: str) -> None:
+        super().__init__(f"{reason}: {_quote(content)}" if content else reason)
+        self.reason = reason
+        self.content = content
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +158,9 @@ class ModelClient:
         self._api_key = read_api_key(settings)
         self._sleep = sleep
         self._client: openai.AsyncOpenAI | None = None
+        self._stop = settings.stop_sequences()
+        #: The structured-output rung this endpoint answers (`structured_output`).
+        self._modes = OutputModes(settings.base_url.rstrip("/"), settings.output_mode)
 
     @property
     def model(self) -> str:
@@ -168,15 +193,20 @@ class ModelClient:
         schema_name: str,
         schema: JsonObject,
     ) -> Any:
-        """The model's answer to `messages` as JSON following `schema`, or `ModelError`."""
+        """The model's answer to `messages` as JSON (meant to follow `schema`), `ModelError`,
+        or `AnswerProblem` for an answer that is there but cut or not JSON."""
         if self._client is None:
             raise ModelError("the model client is not open")
         attempts = self._settings.retries + 1
-        for attempt in range(1, attempts + 1):
+        attempt = 1
+        while True:
+            mode = self._modes.mode()
             started = time.monotonic()
             try:
                 with self._span(purpose) as span:
-                    completion = await self._create(messages, schema_name, schema, span)
+                    completion = await self._create(
+                        purpose, asked_for(mode, messages, schema_name, schema), span
+                    )
             except openai.APIError as exc:
                 METRICS.model_call(
                     purpose=purpose,
@@ -186,6 +216,13 @@ class ModelClient:
                     output_tokens=0,
                     error=type(exc).__name__,
                 )
+                if refuses_shape(exc):
+                    if self._modes.step_down(mode, _describe_error(exc, 1)):
+                        continue  # the same question in the next shape: not a retry
+                    raise ModelError(
+                        f"{_describe_error(exc, attempt)}: the server does not take the "
+                        f"{mode} request shape ({ENV_PREFIX}LLM_OUTPUT_MODE)"
+                    ) from None
                 delay = _retryable(exc, attempt, self._settings.retry_max_seconds)
                 if delay is None or attempt == attempts:
                     raise ModelError(_describe_error(exc, attempt)) from None
@@ -197,9 +234,9 @@ class ModelClient:
                     error=_describe_error(exc, attempt),
                 )
                 await self._sleep(delay)
+                attempt += 1
                 continue
             return self._read(purpose, completion, started)
-        raise AssertionError("unreachable")  # pragma: no cover
 
     def _span(self, purpose: str) -> Any:
         """A GenAI client span for one call (OpenTelemetry's conventions: "chat {model}")."""
@@ -208,25 +245,26 @@ class ModelClient:
             {
                 "gen_ai.operation.name": "chat",
                 "gen_ai.request.model": self._settings.model,
-                "gen_ai.request.max_tokens": self._settings.max_tokens,
+                "gen_ai.request.max_tokens": self._settings.tokens_for(purpose),
                 "workflow_engine.purpose": purpose,
+                "workflow_engine.output_mode": self._modes.mode(),
             },
             SpanKind.CLIENT,
         )
 
-    async def _create(
-        self, messages: list[JsonObject], schema_name: str, schema: JsonObject, span: Any
-    ) -> Any:
+    async def _create(self, purpose: str, request: Request, span: Any) -> Any:
         assert self._client is not None
+        options: dict[str, Any] = {}
+        if request.response_format is not None:
+            options["response_format"] = request.response_format
+        if self._stop:
+            options["stop"] = self._stop
         completion = await self._client.chat.completions.create(
             model=self._settings.model,
-            messages=cast(Any, messages),
-            max_tokens=self._settings.max_tokens,
+            messages=cast(Any, request.messages),
+            max_tokens=self._settings.tokens_for(purpose),
             temperature=self._settings.temperature,
-            response_format={
-                "type": "json_schema",
-                "json_schema": {"name": schema_name, "schema": schema, "strict": False},
-            },
+            **options,
         )
         usage = completion.usage
         span.set_attribute("gen_ai.response.model", str(completion.model or ""))
@@ -266,14 +304,27 @@ class ModelClient:
             raise ModelError(f"the model refused: {_quote(refusal)}")
         content = choice.message.content or ""
         if choice.finish_reason == "length":
-            raise ModelError(
-                f"the answer was cut at the token limit ({self._settings.max_tokens}; "
-                f"{ENV_PREFIX}LLM_MAX_TOKENS): {_quote(content)}"
+            limit = self._settings.tokens_for(purpose)
+            raise AnswerProblem(
+                f"the model's answer was cut at {call.completion_tokens or limit} tokens "
+                f"(the limit is {limit}: {_TOKEN_SETTING.get(purpose, 'MAX_TOKENS')})",
+                content,
             )
         try:
-            return json.loads(content)
+            return extract_json(content)
         except ValueError as exc:
-            raise ModelError(f"the answer is not JSON ({exc}): {_quote(content)}") from None
+            raise AnswerProblem(f"the answer is not JSON ({exc})", content) from None
+
+
+_TOKEN_SETTING = {
+    purpose: f"{ENV_PREFIX}LLM_{name}_MAX_TOKENS"
+    for purpose, name in (
+        ("plan", "PLAN"),
+        ("revise", "PLAN"),
+        ("verify", "VERIFY"),
+        ("summary", "SUMMARY"),
+    )
+}
 
 
 def _retryable(exc: openai.APIError, attempt: int, max_seconds: float) -> float | None:
@@ -334,23 +385,30 @@ async def answer_valid(
     `attempts` times; then `ModelError` quoting the last problem.
 
     `validate` raises `WorkflowEngineError` (an `InvalidArgument` naming the field) for an
-    answer that does not hold; the model sees its message and answers again.
+    answer that does not hold; an answer cut at the token limit or that holds no JSON is as
+    wrong. The model sees the problem and answers again.
     """
     messages = list(messages)
     problem = ""
     for attempt in range(1, attempts + 1):
-        answer = await client.answer(purpose, messages, schema_name, schema)
         try:
-            return validate(answer)
-        except WorkflowEngineError as exc:
-            problem = exc.message
+            answer = await client.answer(purpose, messages, schema_name, schema)
+        except AnswerProblem as exc:
+            problem, said = exc.message, exc.content
+            again = "Answer again, shorter," if "cut at" in exc.reason else "Answer again"
+        else:
+            try:
+                return validate(answer)
+            except WorkflowEngineError as exc:
+                problem, said = exc.message, json.dumps(answer)
+                again = "Answer again"
         log.warning("model_answer_invalid", purpose=purpose, attempt=attempt, problem=problem)
         messages += [
-            {"role": "assistant", "content": json.dumps(answer)},
+            {"role": "assistant", "content": said[:MAX_REPEATED_CHARS] or "(nothing)"},
             {
                 "role": "user",
-                "content": f"That answer is invalid: {problem}. Answer again with the whole "
-                "corrected JSON, following the schema.",
+                "content": f"That answer is invalid: {problem}. {again} with the whole "
+                "corrected JSON object, following the schema.",
             },
         ]
     raise ModelError(f"the model's {schema_name} was invalid {attempts} time(s); last: {problem}")

@@ -69,6 +69,8 @@ MAX_PARALLEL = 64
 MAX_BUDGET_VALUE = 10_000_000
 MAX_PREFERENCE_DEPTH = 32
 _STEP_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+#: A step id: 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit.
+STEP_ID_PATTERN = _STEP_ID.pattern
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 
 #: Variables with which the dynamic loader or the C library load code or read files the

@@ -18,6 +18,7 @@ import psycopg
 import structlog
 from pydantic import ValidationError
 
+from workflow_engine.capabilities import answer_schemas
 from workflow_engine.capabilities.base import RevisingPlanner
 from workflow_engine.capabilities.factory import Capabilities
 from workflow_engine.capabilities.jobs import JobTracker
@@ -446,11 +447,6 @@ _SUMMARY_SYSTEM = (
     "You write the final summary of a finished workflow for the person who asked for it: "
     'what was done, the evidence, anything left open. Answer as JSON: {"summary": "..."}.'
 )
-_SUMMARY_SCHEMA: JsonObject = {
-    "type": "object",
-    "properties": {"summary": {"type": "string", "minLength": 1, "maxLength": 8000}},
-    "required": ["summary"],
-}
 
 
 async def _model_summary(model: ModelClient, state: WorkflowState, plain: str) -> str:
@@ -475,7 +471,7 @@ async def _model_summary(model: ModelClient, state: WorkflowState, plain: str) -
         },
     ]
     try:
-        answer = await model.answer("summary", messages, "summary", _SUMMARY_SCHEMA)
+        answer = await model.answer("summary", messages, "summary", answer_schemas.SUMMARY)
     except WorkflowEngineError as exc:
         log.warning("model_summary_failed", error=exc.message)
         return ""

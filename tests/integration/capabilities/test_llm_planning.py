@@ -1,8 +1,8 @@
 """The ``llm`` planner and verifier over gRPC, against an OpenAI-compatible model server.
 
 The server (`tests.model_server`) is a real HTTP server on a free port answering from a script
-per test; it refuses any request without the model, the messages and the JSON Schema
-``response_format``, and each test checks it refused none.
+per test; it refuses any request without the model, the messages, a token limit and the
+answer's JSON Schema, and each test checks it refused none.
 """
 
 from __future__ import annotations
@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog.testing
 from google.protobuf import json_format
 
 from tests.conftest import RunningEngine, start_engine, stop_engine
 from tests.helpers import new_task_id, wait_for_status, write_secret
 from tests.model_server import API_KEY, MODEL, ModelServer, Reply
+from workflow_engine.capabilities.answer_schemas import plan_schema
 from workflow_engine.config import LlmSettings, Settings
-from workflow_engine.domain.task import Plan
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 PAUSED_OR_DONE = {pb.SUCCEEDED, pb.FAILED, pb.CANCELLED, pb.SUSPENDED, pb.WAITING_FOR_APPROVAL}
@@ -55,8 +56,9 @@ def told_again(model: ModelServer, kind: str) -> str:
 
 
 @pytest.fixture
-def model() -> Iterator[ModelServer]:
-    server = ModelServer()
+def model(request: pytest.FixtureRequest) -> Iterator[ModelServer]:
+    """The scripted model server; a test may name its dialect (`indirect` parametrization)."""
+    server = ModelServer(getattr(request, "param", "openai"))
     yield server
     server.stop()
     assert server.problems == [], "the model server refused requests"
@@ -150,7 +152,7 @@ async def test_a_prompt_only_task_is_planned_run_and_verified(
     assert PROMPT in told and CRITERION in told and "sandbox" in told
     assert "leave `required_labels` empty" in told  # the sandbox refuses steps that ask
     schema = asked.body["response_format"]["json_schema"]["schema"]
-    assert schema == json.loads(json.dumps(Plan.model_json_schema()))
+    assert schema == plan_schema("full")  # what a model writes (`answer_schemas`)
 
 
 async def test_an_invalid_plan_is_asked_for_again_with_what_was_wrong(
@@ -207,8 +209,11 @@ async def test_429_with_retry_after_and_500_are_retried(engine: Start, model: Mo
             "the model did not answer in time (after 2 attempt(s))",
         ),
         ([Reply(status=401)], "the model server answered HTTP 401"),
-        ([Reply(content="Sure! Here is your plan")], "the answer is not JSON"),
-        ([Reply(content='{"steps": [', finish_reason="length")], "cut at the token limit"),
+        ([Reply(content="Sure! Here is your plan")] * 3, "the answer is not JSON"),
+        (
+            [Reply(content='{"steps": [', finish_reason="length")] * 3,
+            "the model's plan was invalid 3 time(s); last: the model's answer was cut at",
+        ),
         ([Reply(refusal="I cannot help with that")], "the model refused"),
     ],
     ids=["timeout", "4xx", "not-json", "truncated", "refusal"],
@@ -224,6 +229,117 @@ async def test_a_model_failure_fails_the_workflow_with_a_clear_finding(
     assert expected in wf.error
     assert wf.error.startswith("planner failed: ")
     assert state_of(wf)["verification"]["findings"][0]["check"] == "planner"
+
+
+async def test_an_unreadable_answer_is_asked_for_again_and_counted(
+    engine: Start, model: ModelServer
+) -> None:
+    """An answer cut at the token limit, then one with no JSON, are asked for again (the first
+    shorter); the third is the plan. Every answer's tokens are in the workflow's total."""
+    model.script(
+        "plan",
+        Reply(content='{"steps": [{"id": "health", "comm', finish_reason="length"),
+        Reply(content="I would start by checking the endpoint."),
+        plan(health_step()),
+    )
+    running = await engine(plan_max_tokens=77)
+    wf = await run(running)
+
+    assert wf.status == pb.SUCCEEDED, wf.error
+    first, second, third = model.asked("plan")
+    assert first.body["max_tokens"] == 77  # WORKFLOW_ENGINE_LLM_PLAN_MAX_TOKENS
+    told = json.dumps(second.body["messages"])
+    assert "cut at" in told and "the limit is 77" in told and "Answer again, shorter" in told
+    assert "the answer is not JSON" in json.dumps(third.body["messages"])
+    calls = [c for c in state_of(wf)["model_calls"] if c["purpose"] == "plan"]
+    assert len(calls) == 3
+    assert state_of(wf)["model_tokens"] >= sum(
+        c["prompt_tokens"] + c["completion_tokens"] for c in calls
+    )
+
+
+async def test_each_purpose_has_its_own_token_limit(engine: Start, model: ModelServer) -> None:
+    model.script("plan", plan(health_step()))
+    running = await engine(max_tokens=300, verify_max_tokens=40, summary=True)
+    wf = await run(running)
+
+    assert wf.status == pb.SUCCEEDED, wf.error
+    assert [c.body["max_tokens"] for c in model.asked("plan")] == [300]  # the general limit
+    assert [c.body["max_tokens"] for c in model.asked("verification")] == [40]
+    assert [c.body["max_tokens"] for c in model.asked("summary")] == [300]
+
+
+def shape(call: Any) -> str:
+    """The structured-output rung a request was asked in."""
+    form = call.body.get("response_format") or {}
+    if form.get("type") == "json_object":
+        return "json_object_schema" if "schema" in form else "json_object"
+    return str(form.get("type", "text"))
+
+
+@pytest.mark.parametrize(
+    ("model", "refused", "rung"),
+    [
+        ("openai", [], "json_schema"),
+        ("llama-cpp-python", [500], "json_object_schema"),
+        ("no-response-format", [400, 400, 400], "text"),
+    ],
+    indirect=["model"],
+)
+async def test_every_dialect_plans_and_its_rung_is_remembered(
+    engine: Start,
+    model: ModelServer,
+    refused: list[int],
+    rung: str,
+) -> None:
+    """A server that refuses a request shape moves the endpoint down the ladder at once (no
+    retry of the same shape), once: the second workflow, and the verifier, ask in the rung
+    that worked."""
+    model.script("plan", plan(health_step()), plan(health_step()))
+    running = await engine()
+    with structlog.testing.capture_logs() as logged:
+        first = await run(running)
+        second = await run(running)
+
+    assert (first.status, second.status) == (pb.SUCCEEDED, pb.SUCCEEDED), first.error
+    plans = model.asked("plan")
+    assert [c.status for c in plans] == [*refused, 200, 200]
+    assert [shape(c) for c in plans[len(refused) :]] == [rung, rung]
+    assert {shape(c) for c in model.asked("verification")} == {rung}
+    assert all(c.status == 200 for c in model.asked("verification"))
+    if rung in ("json_object", "text"):  # the schema is in the prompt
+        assert "JSON Schema:" in plans[-1].body["messages"][0]["content"]
+    stepped = [e["mode"] for e in logged if e["event"] == "model_output_mode"]
+    assert len(stepped) == len(refused)  # each step down logged once
+
+
+@pytest.mark.parametrize("model", ["llama-cpp-python"], indirect=True)
+async def test_a_pinned_rung_the_server_refuses_fails_at_once(
+    engine: Start, model: ModelServer
+) -> None:
+    model.script("plan", plan(health_step()))
+    running = await engine(output_mode="json_schema", retries=3)
+    wf = await run(running)
+
+    assert wf.status == pb.FAILED
+    assert [c.status for c in model.asked("plan")] == [500]  # not retried, not walked
+    assert "does not take the json_schema request shape" in wf.error
+    assert "WORKFLOW_ENGINE_LLM_OUTPUT_MODE" in wf.error
+
+
+async def test_a_server_error_about_something_else_is_retried_in_the_same_shape(
+    engine: Start, model: ModelServer
+) -> None:
+    model.script("plan", Reply(status=500), Reply(status=503), plan(health_step()))
+    running = await engine(retries=3)
+    wf = await run(running)
+
+    assert wf.status == pb.SUCCEEDED, wf.error
+    assert [(c.status, shape(c)) for c in model.asked("plan")] == [
+        (500, "json_schema"),
+        (503, "json_schema"),
+        (200, "json_schema"),
+    ]
 
 
 async def test_a_denied_command_is_refused(engine: Start, model: ModelServer) -> None:

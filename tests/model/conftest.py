@@ -1,0 +1,54 @@
+"""The model tests: the engine against a real model server (`tests.llama_server`).
+
+They need the model's own environment, which ``make test-model`` builds (llama-cpp-python
+compiles for about 6 minutes the first time), so ``make test`` skips them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.process import EngineProcess
+from tests.llama_server import LlamaServer
+
+ENABLED = os.environ.get("WORKFLOW_ENGINE_TEST_MODEL") == "1"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if ENABLED:
+        return
+    skip = pytest.mark.skip(reason="a real model server: run `make test-model`")
+    for item in items:
+        if "tests/model/" in str(item.fspath):
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def llama(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
+    """llama-cpp-python's stock server with SmolLM2-135M-Instruct, for the whole session."""
+    log = tmp_path_factory.mktemp("llama") / "server.log"
+    server = LlamaServer(log=log)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def processes() -> Iterator[list[EngineProcess]]:
+    started: list[EngineProcess] = []
+    yield started
+    for p in started:
+        if p.proc.poll() is None:
+            p.kill()
+
+
+@pytest.fixture
+def policy(tmp_path: Path) -> Path:
+    """Every command a model plans runs (in the local sandbox, as a job's user): these tests
+    are about the model's answers, not the policy (`tests/security/test_command_policy.py`)."""
+    path = tmp_path / "policy.yaml"
+    path.write_text("allow: [sh, echo, cat, printf, ls, touch, mkdir]\ndefault: allow\n")
+    return path

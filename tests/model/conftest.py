@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.process import EngineProcess
-from tests.llama_server import LlamaServer
+from tests.e2e.conftest import processes  # noqa: F401 (a fixture)
+from tests.llama_server import SERVERS, LlamaCppServer, LlamaServer
 
 ENABLED = os.environ.get("WORKFLOW_ENGINE_TEST_MODEL") == "1"
 
@@ -27,22 +27,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
-@pytest.fixture(scope="session")
-def llama(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
-    """llama-cpp-python's stock server with SmolLM2-135M-Instruct, for the whole session."""
+@pytest.fixture(scope="session", params=sorted(SERVERS))
+def llama(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LlamaServer | LlamaCppServer]:
+    """A real server with SmolLM2-135M-Instruct, each of them in turn: llama-cpp-python's
+    (json_object with a schema) and llama.cpp's (json_schema)."""
     log = tmp_path_factory.mktemp("llama") / "server.log"
-    server = LlamaServer(log=log)
+    server = SERVERS[request.param](log=log)
     yield server
     server.stop()
-
-
-@pytest.fixture
-def processes() -> Iterator[list[EngineProcess]]:
-    started: list[EngineProcess] = []
-    yield started
-    for p in started:
-        if p.proc.poll() is None:
-            p.kill()
 
 
 @pytest.fixture

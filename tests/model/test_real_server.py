@@ -1,10 +1,11 @@
-"""The ``llm`` planner and verifier against a model server people really run.
+"""The ``llm`` planner and verifier against model servers people really run.
 
-llama-cpp-python's stock OpenAI-compatible server (it refuses ``json_schema`` and takes
-``json_object`` with a ``schema``) serves SmolLM2-135M-Instruct. A served engine, started as an
-operator would, plans a task written in plain words with it, runs the steps in its sandbox,
-has the model judge them, and ends. A 135M model may well fail the task: any terminal status
-is fine, an engine failure never is.
+SmolLM2-135M-Instruct is served by llama-cpp-python's stock OpenAI-compatible server (it
+refuses ``json_schema`` and takes ``json_object`` with a ``schema``) and by llama.cpp's own
+``llama-server`` (it takes ``json_schema``). A served engine, started as an operator would,
+plans a task written in plain words with it, runs the steps in its sandbox, has the model judge
+them, and ends. A 135M model may well fail the task: any terminal status is fine, an engine
+failure never is.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from google.protobuf import json_format
 
 from tests.e2e.process import EngineProcess
 from tests.helpers import new_task_id, wait_for_status
-from tests.llama_server import LlamaServer, model_python
+from tests.llama_server import LlamaCppServer, LlamaServer, model_python
 from workflow_engine.capabilities.answer_schemas import (
     PROFILES,
     SUMMARY,
@@ -32,7 +33,8 @@ from workflow_engine.domain.task import Plan
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
 
-pytestmark = pytest.mark.e2e
+#: A 135M model on 2 cores answers in seconds, but a full-profile plan is cut only at its limit.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 PROMPT = "Create a file named hello.txt containing the word hello, then show its contents."
 TERMINAL = {pb.SUCCEEDED, pb.FAILED, pb.CANCELLED, pb.SUSPENDED, pb.WAITING_FOR_APPROVAL}
@@ -78,7 +80,12 @@ def test_every_schema_a_model_answers_in_converts_to_a_grammar() -> None:
     assert "domain plan" in converted({"domain plan": Plan.model_json_schema()})
 
 
-def engine_env(llama: LlamaServer, policy: Path, profile: str) -> dict[str, str]:
+Server = LlamaServer | LlamaCppServer
+#: The rungs a server's endpoint steps down, (refused, taken), as the engine logs them.
+STEPS_DOWN = {"llama-cpp-python": [("json_schema", "json_object_schema")], "llama-server": []}
+
+
+def engine_env(llama: Server, policy: Path, profile: str) -> dict[str, str]:
     return {
         "WORKFLOW_ENGINE_PLANNER": "llm",
         "WORKFLOW_ENGINE_VERIFIER": "llm",
@@ -110,11 +117,14 @@ async def run_with_model(
     return engine, wf, json_format.MessageToDict(wf.state)
 
 
-def assert_ended_cleanly(engine: EngineProcess, wf: pb.Workflow, state: dict[str, Any]) -> None:
-    """The stock server refused json_schema once and took json_object + schema after; every
-    call's tokens are in the total; the workflow ended with no engine failure in its record."""
+def assert_ended_cleanly(
+    llama: Server, engine: EngineProcess, wf: pb.Workflow, state: dict[str, Any]
+) -> None:
+    """The server took the rung it should (llama-cpp-python refused json_schema once, and took
+    json_object + schema after); every call's tokens are in the total; the workflow ended with
+    no engine failure in its record."""
     stepped = [e for e in engine.logs if e.get("event") == "model_output_mode"]
-    assert [(e["refused"], e["mode"]) for e in stepped] == [("json_schema", "json_object_schema")]
+    assert [(e["refused"], e["mode"]) for e in stepped] == STEPS_DOWN[llama.name]
     calls = state["model_calls"]
     assert calls and all(c["completion_tokens"] > 0 for c in calls)
     spent = sum(c["prompt_tokens"] + c["completion_tokens"] for c in calls)
@@ -129,14 +139,14 @@ async def test_the_small_profile_plans_runs_and_judges_with_a_135m_model(
     db_url: str,
     tmp_path: Path,
     processes: list[EngineProcess],
-    llama: LlamaServer,
+    llama: Server,
     policy: Path,
 ) -> None:
     engine, wf, state = await run_with_model(
         db_url, tmp_path, processes, engine_env(llama, policy, "small")
     )
 
-    assert_ended_cleanly(engine, wf, state)
+    assert_ended_cleanly(llama, engine, wf, state)
     assert state["plan"]["steps"], wf.error  # a plan was made and validated
     assert state.get("results"), wf.error  # its steps ran
     assert {c["purpose"] for c in state["model_calls"]} >= {"plan", "verify"}  # it was judged
@@ -146,16 +156,15 @@ async def test_the_full_profile_ends_with_a_clear_finding_or_a_plan(
     db_url: str,
     tmp_path: Path,
     processes: list[EngineProcess],
-    llama: LlamaServer,
+    llama: Server,
     policy: Path,
 ) -> None:
     """The full profile asks more than a 135M model can give (it writes steps until its answer
     is cut); whatever it does, the workflow ends and says why."""
-    engine, wf, state = await run_with_model(
-        db_url, tmp_path, processes, engine_env(llama, policy, "full")
-    )
+    env = {**engine_env(llama, policy, "full"), "WORKFLOW_ENGINE_LLM_PLAN_MAX_TOKENS": "512"}
+    engine, wf, state = await run_with_model(db_url, tmp_path, processes, env)
 
-    assert_ended_cleanly(engine, wf, state)
+    assert_ended_cleanly(llama, engine, wf, state)
     if not state["plan"]["steps"]:
         assert wf.status == pb.FAILED
         assert wf.error.startswith("planner failed: the model's plan was invalid 3 time(s)")

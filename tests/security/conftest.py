@@ -11,15 +11,17 @@ is unauthenticated.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import RunningEngine, start_engine, stop_engine
+from tests.helpers import write_secret
+from tests.model_server import API_KEY, MODEL, ModelServer
 from tests.node_process import client, node, nodes  # noqa: F401 (fixtures)
-from workflow_engine.config import Settings
+from workflow_engine.config import LlmSettings, Settings
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 CALLERS: dict[str, dict[str, object]] = {
@@ -70,3 +72,32 @@ async def served(secured: Settings) -> AsyncIterator[RunningEngine]:
         yield running
     finally:
         await stop_engine(running)
+
+
+@pytest.fixture
+def model() -> Iterator[ModelServer]:
+    """A scripted model server (`tests.model_server`); a request it refused fails the test."""
+    server = ModelServer()
+    yield server
+    server.stop()
+    assert server.problems == [], "the model server refused requests"
+
+
+async def start_planned(
+    settings: Settings, model: ModelServer, tmp_path: Path, policy: dict[str, object]
+) -> RunningEngine:
+    """An engine whose planner is the scripted `model`, its steps judged by machine checks,
+    under the command `policy`."""
+    policy_file = tmp_path / "policy.json"
+    policy_file.write_text(json.dumps(policy))
+    key = write_secret(tmp_path / "api-key", API_KEY)
+    llm = LlmSettings(base_url=model.base_url, model=MODEL, api_key_file=str(key), retries=0)
+    return await start_engine(
+        replace(
+            settings,
+            planner="llm",
+            verifier="checks",
+            llm=llm,
+            command_policy_file=str(policy_file),
+        )
+    )

@@ -10,19 +10,18 @@ refused, as the policy says.
 
 from __future__ import annotations
 
-import json
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import replace
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from google.protobuf import json_format
 
-from tests.conftest import RunningEngine, start_engine, stop_engine
-from tests.helpers import new_task_id, open_to_jobs, wait_for_status, write_secret
-from tests.model_server import API_KEY, MODEL, ModelServer
-from workflow_engine.config import LlmSettings, Settings
+from tests.conftest import RunningEngine, stop_engine
+from tests.helpers import new_task_id, open_to_jobs, wait_for_status
+from tests.model_server import ModelServer
+from tests.security.conftest import start_planned
+from workflow_engine.config import Settings
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 PAUSED_OR_DONE = {pb.SUCCEEDED, pb.FAILED, pb.CANCELLED, pb.SUSPENDED, pb.WAITING_FOR_APPROVAL}
@@ -31,31 +30,11 @@ POLICY = {"allow": ["cp", "ls", "touch", "python3"], "default": "approve"}
 
 
 @pytest.fixture
-def model() -> Iterator[ModelServer]:
-    server = ModelServer()
-    yield server
-    server.stop()
-    assert server.problems == [], "the model server refused requests"
-
-
-@pytest.fixture
 async def planned(
     settings: Settings, model: ModelServer, tmp_path: Path
 ) -> AsyncIterator[RunningEngine]:
     """An engine whose planner is the scripted model, under `POLICY`."""
-    policy = tmp_path / "policy.json"
-    policy.write_text(json.dumps(POLICY))
-    key = write_secret(tmp_path / "api-key", API_KEY)
-    llm = LlmSettings(base_url=model.base_url, model=MODEL, api_key_file=str(key), retries=0)
-    running = await start_engine(
-        replace(
-            settings,
-            planner="llm",
-            verifier="checks",
-            llm=llm,
-            command_policy_file=str(policy),
-        )
-    )
+    running = await start_planned(settings, model, tmp_path, POLICY)
     try:
         yield running
     finally:

@@ -9,19 +9,18 @@ that the schema a model writes does not offer (the `image` a worker node runs, r
 
 from __future__ import annotations
 
-import json
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import replace
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from google.protobuf import json_format
 
-from tests.conftest import RunningEngine, start_engine, stop_engine
-from tests.helpers import new_task_id, wait_for_status, write_secret
-from tests.model_server import API_KEY, MODEL, ModelServer, Reply
+from tests.conftest import RunningEngine, stop_engine
+from tests.helpers import new_task_id, wait_for_status
+from tests.model_server import ModelServer, Reply
+from tests.security.conftest import start_planned
 from tests.security.stalls import HealthWatch
-from workflow_engine.config import LlmSettings, Settings
+from workflow_engine.config import Settings
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 DONE = {pb.SUCCEEDED, pb.FAILED, pb.CANCELLED, pb.SUSPENDED, pb.WAITING_FOR_APPROVAL}
@@ -30,30 +29,11 @@ MAX_STALL_SECONDS = 0.5
 
 
 @pytest.fixture
-def model() -> Iterator[ModelServer]:
-    server = ModelServer()
-    yield server
-    server.stop()
-    assert server.problems == [], "the model server refused requests"
-
-
-@pytest.fixture
 async def planned(
     settings: Settings, model: ModelServer, tmp_path: Path
 ) -> AsyncIterator[RunningEngine]:
-    key = write_secret(tmp_path / "api-key", API_KEY)
-    llm = LlmSettings(base_url=model.base_url, model=MODEL, api_key_file=str(key), retries=0)
-    policy = tmp_path / "policy.json"
-    policy.write_text(json.dumps({"allow": ["true", "echo"]}))
-    running = await start_engine(
-        replace(
-            settings,
-            planner="llm",
-            verifier="checks",
-            llm=llm,
-            command_policy_file=str(policy),
-        )
-    )
+    """An engine whose planner is the scripted model; it may run `true` and `echo`."""
+    running = await start_planned(settings, model, tmp_path, {"allow": ["true", "echo"]})
     try:
         yield running
     finally:

@@ -144,7 +144,8 @@ def _body_text(body: Any) -> str:
 
 def extract_json(content: str) -> Any:
     """The JSON in a model's answer: all of it, or else its first JSON object (inside Markdown
-    fences or prose). `ValueError` saying why when there is none.
+    fences or prose), control characters in strings allowed. `ValueError` saying why when
+    there is none.
 
     Bounded for a hostile answer: `MAX_SEARCHED_CHARS` characters, `MAX_OBJECT_STARTS`
     candidate braces, and JSON nested too deep for the parser is no JSON.
@@ -152,13 +153,15 @@ def extract_json(content: str) -> Any:
     text = content.strip()[:MAX_SEARCHED_CHARS]
     if not text:
         raise ValueError("the answer is empty")
+    # Not strict: a raw tab or newline inside a string (which small models write, and some
+    # servers' grammars let through) is kept, not a reason to throw the answer away.
+    decoder = json.JSONDecoder(strict=False)
     try:
-        return json.loads(text)
+        return decoder.decode(text)
     except RecursionError:
         raise ValueError("nested too deeply") from None
     except ValueError as exc:
         first_problem = str(exc)
-    decoder = json.JSONDecoder()
     start = text.find("{")
     for _ in range(MAX_OBJECT_STARTS):
         if start < 0:

@@ -101,6 +101,7 @@ def test_the_rung_is_remembered_per_endpoint_and_a_pinned_one_is_kept() -> None:
         ('```json\n{"a": 1}\n```', {"a": 1}),
         ('Here it is: {"a": 1}. Anything else?', {"a": 1}),
         ('{not json} then {"a": 2}', {"a": 2}),
+        ('{"a": "x\ty\nz"}', {"a": "x\ty\nz"}),  # a raw tab and newline in a string
         ("[1, 2]", [1, 2]),  # all of it is JSON: the domain judges its shape
         ('[1, 2] and {"a": 3}', {"a": 3}),
         ('{"a": {"b": [1, {"c": "}"}]}} trailing', {"a": {"b": [1, {"c": "}"}]}}),

@@ -18,7 +18,7 @@ default (a ``verification`` passes). A scripted answer is one of:
 
 - a dict or list: answered as the JSON content;
 - ``Reply(...)``: a status (429 with ``Retry-After``, 500, 401), a delay (a slow server), raw
-  content (not JSON), a ``finish_reason`` (``length``) or a refusal.
+  content (not JSON), a ``finish_reason`` (``length``), a refusal, or a whole response body.
 
 Usage is counted as a server does: prompt tokens from the messages' size, completion tokens
 from the answer's (a quarter of the characters), so a test can read what a workflow cost.
@@ -69,6 +69,8 @@ class Reply:
     json: Any = None
     finish_reason: str = "stop"
     refusal: str | None = None
+    #: A whole response body (JSON, or a string sent as it is): a hostile server's.
+    body: Any = None
 
 
 @dataclass
@@ -176,6 +178,9 @@ class ModelServer:
         self.calls.append(Call(name, body, reply.status))
         if reply.delay:
             await asyncio.sleep(reply.delay)
+        if reply.body is not None:
+            text = reply.body if isinstance(reply.body, str) else json.dumps(reply.body)
+            return Response(text, 200, media_type="application/json")
         if reply.status != 200:
             error = {"error": {"message": f"scripted {reply.status}", "type": "scripted"}}
             return JSONResponse(error, reply.status, headers=reply.headers)

@@ -33,7 +33,7 @@ from workflow_engine.domain.jobs import JobResult, Verification
 from workflow_engine.domain.model import JsonObject, parse
 from workflow_engine.domain.task import Plan, Step, TaskSpec
 from workflow_engine.errors import InvalidArgument, WorkflowEngineError
-from workflow_engine.secrets import SECRETS
+from workflow_engine.secrets import MASK, SECRETS
 
 log = structlog.get_logger(__name__)
 
@@ -156,7 +156,7 @@ class LlmPlanner:
         """A revised `step` for its next attempt, and the note on what the policy decided."""
         brief = {
             "task": self._task_brief(task),
-            "step": step.to_json(),
+            "step": shown_to_model(step),
             "result": excerpt(result, self._settings.excerpt_chars),
             "verification": verification.to_json(),
         }
@@ -166,11 +166,7 @@ class LlmPlanner:
         ]
 
         def valid_step(answer: Any) -> Step:
-            revised: Step = parse(Step, trimmed(answer, self._step_schema), "step")
-            if revised.id != step.id:
-                raise InvalidArgument("step.id", f"must stay {step.id!r}, got {revised.id!r}")
-            if revised.depends_on != step.depends_on:
-                revised = revised.model_copy(update={"depends_on": step.depends_on})
+            revised = self._revised(step, answer)
             check_step(self._unfit, revised, "step")
             return revised
 
@@ -185,6 +181,22 @@ class LlmPlanner:
         )
         return self.contain(revised)
 
+    def _revised(self, step: Step, answer: Any) -> Step:
+        """`step` with what the model's answer may change (the properties its step schema
+        offers) changed: the rest (`requires_approval`, `secret_env`, `limits`, `image`, and
+        the secret variables' values) stays the caller's. Same id, same dependencies."""
+        offered = trimmed(answer, self._step_schema)
+        if not isinstance(offered, dict):
+            raise InvalidArgument("step", "must be a JSON object")
+        if offered.get("id", step.id) != step.id:
+            raise InvalidArgument("step.id", f"must stay {step.id!r}, got {offered['id']!r}")
+        merged = {**step.to_json(), **offered, "depends_on": list(step.depends_on)}
+        if isinstance(merged.get("env"), dict):
+            kept = {name: step.env[name] for name in step.secret_env if name in step.env}
+            merged["env"] = {**merged["env"], **kept}
+        revised: Step = parse(Step, merged, "step")
+        return revised
+
     def _task_brief(self, task: TaskSpec) -> JsonObject:
         if self._settings.answer_profile() == "small":
             return {
@@ -197,6 +209,17 @@ class LlmPlanner:
             "preferences": merge_preferences(task.preferences),
             "workers": self._workers(),
         }
+
+
+def shown_to_model(step: Step) -> JsonObject:
+    """`step` as a model may see it: its `secret_env` variables' values replaced."""
+    shown = step.to_json()
+    env = dict(step.env)
+    for name in step.secret_env:
+        if name in env:
+            env[name] = MASK
+    shown["env"] = env
+    return shown
 
 
 def excerpt(result: JobResult, chars: int) -> JsonObject:

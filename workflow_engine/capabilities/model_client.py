@@ -160,7 +160,10 @@ class ModelClient:
         self._client: openai.AsyncOpenAI | None = None
         self._stop = settings.stop_sequences()
         #: The structured-output rung this endpoint answers (`structured_output`).
-        self._modes = OutputModes(settings.base_url.rstrip("/"), settings.output_mode)
+        #: Keyed by the model too: a router serves each model from its own server.
+        self._modes = OutputModes(
+            f"{settings.base_url.rstrip('/')} {settings.model}", settings.output_mode
+        )
 
     @property
     def model(self) -> str:
@@ -207,6 +210,11 @@ class ModelClient:
                     completion = await self._create(
                         purpose, asked_for(mode, messages, schema_name, schema), span
                     )
+            except (AttributeError, KeyError, TypeError, ValueError) as exc:
+                # The SDK could not make sense of the body at all (a list, a wrong type).
+                raise ModelError(
+                    f"the model server's answer cannot be read ({type(exc).__name__})"
+                ) from None
             except openai.APIError as exc:
                 METRICS.model_call(
                     purpose=purpose,
@@ -266,24 +274,22 @@ class ModelClient:
             temperature=self._settings.temperature,
             **options,
         )
-        usage = completion.usage
-        span.set_attribute("gen_ai.response.model", str(completion.model or ""))
-        span.set_attribute(
-            "gen_ai.usage.input_tokens", int(getattr(usage, "prompt_tokens", 0) or 0)
-        )
-        span.set_attribute(
-            "gen_ai.usage.output_tokens", int(getattr(usage, "completion_tokens", 0) or 0)
-        )
+        usage = getattr(completion, "usage", None)
+        span.set_attribute("gen_ai.response.model", str(getattr(completion, "model", "") or ""))
+        span.set_attribute("gen_ai.usage.input_tokens", _count(usage, "prompt_tokens"))
+        span.set_attribute("gen_ai.usage.output_tokens", _count(usage, "completion_tokens"))
         return completion
 
     def _read(self, purpose: str, completion: Any, started: float) -> Any:
-        usage = completion.usage
+        """The answer's JSON, once its call is accounted. The server's answer is untrusted:
+        the SDK does not check its fields' types, so each is read as what it must be."""
+        usage = getattr(completion, "usage", None)
         call = ModelCall(
             purpose=purpose,
-            model=str(completion.model or self._settings.model),
+            model=str(getattr(completion, "model", "") or self._settings.model)[:200],
             latency_ms=round((time.monotonic() - started) * 1000),
-            prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
-            completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
+            prompt_tokens=_count(usage, "prompt_tokens"),
+            completion_tokens=_count(usage, "completion_tokens"),
         )
         ledger = _LEDGER.get()
         if ledger is not None:
@@ -296,14 +302,18 @@ class ModelClient:
             output_tokens=call.completion_tokens,
         )
         log.info("model_called", **call.to_json())
-        if not completion.choices:
+        choices = getattr(completion, "choices", None)
+        if not isinstance(choices, list) or not choices:
             raise ModelError("the model answered with no choices")
-        choice = completion.choices[0]
-        refusal = getattr(choice.message, "refusal", None)
+        choice = choices[0]
+        message = getattr(choice, "message", None)
+        refusal = getattr(message, "refusal", None)
         if refusal:
-            raise ModelError(f"the model refused: {_quote(refusal)}")
-        content = choice.message.content or ""
-        if choice.finish_reason == "length":
+            raise ModelError(f"the model refused: {_quote(str(refusal))}")
+        content = getattr(message, "content", None) or ""
+        if not isinstance(content, str):
+            raise AnswerProblem("the answer's content is not text", str(content)[:_QUOTED])
+        if getattr(choice, "finish_reason", None) == "length":
             limit = self._settings.tokens_for(purpose)
             raise AnswerProblem(
                 f"the model's answer was cut at {call.completion_tokens or limit} tokens "
@@ -325,6 +335,21 @@ _TOKEN_SETTING = {
         ("summary", "SUMMARY"),
     )
 }
+
+
+#: The most tokens one call is believed to have used: a server's count is untrusted input.
+MAX_COUNTED_TOKENS = 10_000_000
+
+
+def _count(usage: Any, name: str) -> int:
+    """A token count of the server's `usage`, as a whole number from 0 to `MAX_COUNTED_TOKENS`
+    (0 when it is missing or not a number)."""
+    value = getattr(usage, name, None)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return 0
+    if value != value or value < 0:  # NaN, or a negative count that would lower the budget
+        return 0
+    return int(min(value, MAX_COUNTED_TOKENS))
 
 
 def _retryable(exc: openai.APIError, attempt: int, max_seconds: float) -> float | None:

@@ -33,11 +33,23 @@ from workflow_engine.domain.model import JsonObject
 log = structlog.get_logger(__name__)
 
 #: The words of an error about the request's shape, as servers write them: llama-cpp-python
-#: ("Input should be 'text' or 'json_object'", "response_format"), vLLM and llama.cpp
-#: ("json_schema", "grammar"), LM Studio ("'response_format.type' must be"), Ollama, OpenAI.
-_SHAPE_WORDS = ("response_format", "json_schema", "json_object", "grammar", "'schema'")
-#: Statuses that never mean the shape: the key, the model's name, the rate, a timeout.
-_NOT_SHAPE_STATUSES = frozenset({401, 403, 404, 408, 409, 429})
+#: ("Input should be 'text' or 'json_object'", "response_format"), llama.cpp ("json_schema",
+#: "grammar"), vLLM ("guided decoding"), LM Studio ("'response_format.type' must be"), OpenAI.
+_SHAPE_WORDS = (
+    "response_format",
+    "json_schema",
+    "json_object",
+    "grammar",
+    "'schema'",
+    "guided decoding",
+    "guided_decoding",
+)
+#: Statuses a refused request shape comes with: a request the server could not take (400,
+#: 415, 422, 501), and llama-cpp-python's validation error, which it answers with 500.
+_SHAPE_STATUSES = frozenset({400, 415, 422, 500, 501})
+#: What a 500 must say to be about the shape and not the server's own trouble ("Unexpected
+#: empty grammar stack" is a crash, not a refusal).
+_SHAPE_WORDS_500 = ("response_format", "json_schema")
 #: How much of an answer is searched for a JSON object, and from how many of its braces: an
 #: answer is bounded by the token limit, but a hostile server's is not.
 MAX_SEARCHED_CHARS = 256 * 1024
@@ -127,12 +139,11 @@ class OutputModes:
 
 def refuses_shape(exc: openai.APIError) -> bool:
     """Whether the server's error says it does not take the request's response format."""
-    if not isinstance(exc, openai.APIStatusError):
-        return False
-    if exc.status_code < 400 or exc.status_code in _NOT_SHAPE_STATUSES:
+    if not isinstance(exc, openai.APIStatusError) or exc.status_code not in _SHAPE_STATUSES:
         return False
     said = f"{exc.message} {_body_text(exc.body)}".lower()
-    return any(word in said for word in _SHAPE_WORDS)
+    words = _SHAPE_WORDS_500 if exc.status_code == 500 else _SHAPE_WORDS
+    return any(word in said for word in words)
 
 
 def _body_text(body: Any) -> str:
@@ -147,8 +158,9 @@ def extract_json(content: str) -> Any:
     fences or prose), control characters in strings allowed. `ValueError` saying why when
     there is none.
 
-    Bounded for a hostile answer: `MAX_SEARCHED_CHARS` characters, `MAX_OBJECT_STARTS`
-    candidate braces, and JSON nested too deep for the parser is no JSON.
+    Bounded for a hostile answer: the first `MAX_SEARCHED_CHARS` characters are read whole
+    once, then at most `MAX_OBJECT_STARTS` candidate braces scan that many characters more
+    between them; JSON nested too deep for the parser is no JSON.
     """
     text = content.strip()[:MAX_SEARCHED_CHARS]
     if not text:
@@ -163,17 +175,20 @@ def extract_json(content: str) -> Any:
     except ValueError as exc:
         first_problem = str(exc)
     start = text.find("{")
+    budget = MAX_SEARCHED_CHARS  # characters the candidates may scan, all of them together
     for _ in range(MAX_OBJECT_STARTS):
-        if start < 0:
+        if start < 0 or budget <= 0:
             break
         try:
-            found, _end = decoder.raw_decode(text, start)
+            found, scanned = decoder.raw_decode(text[start : start + budget])
         except RecursionError:
             raise ValueError("nested too deeply") from None
-        except ValueError:
+        except json.JSONDecodeError as exc:
+            budget -= max(exc.pos, 1)
             start = text.find("{", start + 1)
             continue
         if isinstance(found, dict):
             return found
+        budget -= max(scanned, 1)
         start = text.find("{", start + 1)
     raise ValueError(first_problem)

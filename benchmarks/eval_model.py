@@ -8,7 +8,7 @@ machine check the engine runs on the final step's result, so SUCCEEDED means the
 (and the model's judge agreed, with ``--verifier llm``).
 
 Without ``--base-url`` it serves SmolLM2-135M-Instruct with llama-cpp-python's server, or
-llama.cpp's with ``--server llama-server`` (`tests.llama_server`; ``make eval-model`` builds
+llama.cpp's with ``--server llama-server`` (`tests.support.llama_server`; ``make eval-model`` builds
 them). With one, it runs unchanged against any
 OpenAI-compatible endpoint::
 
@@ -41,8 +41,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.e2e.process import EngineProcess  # noqa: E402
-from tests.helpers import new_task_id, wait_for_status  # noqa: E402
-from tests.llama_server import SERVERS  # noqa: E402
+from tests.support.helpers import new_task_id, wait_for_status  # noqa: E402
+from tests.support.llama_server import SERVERS  # noqa: E402
 from workflow_engine.v1 import workflow_engine_pb2 as pb  # noqa: E402
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc  # noqa: E402
 

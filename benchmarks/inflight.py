@@ -38,7 +38,7 @@ from bench_postgres import run_on_bench_postgres
 from contenders import ENGINE_TASK, STEPS, engine_settings
 
 from workflow_engine.api.requests import task_from_proto
-from workflow_engine.app import Engine
+from workflow_engine.engine import Engine
 from workflow_engine.logs import configure_logging
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 

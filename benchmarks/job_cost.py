@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from workflow_engine.capabilities.sandbox import LocalSandboxWorker
+from workflow_engine.capabilities.local_worker import LocalSandboxWorker
 from workflow_engine.domain.jobs import JobRequest, Sandbox
 from workflow_engine.logs import configure_logging
 

@@ -29,8 +29,8 @@ import psycopg
 from bench_postgres import PGDATA, run_on_bench_postgres
 from psycopg.conninfo import make_conninfo
 
-from workflow_engine.app import Engine, GrpcServer
 from workflow_engine.config import Settings
+from workflow_engine.engine import Engine, GrpcServer
 from workflow_engine.logs import configure_logging
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc

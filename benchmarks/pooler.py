@@ -33,10 +33,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench_postgres import run_on_bench_postgres  # noqa: E402  (this script's own directory)
 
-from tests.pgbouncer import PgBouncer  # noqa: E402  (the same runner the tests use)
+from tests.support.pgbouncer import PgBouncer  # noqa: E402  (the same runner the tests use)
 from workflow_engine.api.requests import task_from_proto  # noqa: E402
-from workflow_engine.app import Engine  # noqa: E402
 from workflow_engine.config import Settings  # noqa: E402
+from workflow_engine.engine import Engine  # noqa: E402
 from workflow_engine.logs import configure_logging  # noqa: E402
 from workflow_engine.v1 import workflow_engine_pb2 as pb  # noqa: E402
 

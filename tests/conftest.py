@@ -2,7 +2,8 @@
 
 No database is mocked. One server per session (the embedded `pgserver`, or the one named by
 ``WORKFLOW_ENGINE_TEST_DATABASE_URL``), reached directly or through a pooler (see
-`tests.database`); every test gets its own database cloned from a migrated template, so tests
+`tests.support.database`); every test gets its own database cloned from a migrated template, so
+tests
 cannot see each other's rows and cloning is fast.
 """
 
@@ -20,12 +21,12 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from tests import database
-from tests.helpers import open_to_jobs
-from tests.pgbouncer import PgBouncer
-from workflow_engine.app import Engine, GrpcServer, run_migrations
+from tests.support import database
+from tests.support.helpers import open_to_jobs
+from tests.support.pgbouncer import PgBouncer
 from workflow_engine.capabilities.factory import Capabilities
 from workflow_engine.config import Settings
+from workflow_engine.engine import Engine, GrpcServer, run_migrations
 from workflow_engine.logs import configure_logging
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
 
@@ -52,7 +53,9 @@ def tmp_path(tmp_path: Path) -> Path:
 def pg_server_url() -> Iterator[str]:
     """URL of the session's PostgreSQL server (its maintenance database), reached directly.
 
-    Also sets `tests.database.ROUTE`: how tests and engines reach the test databases (through
+
+    Also sets `tests.support.database.ROUTE`: how tests and engines reach the test databases
+    (through
     a pooler when the environment asks for one).
     """
     configure_logging("warning")
@@ -187,7 +190,7 @@ async def orchestrator_url(
 ) -> AsyncIterator[str]:
     """A fresh database with the orchestrator's tables as their ORM makes them (variant
     `request.param`, default plain), then the engine's migrations."""
-    from tests.orchestrator_schema import create_orchestrator_db
+    from tests.support.orchestrator_schema import create_orchestrator_db
 
     name = await create_orchestrator_db(pg_server_url, getattr(request, "param", "plain"))
     assert database.ROUTE is not None

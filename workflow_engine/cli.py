@@ -1,5 +1,5 @@
 """The `workflow-engine` command: `serve` (the default), `migrate` and `worker-node`, and the
-client commands for people (`start`, `get`, `watch`, `list`, ...: `client.commands`).
+client commands for people (`start`, `get`, `watch`, `list`, ...: `client.subcommands`).
 
 Settings come from ``WORKFLOW_ENGINE_*`` environment variables; flags override them. For
 `worker-node`, `--listen` and `--data-dir` are the node's own (``WORKFLOW_ENGINE_NODE_*``), and
@@ -17,7 +17,10 @@ from typing import Any
 
 import structlog
 
-from workflow_engine.app import (
+from workflow_engine.capabilities.protocols import CapabilityConfigError
+from workflow_engine.client import subcommands as client_commands
+from workflow_engine.config import ENV_PREFIX, Settings, settings_from_env
+from workflow_engine.engine import (
     auth_of,
     open_database,
     open_pool,
@@ -25,13 +28,10 @@ from workflow_engine.app import (
     serve,
     server_credentials,
 )
-from workflow_engine.capabilities.base import CapabilityConfigError
-from workflow_engine.client import commands as client_commands
-from workflow_engine.config import ENV_PREFIX, Settings, settings_from_env
 from workflow_engine.logs import configure_logging
 from workflow_engine.node import NodeInUse, node_tls_context, serve_node
-from workflow_engine.supervised import supervised
 from workflow_engine.supervisor import supervise
+from workflow_engine.under_supervisor import supervised
 
 log = structlog.get_logger(__name__)
 

@@ -235,7 +235,7 @@ class NodesSettings:
         return self.source or ("file" if self.file else "orchestrator")
 
 
-#: How a model is asked for JSON, most enforced first (see `capabilities.model_client`).
+#: How a model is asked for JSON, most enforced first (see `capabilities.model.model_client`).
 OUTPUT_MODES = ("json_schema", "json_object_schema", "json_object", "text")
 #: The answer's token limit per purpose when no setting gives one: enough for a plan of a few
 #: steps, a verdict with its findings, a summary, and short enough that a model that rambles
@@ -447,7 +447,7 @@ class Settings:
     #: The model of the ``llm`` planner and verifier.
     llm: LlmSettings = field(default_factory=LlmSettings)
     #: Which model-planned commands run, wait for approval or are refused (see
-    #: `capabilities.command_policy`); empty: every one waits for approval.
+    #: `capabilities.model.command_policy`); empty: every one waits for approval.
     command_policy_file: str = ""
     #: The ``job`` verifier's command (split as a shell would, run as argv on the worker): the
     #: Project Analyst, given what to judge in ``WORKFLOW_ENGINE_VERIFY_INPUT``, prints its

@@ -1,8 +1,8 @@
 """The engine's one exception hierarchy.
 
 Callers match on type, never on message text. Each class carries the structured fields an
-operator needs (task, holder, field); `workflow_engine.api.errors` maps them to gRPC status codes
-in one place.
+operator needs (task, holder, field); `workflow_engine.api.status_codes` maps them to gRPC
+status codes in one place.
 """
 
 from __future__ import annotations

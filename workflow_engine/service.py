@@ -11,7 +11,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
-from workflow_engine.capabilities.base import TaskSource
+from workflow_engine.capabilities.protocols import TaskSource
 from workflow_engine.config import ENV_PREFIX, Settings
 from workflow_engine.domain.records import (
     Fence,
@@ -37,8 +37,9 @@ from workflow_engine.errors import (
     WorkflowExists,
     WorkflowNotFound,
 )
-from workflow_engine.graph import commands, routing
-from workflow_engine.graph.commands import Change, Decision, Override
+from workflow_engine.graph import changes as state_changes
+from workflow_engine.graph import routing
+from workflow_engine.graph.changes import Change, Decision, Override
 from workflow_engine.graph.nodes import jobs_in_flight
 from workflow_engine.graph.state import WorkflowState, accepted_state, initial_state
 from workflow_engine.runtime.events import EventHub
@@ -293,7 +294,7 @@ class WorkflowService:
         _refuse_blocked(record)
         assert override.change is not None
         changes = [override.change]
-        commands.apply_all(changes, _state_of(record))  # refuse early; applied below
+        state_changes.apply_all(changes, _state_of(record))  # refuse early; applied below
         return await self._apply(
             record, self._settings.holder_id, float(self._settings.lease_ttl_seconds), changes
         )
@@ -357,7 +358,7 @@ class WorkflowService:
                         f"the workflow has ended ({claim.record.status}); nothing was changed"
                     )
                 try:  # refused by the state as claimed (it may have moved on): change nothing
-                    commands.apply_all(changes, _state_of(claim.record))
+                    state_changes.apply_all(changes, _state_of(claim.record))
                 except Exception:
                     await self._store.release_lease(
                         Fence(task_id, claim.record.run_id, holder, claim.lease.epoch)
@@ -569,8 +570,8 @@ def _resume_changes(
         raise InvalidState(f"budget: the workflow has ended ({record.status})")
     changes: list[Change] = []
     if decision is not None:
-        changes.append(lambda state: commands.decide(state, decision))
+        changes.append(lambda state: state_changes.decide(state, decision))
     if budget is not None:
-        changes.append(lambda state: commands.raise_budget(state, budget, actor))
-    commands.apply_all(changes, state)  # refuse now what does not fit
+        changes.append(lambda state: state_changes.raise_budget(state, budget, actor))
+    state_changes.apply_all(changes, state)  # refuse now what does not fit
     return changes

@@ -38,11 +38,11 @@ from dataclasses import dataclass
 import structlog
 from prometheus_client import multiprocess
 
-from workflow_engine.app import open_database, open_pool, run_migrations, unless_stopped
 from workflow_engine.capabilities.factory import check_choices
 from workflow_engine.config import Settings
-from workflow_engine.supervised import PARENT_ENV, READY_FD_ENV
+from workflow_engine.engine import open_database, open_pool, run_migrations, unless_stopped
 from workflow_engine.telemetry.metrics import MULTIPROC_ENV, serve_metrics, summed_registry
+from workflow_engine.under_supervisor import PARENT_ENV, READY_FD_ENV
 
 log = structlog.get_logger(__name__)
 

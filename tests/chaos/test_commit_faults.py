@@ -11,7 +11,7 @@ from typing import Any
 
 from tests.chaos.conftest import record
 from tests.conftest import start_engine, stop_engine
-from tests.helpers import new_task_id, shell_step, task, wait_for_status, watch_until_end
+from tests.support.helpers import new_task_id, shell_step, task, wait_for_status, watch_until_end
 from workflow_engine.config import Settings
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 

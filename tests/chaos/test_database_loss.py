@@ -12,7 +12,7 @@ import pytest
 
 from tests.chaos.conftest import record, scale
 from tests.conftest import EMBEDDED_PGDATA, RunningEngine
-from tests.helpers import new_task_id, shell_step, task, wait_for_status
+from tests.support.helpers import new_task_id, shell_step, task, wait_for_status
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 pytestmark = pytest.mark.chaos_full

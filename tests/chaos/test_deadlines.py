@@ -10,7 +10,7 @@ import psycopg
 
 from tests.chaos.conftest import record
 from tests.conftest import RunningEngine
-from tests.helpers import new_task_id, step, task, wait_for_status
+from tests.support.helpers import new_task_id, step, task, wait_for_status
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from tests.chaos.conftest import record
 from tests.conftest import RunningEngine, start_engine, stop_engine
-from tests.helpers import new_task_id, step, task, wait_for_status
+from tests.support.helpers import new_task_id, step, task, wait_for_status
 from workflow_engine.config import Settings
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 

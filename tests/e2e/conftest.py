@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.e2e.process import EngineProcess
-from tests.model_server import ModelServer
+from tests.support.model_server import ModelServer
 
 
 @pytest.fixture
@@ -22,7 +22,7 @@ def processes() -> Iterator[list[EngineProcess]]:
 
 @pytest.fixture
 def model() -> Iterator[ModelServer]:
-    """A model server speaking the Chat Completions API (see `tests.model_server`); every
+    """A model server speaking the Chat Completions API (see `tests.support.model_server`); every
     request it refused fails the test."""
     server = ModelServer()
     yield server

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import IO
 
-from tests.database import engine_env
+from tests.support.database import engine_env
 
 ENGINE = Path(sys.executable).parent / "workflow-engine"
 

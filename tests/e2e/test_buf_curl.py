@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import RunningEngine
-from tests.helpers import new_task_id, step, wait_for_status
+from tests.support.helpers import new_task_id, step, wait_for_status
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]

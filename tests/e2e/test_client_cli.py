@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from tests.certificates import Authority
 from tests.conftest import RunningEngine, start_engine, stop_engine
 from tests.integration.api.test_auth import TOKENS, write_tokens
+from tests.support.certificates import Authority
 from workflow_engine.config import Settings
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]

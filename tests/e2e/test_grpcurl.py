@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import RunningEngine
-from tests.helpers import new_task_id, wait_for_status
+from tests.support.helpers import new_task_id, wait_for_status
 
 GRPCURL = Path(sys.executable).parent / "grpcurl"
 pytestmark = pytest.mark.e2e

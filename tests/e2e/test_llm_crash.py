@@ -10,8 +10,8 @@ import pytest
 from google.protobuf import json_format
 
 from tests.e2e.process import EngineProcess
-from tests.helpers import new_task_id, wait_for_status
-from tests.model_server import API_KEY, MODEL, ModelServer
+from tests.support.helpers import new_task_id, wait_for_status
+from tests.support.model_server import API_KEY, MODEL, ModelServer
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests import database
 from tests.e2e.process import ENGINE, EngineProcess
-from tests.helpers import new_task_id
-from tests.orchestrator_schema import create_orchestrator_db, insert_task
+from tests.support import database
+from tests.support.helpers import new_task_id
+from tests.support.orchestrator_schema import create_orchestrator_db, insert_task
 
 GRPCURL = Path(sys.executable).parent / "grpcurl"
 pytestmark = pytest.mark.e2e

@@ -21,7 +21,7 @@ from google.protobuf import json_format
 
 from tests.conftest import RunningEngine, start_engine, stop_engine
 from tests.e2e.process import EngineProcess
-from tests.helpers import (
+from tests.support.helpers import (
     job_pids,
     new_task_id,
     shell_step,
@@ -30,7 +30,7 @@ from tests.helpers import (
     wait_for_status,
     write_secret,
 )
-from tests.node_process import NodeProcess
+from tests.support.node_process import NodeProcess
 from workflow_engine.config import NodesSettings, Settings
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc

@@ -18,11 +18,11 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from tests import database
 from tests.conftest import EMBEDDED_PGDATA
 from tests.e2e.process import EngineProcess
-from tests.helpers import new_task_id, step, task, wait_for_status, watch_until_end
-from tests.pgbouncer import PgBouncer, binary
+from tests.support import database
+from tests.support.helpers import new_task_id, step, task, wait_for_status, watch_until_end
+from tests.support.pgbouncer import PgBouncer, binary
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
 

@@ -23,7 +23,8 @@ import psycopg
 import pytest
 
 from tests.e2e.process import EngineProcess
-from tests.helpers import (
+from tests.integration.orchestrator import their_code
+from tests.support.helpers import (
     new_task_id,
     open_to_jobs,
     shell_step,
@@ -32,7 +33,6 @@ from tests.helpers import (
     wait_for_status,
     watch_until_end,
 )
-from tests.integration.orchestrator import their_code
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
 

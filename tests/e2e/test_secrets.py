@@ -12,7 +12,7 @@ import grpc
 from google.protobuf import json_format
 
 from tests.e2e.process import EngineProcess
-from tests.helpers import check, new_task_id, step, task, wait_for_status, write_secret
+from tests.support.helpers import check, new_task_id, step, task, wait_for_status, write_secret
 from workflow_engine.secrets import MASK
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc

@@ -11,11 +11,11 @@ import psycopg
 import pytest
 from google.protobuf import json_format
 
-from tests import database
 from tests.conftest import start_engine, stop_engine
 from tests.e2e.process import EngineProcess
-from tests.helpers import wait_for_status
-from tests.orchestrator_schema import insert_task
+from tests.support import database
+from tests.support.helpers import wait_for_status
+from tests.support.orchestrator_schema import insert_task
 from workflow_engine.config import Settings
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc

@@ -16,9 +16,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.process import EngineProcess
 from tests.e2e.test_llm_crash import PLAN, llm_env
-from tests.helpers import new_task_id, shell_step, task, wait_for_status
-from tests.model_server import ModelServer
-from tests.otlp_receiver import OtlpReceiver
+from tests.support.helpers import new_task_id, shell_step, task, wait_for_status
+from tests.support.model_server import ModelServer
+from tests.support.otlp_receiver import OtlpReceiver
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
 

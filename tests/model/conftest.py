@@ -1,4 +1,4 @@
-"""The model tests: the engine against a real model server (`tests.llama_server`).
+"""The model tests: the engine against a real model server (`tests.support.llama_server`).
 
 They need the model's own environment, which ``make test-model`` builds (llama-cpp-python
 compiles for about 6 minutes the first time), so ``make test`` skips them.
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.conftest import processes  # noqa: F401 (a fixture)
-from tests.llama_server import SERVERS, LlamaCppServer, LlamaServer
+from tests.support.llama_server import SERVERS, LlamaCppServer, LlamaServer
 
 ENABLED = os.environ.get("WORKFLOW_ENGINE_TEST_MODEL") == "1"
 

@@ -20,9 +20,9 @@ import pytest
 from google.protobuf import json_format
 
 from tests.e2e.process import EngineProcess
-from tests.helpers import new_task_id, wait_for_status
-from tests.llama_server import LlamaCppServer, LlamaServer, model_python
-from workflow_engine.capabilities.answer_schemas import (
+from tests.support.helpers import new_task_id, wait_for_status
+from tests.support.llama_server import LlamaCppServer, LlamaServer, model_python
+from workflow_engine.capabilities.model.answer_schemas import (
     PROFILES,
     SUMMARY,
     plan_schema,

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import RunningEngine, start_engine, stop_engine
-from tests.helpers import write_secret
-from tests.model_server import API_KEY, MODEL, ModelServer
-from tests.node_process import client, node, nodes  # noqa: F401 (fixtures)
+from tests.support.helpers import write_secret
+from tests.support.model_server import API_KEY, MODEL, ModelServer
+from tests.support.node_process import client, node, nodes  # noqa: F401 (fixtures)
 from workflow_engine.config import LlmSettings, Settings
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
@@ -76,7 +76,8 @@ async def served(secured: Settings) -> AsyncIterator[RunningEngine]:
 
 @pytest.fixture
 def model() -> Iterator[ModelServer]:
-    """A scripted model server (`tests.model_server`); a request it refused fails the test."""
+    """A scripted model server (`tests.support.model_server`); a request it refused fails the
+    test."""
     server = ModelServer()
     yield server
     server.stop()

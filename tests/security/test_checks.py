@@ -19,7 +19,8 @@ from google.protobuf import json_format
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.conftest import RunningEngine
-from tests.helpers import (
+from tests.security.conftest import as_caller, tenant_task
+from tests.support.helpers import (
     JOB_PYTHON,
     TERMINAL,
     check,
@@ -28,7 +29,6 @@ from tests.helpers import (
     step,
     wait_for_status,
 )
-from tests.security.conftest import as_caller, tenant_task
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 TENANT = as_caller("a-orchestrator")

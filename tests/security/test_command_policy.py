@@ -2,7 +2,8 @@
 and the environment it would run with, not only the name it was given.
 
 The planner is the ``llm`` planner answering from a real OpenAI-compatible model server
-(`tests.model_server`); the engine runs the jobs in its local sandbox. Each plan tries to run,
+(`tests.support.model_server`); the engine runs the jobs in its local sandbox. Each plan tries to
+run,
 under a policy that allows the program by name, something an earlier step put in a folder jobs
 can write; each job would leave a marker. None may run without a person's approval, or it is
 refused, as the policy says.
@@ -18,9 +19,9 @@ import pytest
 from google.protobuf import json_format
 
 from tests.conftest import RunningEngine, stop_engine
-from tests.helpers import new_task_id, open_to_jobs, wait_for_status
-from tests.model_server import ModelServer
 from tests.security.conftest import start_planned
+from tests.support.helpers import new_task_id, open_to_jobs, wait_for_status
+from tests.support.model_server import ModelServer
 from workflow_engine.config import Settings
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 

@@ -17,7 +17,7 @@ import pytest
 from tests.conftest import RunningEngine
 from tests.security.conftest import as_caller
 from tests.security.stalls import HealthWatch
-from tests.wire import deep_update
+from tests.support.wire import deep_update
 
 UPDATE = "/workflow_engine.v1.WorkflowEngine/UpdateWorkflow"
 #: How long a health check may wait while the attack runs; it normally takes milliseconds.

@@ -26,7 +26,8 @@ import grpc
 import pytest
 
 from tests.conftest import RunningEngine, start_engine, stop_engine
-from tests.helpers import (
+from tests.security.conftest import as_caller, tenant_task
+from tests.support.helpers import (
     TERMINAL,
     new_task_id,
     shell_step,
@@ -34,7 +35,6 @@ from tests.helpers import (
     step,
     wait_for_status,
 )
-from tests.security.conftest import as_caller, tenant_task
 from workflow_engine.config import Settings
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 

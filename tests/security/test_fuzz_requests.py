@@ -25,11 +25,11 @@ import grpc
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
 from tests.conftest import RunningEngine
-from tests.helpers import step, struct, task
 from tests.security.conftest import as_caller
 from tests.security.stalls import HealthWatch
-from tests.wire import field as wire_field
-from tests.wire import head, nested_struct, varint
+from tests.support.helpers import step, struct, task
+from tests.support.wire import field as wire_field
+from tests.support.wire import head, nested_struct, varint
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 SERVICE = pb.DESCRIPTOR.services_by_name["WorkflowEngine"]

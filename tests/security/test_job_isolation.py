@@ -26,7 +26,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import RunningEngine
-from tests.helpers import (
+from tests.security.conftest import as_caller, tenant_task
+from tests.support.helpers import (
     JOB_PYTHON,
     job_pids,
     open_to_jobs,
@@ -35,7 +36,6 @@ from tests.helpers import (
     unique_sleep,
     wait_for_status,
 )
-from tests.security.conftest import as_caller, tenant_task
 from workflow_engine.config import JOB_UID_BASE, JOB_UID_COUNT
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 

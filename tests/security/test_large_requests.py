@@ -17,11 +17,11 @@ import grpc
 import pytest
 
 from tests.conftest import RunningEngine
-from tests.helpers import check, step, struct, task
 from tests.security.conftest import as_caller
 from tests.security.stalls import HealthWatch
 from tests.security.test_fuzz_requests import send, wide_struct
-from tests.wire import field, head
+from tests.support.helpers import check, step, struct, task
+from tests.support.wire import field, head
 from workflow_engine.api.decoding import MAX_REQUEST_FIELDS
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 

@@ -23,15 +23,15 @@ from google.protobuf import json_format
 from psycopg.conninfo import make_conninfo
 from psycopg.types.json import Json
 
-from tests import database
 from tests.conftest import RunningEngine, start_engine, stop_engine
 from tests.e2e.node.bodies import run_body
-from tests.helpers import new_task_id, open_to_jobs, snapshot, step, struct, wait_for_status
 from tests.integration.storage.test_stored_before import FIXTURE, FIXTURE_SCHEMA, TABLES
-from tests.node_process import NodeProcess
 from tests.security.conftest import as_caller, tenant_task
-from workflow_engine.capabilities.jobs import JobTracker
-from workflow_engine.capabilities.sandbox import LocalSandboxWorker
+from tests.support import database
+from tests.support.helpers import new_task_id, open_to_jobs, snapshot, step, struct, wait_for_status
+from tests.support.node_process import NodeProcess
+from workflow_engine.capabilities.job_tracker import JobTracker
+from workflow_engine.capabilities.local_worker import LocalSandboxWorker
 from workflow_engine.config import Settings
 from workflow_engine.domain.jobs import JobRequest, Sandbox
 from workflow_engine.errors import InvalidArgument

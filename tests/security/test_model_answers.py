@@ -18,11 +18,11 @@ import pytest
 from google.protobuf import json_format
 
 from tests.conftest import RunningEngine, stop_engine
-from tests.helpers import new_task_id, wait_for_status
-from tests.model_server import ModelServer, Reply
 from tests.security.conftest import start_planned
 from tests.security.stalls import HealthWatch
 from tests.security.test_secrets import stored_state
+from tests.support.helpers import new_task_id, wait_for_status
+from tests.support.model_server import ModelServer, Reply
 from workflow_engine.config import Settings
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 

@@ -16,8 +16,8 @@ import grpc
 import pytest
 
 from tests.conftest import RunningEngine
-from tests.helpers import check, new_task_id, snapshot, step, struct, task, wait_for_status
 from tests.security.conftest import as_caller
+from tests.support.helpers import check, new_task_id, snapshot, step, struct, task, wait_for_status
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 ORCHESTRATOR = as_caller("orchestrator")

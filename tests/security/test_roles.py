@@ -12,8 +12,8 @@ import pytest
 from google.protobuf.message import Message
 
 from tests.conftest import RunningEngine
-from tests.helpers import new_task_id, snapshot, step, struct, wait_for_status
 from tests.security.conftest import as_caller, tenant_task
+from tests.support.helpers import new_task_id, snapshot, step, struct, wait_for_status
 from workflow_engine.api.roles import FIELDS, REQUIRED, ROLE_NAMES, ROLES
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 

@@ -22,8 +22,16 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from tests.conftest import RunningEngine
-from tests.helpers import JOB_PYTHON, check, new_task_id, shell_step, step, struct, wait_for_status
 from tests.security.conftest import as_caller, tenant_task
+from tests.support.helpers import (
+    JOB_PYTHON,
+    check,
+    new_task_id,
+    shell_step,
+    step,
+    struct,
+    wait_for_status,
+)
 from workflow_engine.config import Settings
 from workflow_engine.secrets import MASK, MIN_MASKED_CHARS
 from workflow_engine.v1 import workflow_engine_pb2 as pb

@@ -6,8 +6,8 @@ import grpc
 import pytest
 
 from tests.conftest import RunningEngine
-from tests.helpers import new_task_id, step
 from tests.security.conftest import as_caller, tenant_task
+from tests.support.helpers import new_task_id, step
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 

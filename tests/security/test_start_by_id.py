@@ -21,9 +21,7 @@ import grpc
 import psycopg
 import pytest
 
-from tests import database
 from tests.conftest import RunningEngine, start_engine, stop_engine
-from tests.helpers import new_task_id, snapshot, wait_for_status, write_secret
 from tests.integration.capabilities.test_mcp_tasks import (
     TOKEN,
     Served,
@@ -31,7 +29,9 @@ from tests.integration.capabilities.test_mcp_tasks import (
     requiring_token,
     serve,
 )
-from tests.orchestrator_schema import insert_task_at
+from tests.support import database
+from tests.support.helpers import new_task_id, snapshot, wait_for_status, write_secret
+from tests.support.orchestrator_schema import insert_task_at
 from workflow_engine.config import McpSettings, Settings
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 

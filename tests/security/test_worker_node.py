@@ -38,12 +38,12 @@ import pytest
 import yaml
 from google.protobuf import json_format
 
-from tests.certificates import Authority
 from tests.conftest import start_engine, stop_engine
 from tests.e2e.node.bodies import new_id, run_body
-from tests.helpers import check, new_task_id, step, task, wait_for_status, write_secret
-from tests.node_process import NodeProcess
-from workflow_engine.capabilities.base import CapabilityConfigError
+from tests.support.certificates import Authority
+from tests.support.helpers import check, new_task_id, step, task, wait_for_status, write_secret
+from tests.support.node_process import NodeProcess
+from workflow_engine.capabilities.protocols import CapabilityConfigError
 from workflow_engine.config import NodesSettings, Settings
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 

@@ -12,7 +12,7 @@ def state():
     return (json._JsonDumper._dumps, json._JsonLoader._loads,
             psycopg.adapters.get_dumper(json.Jsonb, json.PyFormat.BINARY))
 before = state()
-import workflow_engine.app, workflow_engine.cli  # noqa: F401
+import workflow_engine.engine, workflow_engine.cli  # noqa: F401
 assert state() == before, (before, state())
 print("unchanged")
 """

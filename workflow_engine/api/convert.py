@@ -11,8 +11,8 @@ from typing import Any
 
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
 
-from workflow_engine.domain.model import JsonObject
 from workflow_engine.domain.records import WorkflowEventRecord, WorkflowRecord
+from workflow_engine.domain.values import JsonObject
 from workflow_engine.secrets import (
     CREDENTIALS,
     SECRETS,

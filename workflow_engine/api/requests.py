@@ -5,7 +5,7 @@ Messages become the engine's values here: a task, a budget or a plan through the
 (which checks its own invariants and names fields by the same paths), the rest (ids, text, enum
 values, a state patch's form) by the parsers below. What depends on the stored workflow (is an
 approval pending, would a plan drop a step that ran) is checked where the change is applied
-(`graph.commands`).
+(`graph.changes`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from google.protobuf.descriptor import EnumDescriptor
 
 from workflow_engine.api.auth import recorded_actor
 from workflow_engine.api.convert import EVENT_KINDS
-from workflow_engine.domain.model import JsonObject, parse
 from workflow_engine.domain.task import (
     CHECK_KINDS_NEEDING_EQUALS,
     DEFAULT_MAX_ATTEMPTS,
@@ -33,9 +32,10 @@ from workflow_engine.domain.task import (
     find_nul,
     loader_variables,
 )
+from workflow_engine.domain.values import JsonObject, parse
 from workflow_engine.errors import InvalidArgument
-from workflow_engine.graph import commands
-from workflow_engine.graph.commands import Branch, Decision, Verdict
+from workflow_engine.graph import changes
+from workflow_engine.graph.changes import Branch, Decision, Verdict
 from workflow_engine.graph.state import STATE_KEYS
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
@@ -284,33 +284,33 @@ def decision_from_proto(msg: pb.ApprovalDecision) -> Decision:
     )
 
 
-def update_from_proto(msg: pb.UpdateWorkflowRequest) -> commands.Override:
+def update_from_proto(msg: pb.UpdateWorkflowRequest) -> changes.Override:
     """UpdateWorkflow's action: who, why, and the change of the current state it makes (see
-    graph.commands)."""
+    graph.changes)."""
     operator = recorded_actor(parse_text(msg.operator, "operator", limit=256, required=True))
     reason = parse_text(msg.reason, "reason", limit=MAX_REASON_CHARS)
     action = msg.WhichOneof("action")
     if action == "set_state":
         values = parse_state_patch(_to_json(msg.set_state, "set_state"))
-        return commands.Override(
-            operator, reason, lambda state: commands.set_state(state, values, operator, reason)
+        return changes.Override(
+            operator, reason, lambda state: changes.set_state(state, values, operator, reason)
         )
     if action == "reject_last_result":
-        return commands.Override(
-            operator, reason, lambda state: commands.reject_last_result(state, operator, reason)
+        return changes.Override(
+            operator, reason, lambda state: changes.reject_last_result(state, operator, reason)
         )
     if action == "force_branch":
         branch = parse_enum(
             msg.force_branch, pb.Branch.DESCRIPTOR, _BRANCHES, "force_branch", "branch"
         )
-        return commands.Override(
+        return changes.Override(
             operator,
             reason,
-            lambda state: commands.force_branch(state, branch, operator, reason),
+            lambda state: changes.force_branch(state, branch, operator, reason),
             fails=branch == "mark_failed",
         )
     if action == "accept_outside_state":
-        return commands.Override(operator, reason, accept_outside_state=True)
+        return changes.Override(operator, reason, accept_outside_state=True)
     raise InvalidArgument(
         "action",
         "required: set_state, reject_last_result, force_branch or accept_outside_state",

@@ -1,7 +1,7 @@
 """The `workflow_engine.v1.WorkflowEngine` gRPC service: messages in, `WorkflowService` calls out.
 
 Every method parses its request (refusing malformed fields before anything is stored), calls
-the service, and converts the answer. Exceptions become status codes in `api.errors`, here at
+the service, and converts the answer. Exceptions become status codes in `api.status_codes`, here at
 the boundary and nowhere else. Requests are decoded and counted by `api.reading` (by the auth
 interceptor, when there is one), which hands over a `RefusedRequest` rather than failing
 inside grpcio.
@@ -19,8 +19,8 @@ import grpc
 from workflow_engine.api import convert, listing, requests
 from workflow_engine.api.auth import caller, recorded_actor, scope
 from workflow_engine.api.decoding import RefusedRequest
-from workflow_engine.api.errors import status_for
 from workflow_engine.api.reading import RequestReader
+from workflow_engine.api.status_codes import status_for
 from workflow_engine.errors import RunControl
 from workflow_engine.service import WorkflowService
 from workflow_engine.v1 import workflow_engine_pb2 as pb

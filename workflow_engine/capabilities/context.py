@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from workflow_engine.domain.model import JsonObject
+from workflow_engine.domain.values import JsonObject
 
 #: What an entry costs besides its output (its id and the JSON around it), roughly.
 ENTRY_OVERHEAD = 64

@@ -23,7 +23,20 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-from workflow_engine.capabilities.base import (
+from workflow_engine.capabilities.context import TruncatingCompressor
+from workflow_engine.capabilities.embedded_planner import StaticPlanner
+from workflow_engine.capabilities.embedded_verifier import MachineVerifier
+from workflow_engine.capabilities.job_tracker import JobTracker
+from workflow_engine.capabilities.job_verifier import JobVerifier
+from workflow_engine.capabilities.local_worker import LocalSandboxWorker
+from workflow_engine.capabilities.model.command_policy import load_policy
+from workflow_engine.capabilities.model.llm_planner import LlmPlanner, describe_workers
+from workflow_engine.capabilities.model.llm_verifier import LlmVerifier
+from workflow_engine.capabilities.model.model_client import ModelClient
+from workflow_engine.capabilities.nodes.http_worker import HttpWorker
+from workflow_engine.capabilities.nodes.node_table import NodeTable
+from workflow_engine.capabilities.nodes.nodes_file import load_nodes_file
+from workflow_engine.capabilities.protocols import (
     CapabilityConfigError,
     ContextCompressor,
     Planner,
@@ -32,27 +45,14 @@ from workflow_engine.capabilities.base import (
     Worker,
     check_steps,
 )
-from workflow_engine.capabilities.command_policy import load_policy
-from workflow_engine.capabilities.context import TruncatingCompressor
-from workflow_engine.capabilities.http_worker import HttpWorker
-from workflow_engine.capabilities.inline_tasks import InlineTaskSource
-from workflow_engine.capabilities.job_grant import Confinement
-from workflow_engine.capabilities.job_verifier import JobVerifier
-from workflow_engine.capabilities.jobs import JobTracker
-from workflow_engine.capabilities.llm_planner import LlmPlanner, describe_workers
-from workflow_engine.capabilities.llm_verifier import LlmVerifier
-from workflow_engine.capabilities.model_client import ModelClient
-from workflow_engine.capabilities.node_table import NodeTable
-from workflow_engine.capabilities.nodes_file import load_nodes_file
-from workflow_engine.capabilities.planner import StaticPlanner
-from workflow_engine.capabilities.sandbox import LocalSandboxWorker
-from workflow_engine.capabilities.simulated import SimulatedWorker
-from workflow_engine.capabilities.stored_tasks import StoredTasks
-from workflow_engine.capabilities.task_table import TaskTableSource
-from workflow_engine.capabilities.verifier import MachineVerifier
+from workflow_engine.capabilities.simulated_worker import SimulatedWorker
+from workflow_engine.capabilities.tasks.inline_tasks import InlineTaskSource
+from workflow_engine.capabilities.tasks.stored_tasks import StoredTasks
+from workflow_engine.capabilities.tasks.task_table import TaskTableSource
 from workflow_engine.config import ENV_PREFIX, Settings
-from workflow_engine.domain.model import JsonObject
 from workflow_engine.domain.task import TaskSpec
+from workflow_engine.domain.values import JsonObject
+from workflow_engine.sandbox.grant import Confinement
 
 T = TypeVar("T")
 
@@ -122,7 +122,7 @@ def _task_table(lent: Lent) -> TaskTableSource:
 def _mcp_tasks(settings: Settings, lent: Lent) -> TaskSource:
     # Imported here: the MCP SDK brings an HTTP server stack along (half a second and some
     # 500 modules), which only an engine that uses this source should load.
-    from workflow_engine.capabilities.mcp_tasks import McpTaskSource
+    from workflow_engine.capabilities.tasks.mcp_tasks import McpTaskSource
 
     return McpTaskSource(settings.mcp)
 

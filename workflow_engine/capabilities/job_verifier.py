@@ -19,13 +19,13 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from workflow_engine.capabilities.base import Worker
-from workflow_engine.capabilities.jobs import JobTracker
-from workflow_engine.capabilities.llm_verifier import combine, verification_brief
-from workflow_engine.capabilities.verifier import MachineVerifier
+from workflow_engine.capabilities.embedded_verifier import MachineVerifier
+from workflow_engine.capabilities.job_tracker import JobTracker
+from workflow_engine.capabilities.model.llm_verifier import combine, verification_brief
+from workflow_engine.capabilities.protocols import Worker
 from workflow_engine.domain.jobs import Finding, JobRequest, JobResult, Sandbox, Verification
-from workflow_engine.domain.model import parse
 from workflow_engine.domain.task import AcceptanceCriterion, Step
+from workflow_engine.domain.values import parse
 from workflow_engine.errors import InvalidArgument
 from workflow_engine.secrets import quoted
 

@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from workflow_engine.domain.model import DomainModel, JsonObject
+from workflow_engine.domain.values import DomainModel, JsonObject
 
 #: A job's end: the Worker API's three, and `cancelled` (its workflow was cancelled; the worker
 #: stopped it).

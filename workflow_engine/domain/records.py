@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
-from workflow_engine.domain.model import JsonObject
 from workflow_engine.domain.status import TERMINAL_STATUSES
+from workflow_engine.domain.values import JsonObject
 
 
 @dataclass(frozen=True, slots=True)

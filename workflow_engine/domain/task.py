@@ -1,6 +1,6 @@
 """The task a workflow drives, and the plan made of it: steps, checks, criteria, budgets.
 
-Each value checks its own invariants when it is built (see `domain.model`): a step's id and
+Each value checks its own invariants when it is built (see `domain.values`): a step's id and
 argv, a check's kind and operands, a plan's ids, dependencies and cycles, the limits below. The
 API builds a `TaskSpec` from the request with `parse(TaskSpec, data, "task")`; a planner's
 `Plan` is checked the same way, whoever made it.
@@ -24,8 +24,8 @@ from pydantic import (
 )
 
 from workflow_engine.domain.jobs import Limits
-from workflow_engine.domain.model import DomainModel, JsonObject, input_rules, invalid
 from workflow_engine.domain.patterns import PatternError, check_together, compile_pattern
+from workflow_engine.domain.values import DomainModel, JsonObject, input_rules, invalid
 
 CHECK_KINDS = frozenset(
     {

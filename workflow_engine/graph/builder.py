@@ -6,7 +6,7 @@
 
 `dispatch_step` also ends the graph while a step waits for approval (WAITING_FOR_APPROVAL);
 decisions, raised budgets and operator overrides continue it from `verify_step_result`'s
-router (see `workflow_engine.graph.commands`).
+router (see `workflow_engine.graph.changes`).
 
 The graph is one table, `EDGES` (where each node leads), compiled into a LangGraph
 `StateGraph`. The engine's runs step through the same table themselves (`WorkflowGraph`, see
@@ -35,8 +35,8 @@ from langgraph.graph.state import CompiledStateGraph
 from langgraph.runtime import Runtime
 
 from workflow_engine.capabilities.factory import Capabilities
-from workflow_engine.capabilities.jobs import JobTracker
-from workflow_engine.domain.model import JsonObject
+from workflow_engine.capabilities.job_tracker import JobTracker
+from workflow_engine.domain.values import JsonObject
 from workflow_engine.graph import routing
 from workflow_engine.graph.nodes import Nodes, is_control, node_functions
 from workflow_engine.graph.state import WorkflowState

@@ -18,15 +18,14 @@ import psycopg
 import structlog
 from pydantic import ValidationError
 
-from workflow_engine.capabilities import answer_schemas
-from workflow_engine.capabilities.base import RevisingPlanner
 from workflow_engine.capabilities.factory import Capabilities
-from workflow_engine.capabilities.jobs import JobTracker
-from workflow_engine.capabilities.llm_planner import PlanRefused
-from workflow_engine.capabilities.model_client import Ledger, ModelClient, recording
-from workflow_engine.capabilities.preferences import merge_preferences, node_preferences
+from workflow_engine.capabilities.job_tracker import JobTracker
+from workflow_engine.capabilities.model import answer_schemas
+from workflow_engine.capabilities.model.llm_planner import PlanRefused
+from workflow_engine.capabilities.model.model_client import Ledger, ModelClient, recording
+from workflow_engine.capabilities.protocols import RevisingPlanner
+from workflow_engine.capabilities.tasks.preferences import merge_preferences, node_preferences
 from workflow_engine.domain.jobs import Finding, JobRequest, JobResult, Sandbox, Verification
-from workflow_engine.domain.model import JsonObject, as_invalid_argument
 from workflow_engine.domain.status import WorkflowStatus
 from workflow_engine.domain.task import (
     LOADER_PROBLEM,
@@ -34,6 +33,7 @@ from workflow_engine.domain.task import (
     Step,
     loader_variables,
 )
+from workflow_engine.domain.values import JsonObject, as_invalid_argument
 from workflow_engine.errors import InvalidArgument, RunControl, WorkflowEngineError
 from workflow_engine.graph import routing
 from workflow_engine.graph.state import StepState, StepStatus, WorkflowState

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal, TypedDict
 
-from workflow_engine.domain.model import JsonObject
 from workflow_engine.domain.status import WorkflowStatus
+from workflow_engine.domain.values import JsonObject
 from workflow_engine.secrets import state_secrets
 
 #: Where one step is. ``pending``: not dispatched, or to be tried again; ``dispatched``: its job

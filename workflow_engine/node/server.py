@@ -30,11 +30,11 @@ import structlog
 import uvicorn
 
 from workflow_engine import pid_file
-from workflow_engine.capabilities.job_grant import Confinement
-from workflow_engine.capabilities.sandbox import LocalSandboxWorker
+from workflow_engine.capabilities.local_worker import LocalSandboxWorker
 from workflow_engine.config import ENV_PREFIX, NodeSettings
-from workflow_engine.node.app import create_app
-from workflow_engine.node.jobs import NodeJobs
+from workflow_engine.node.job_runs import NodeJobs
+from workflow_engine.node.routes import create_app
+from workflow_engine.sandbox.grant import Confinement
 
 log = structlog.get_logger(__name__)
 

@@ -27,7 +27,7 @@ from contextlib import contextmanager
 import psycopg
 import structlog
 
-from workflow_engine.capabilities.jobs import JobTracker
+from workflow_engine.capabilities.job_tracker import JobTracker
 from workflow_engine.config import ENV_PREFIX
 from workflow_engine.domain.jobs import JobRequest
 from workflow_engine.domain.records import Fence, WorkflowEventRecord
@@ -35,7 +35,7 @@ from workflow_engine.domain.status import TERMINAL_STATUSES, WorkflowStatus
 from workflow_engine.errors import LeaseLost, RunStopped, WorkflowEngineError
 from workflow_engine.faults import FaultPlan
 from workflow_engine.graph.builder import WorkflowGraph
-from workflow_engine.graph.commands import Change
+from workflow_engine.graph.changes import Change
 from workflow_engine.graph.state import WorkflowState
 from workflow_engine.runtime.quotas import Quota
 from workflow_engine.runtime.run import Run

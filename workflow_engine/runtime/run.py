@@ -14,7 +14,7 @@ node. A heartbeat renews the lease every third of its time to live; a renewal th
 lease gone stops the run before its next node.
 
 Changes from outside (an approval decision, a raised budget, an operator's override; see
-`workflow_engine.graph.commands`) are applied by the run that holds the lease: given at launch,
+`workflow_engine.graph.changes`) are applied by the run that holds the lease: given at launch,
 or submitted to a live run. A live run does not wait for its node to end: it interrupts the node
 (every node is safe to run again, and a job it waits for keeps running and is re-attached by its
 id), applies the change to its latest checkpoint, and carries on. Each change is computed from
@@ -54,7 +54,7 @@ from workflow_engine.errors import (
 )
 from workflow_engine.faults import FaultPlan
 from workflow_engine.graph.builder import FIRST, NODE_EVENT, NodeContext, WorkflowGraph
-from workflow_engine.graph.commands import CONTINUE_FROM, Change, apply_all
+from workflow_engine.graph.changes import CONTINUE_FROM, Change, apply_all
 from workflow_engine.graph.state import WorkflowState
 from workflow_engine.secrets import (
     SECRETS,

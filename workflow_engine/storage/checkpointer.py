@@ -28,9 +28,9 @@ from typing import Any, Protocol
 from langgraph.checkpoint.base.id import uuid6
 from psycopg_pool import AsyncConnectionPool
 
-from workflow_engine.domain.model import JsonObject
 from workflow_engine.domain.records import Fence, WorkflowEventRecord
 from workflow_engine.domain.status import FINAL_STATUSES, WorkflowStatus
+from workflow_engine.domain.values import JsonObject
 from workflow_engine.errors import CheckpointCorrupt, LeaseLost, OutsideWrite
 from workflow_engine.faults import FaultPlan
 from workflow_engine.secrets import SECRETS, redact, state_secrets

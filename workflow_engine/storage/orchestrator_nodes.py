@@ -6,7 +6,7 @@ Each node's row is read whole, as JSON (``to_jsonb``), so optional columns (``de
 their newer schema, ``config_ack_status``) arrive when present and nothing breaks when absent,
 with its latest capability snapshot (by ``reported_at``) added as ``capability_snapshot`` and
 ``capability_reported_at``. Soft-deleted rows (``deleted_at`` set) of either table are left
-out. `capabilities.node_table` decides which nodes are usable; the engine lends `read_nodes`
+out. `capabilities.nodes.node_table` decides which nodes are usable; the engine lends `read_nodes`
 to it as a plain callable (capabilities do not import storage).
 
 The rows carry each node's bearer token: nothing here logs them.
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from workflow_engine.domain.model import JsonObject
+from workflow_engine.domain.values import JsonObject
 from workflow_engine.storage.pool import Connection, Pool, on_connection
 
 # Their tables, as the search path finds them, with the columns a node is read from (a `nodes`

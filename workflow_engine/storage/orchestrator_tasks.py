@@ -3,7 +3,7 @@
 Their ORM creates the table (see the contracts in the README); the engine's migrations do
 not. A row is read whole, as JSON (``to_jsonb``), so the columns of their newer schema
 (``deleted_at``, ``planning_state``) arrive when present and nothing breaks when absent;
-`capabilities.task_table` makes a task of it. The engine lends these functions to its task
+`capabilities.tasks.task_table` makes a task of it. The engine lends these functions to its task
 sources as plain callables (capabilities do not import storage).
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from workflow_engine.domain.model import JsonObject
+from workflow_engine.domain.values import JsonObject
 from workflow_engine.storage.pool import Connection, Pool, on_connection
 
 # Their table, as the search path finds it, with the two columns a task is started from: a

@@ -10,7 +10,7 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from workflow_engine.domain.model import JsonObject
+from workflow_engine.domain.values import JsonObject
 from workflow_engine.errors import WorkflowNotFound
 from workflow_engine.storage.pool import Connection, Pool, on_connection
 

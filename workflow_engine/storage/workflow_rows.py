@@ -16,7 +16,6 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from workflow_engine.domain.model import JsonObject
 from workflow_engine.domain.records import (
     Fence,
     Lease,
@@ -30,6 +29,7 @@ from workflow_engine.domain.status import (
     TERMINAL_STATUSES,
     WorkflowStatus,
 )
+from workflow_engine.domain.values import JsonObject
 from workflow_engine.errors import (
     InvalidState,
     LeaseHeld,

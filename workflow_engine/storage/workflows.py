@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from datetime import datetime
 
-from workflow_engine.domain.model import JsonObject
 from workflow_engine.domain.records import (
     Fence,
     ResumeClaim,
@@ -23,6 +22,7 @@ from workflow_engine.domain.records import (
     WorkflowQuery,
     WorkflowRecord,
 )
+from workflow_engine.domain.values import JsonObject
 from workflow_engine.storage import leases, queries, tasks, workflow_rows
 from workflow_engine.storage.pool import Pool, on_connection
 from workflow_engine.storage.queries import MAX_HISTORY_EVENTS

@@ -1,3 +1,3 @@
-"""The fixtures of tests that drive a worker node of their own (`tests.node_process`)."""
+"""The fixtures of tests that drive a worker node of their own (`tests.support.node_process`)."""
 
-from tests.node_process import client, node, nodes  # noqa: F401 (fixtures)
+from tests.support.node_process import client, node, nodes  # noqa: F401 (fixtures)

@@ -19,8 +19,8 @@ import httpx
 import pytest
 
 from tests.e2e.node.bodies import new_id, run_body
-from tests.helpers import JOB_PYTHON
-from tests.node_process import NodeProcess
+from tests.support.helpers import JOB_PYTHON
+from tests.support.node_process import NodeProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 

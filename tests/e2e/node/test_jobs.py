@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from tests.e2e.node.bodies import run_body
-from tests.helpers import job_pids, unique_sleep
-from tests.node_process import NodeProcess
+from tests.support.helpers import job_pids, unique_sleep
+from tests.support.node_process import NodeProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 

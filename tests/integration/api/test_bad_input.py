@@ -10,7 +10,7 @@ import pytest
 from google.protobuf import struct_pb2
 
 from tests.conftest import RunningEngine
-from tests.helpers import (
+from tests.support.helpers import (
     check,
     new_task_id,
     snapshot,

@@ -14,7 +14,9 @@ import pytest
 from google.protobuf import timestamp_pb2
 
 from tests.conftest import RunningEngine
-from tests.helpers import (
+from tests.integration.api.test_bad_input import expect_error, snapshot
+from tests.integration.api.test_lifecycle import NODE_ORDER_TWO_STEPS
+from tests.support.helpers import (
     check,
     new_task_id,
     step,
@@ -22,8 +24,6 @@ from tests.helpers import (
     wait_for_status,
     watch_until_end,
 )
-from tests.integration.api.test_bad_input import expect_error, snapshot
-from tests.integration.api.test_lifecycle import NODE_ORDER_TWO_STEPS
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 

@@ -13,7 +13,7 @@ from typing import Any
 from google.protobuf import json_format
 
 from tests.conftest import RunningEngine
-from tests.helpers import check, new_task_id, shell_step, task, wait_for_status
+from tests.support.helpers import check, new_task_id, shell_step, task, wait_for_status
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 

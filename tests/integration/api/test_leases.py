@@ -9,7 +9,7 @@ import grpc
 import pytest
 
 from tests.conftest import RunningEngine
-from tests.helpers import new_task_id, step, task, wait_for_status
+from tests.support.helpers import new_task_id, step, task, wait_for_status
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 

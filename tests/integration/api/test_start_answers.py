@@ -17,7 +17,7 @@ import grpc
 import pytest
 
 from tests.conftest import RunningEngine, start_engine
-from tests.helpers import new_task_id, snapshot, step, task
+from tests.support.helpers import new_task_id, snapshot, step, task
 from workflow_engine.config import Settings
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc

@@ -1,7 +1,7 @@
 """StartWorkflow without a task: the task is loaded by id from the orchestrator's `tasks` table.
 
 Each test runs a real engine over gRPC on a database holding the orchestrator's `tasks` table
-as their ORM makes it (`orchestrator_url`, from `tests.orchestrator_schema`), with task rows
+as their ORM makes it (`orchestrator_url`, from `tests.support.orchestrator_schema`), with task rows
 inserted as their ORM inserts them. The resume after a crash is in `tests/e2e`.
 """
 
@@ -16,10 +16,10 @@ import psycopg
 import pytest
 from google.protobuf import json_format
 
-from tests import database
 from tests.conftest import RunningEngine, start_engine, stop_engine
-from tests.helpers import new_task_id, snapshot, step, stored_task, task, wait_for_status
-from tests.orchestrator_schema import insert_task_at
+from tests.support import database
+from tests.support.helpers import new_task_id, snapshot, step, stored_task, task, wait_for_status
+from tests.support.orchestrator_schema import insert_task_at
 from workflow_engine.config import Settings
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 

@@ -14,7 +14,7 @@ import grpc
 import pytest
 
 from tests.conftest import RunningEngine, start_engine, stop_engine
-from tests.helpers import new_task_id, snapshot, step, task, wait_for_status, write_secret
+from tests.support.helpers import new_task_id, snapshot, step, task, wait_for_status, write_secret
 from workflow_engine.config import Settings
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 

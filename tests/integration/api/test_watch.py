@@ -15,7 +15,14 @@ import psycopg
 import pytest
 
 from tests.conftest import RunningEngine, start_engine, stop_engine
-from tests.helpers import new_task_id, shell_step, step, task, wait_for_status, watch_until_end
+from tests.support.helpers import (
+    new_task_id,
+    shell_step,
+    step,
+    task,
+    wait_for_status,
+    watch_until_end,
+)
 from workflow_engine.config import LISTEN_NONE, Settings
 from workflow_engine.runtime.events import FEED_EVENTS
 from workflow_engine.v1 import workflow_engine_pb2 as pb

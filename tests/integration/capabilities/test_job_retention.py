@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from workflow_engine.capabilities import job_files
-from workflow_engine.capabilities.job_runner import JobRunner
-from workflow_engine.capabilities.sandbox import LocalSandboxWorker
+from workflow_engine.capabilities.local_worker import LocalSandboxWorker
 from workflow_engine.domain.jobs import JobRequest, Sandbox
 from workflow_engine.domain.task import MAX_TIMEOUT_SECONDS
+from workflow_engine.sandbox import files
+from workflow_engine.sandbox.runner import JobRunner
 
 pytestmark = [pytest.mark.timeout(30), pytest.mark.usefixtures("each_wrapper")]
 
@@ -56,9 +56,9 @@ async def test_prune_removes_only_jobs_whose_retention_has_passed(tmp_path: Path
         old = await runner.run(counted("old", marker))
         fresh = await runner.run(counted("fresh", marker))
         assert (old.status, fresh.status) == ("completed", "completed")
-        age(jobs_dir / "old" / job_files.RESULT_FILE, HOUR + 60)
+        age(jobs_dir / "old" / files.RESULT_FILE, HOUR + 60)
         running = asyncio.create_task(runner.run(job("running", "sleep", "30")))
-        while not (jobs_dir / "running" / job_files.STDOUT_FILE).exists():
+        while not (jobs_dir / "running" / files.STDOUT_FILE).exists():
             await asyncio.sleep(0.02)
         # As old as any job may be, but followed here: not this runner's to remove.
         age(jobs_dir / "running", HOUR + MAX_TIMEOUT_SECONDS + 60)
@@ -104,7 +104,7 @@ async def test_prune_removes_what_a_job_locked_and_nothing_it_links_to(tmp_path:
     try:
         result = await runner.run(job("locks", "sh", "-c", script))
         assert result.status == "completed", result.stderr
-        age(tmp_path / "jobs" / "locks" / job_files.RESULT_FILE, 2 * HOUR)
+        age(tmp_path / "jobs" / "locks" / files.RESULT_FILE, 2 * HOUR)
         assert await runner.prune() == 1
     finally:
         await runner.close()
@@ -135,9 +135,9 @@ async def test_the_sandbox_prunes_in_the_background_until_closed(tmp_path: Path)
 async def test_no_retention_keeps_every_directory(tmp_path: Path) -> None:
     async with LocalSandboxWorker(jobs_dir=tmp_path / "jobs") as sandbox:
         await sandbox.run("local", job("kept", "true"))
-        age(tmp_path / "jobs" / "kept" / job_files.RESULT_FILE, 365 * 24 * HOUR)
+        age(tmp_path / "jobs" / "kept" / files.RESULT_FILE, 365 * 24 * HOUR)
         await asyncio.sleep(0.6)
-    assert (tmp_path / "jobs" / "kept" / job_files.RESULT_FILE).exists()
+    assert (tmp_path / "jobs" / "kept" / files.RESULT_FILE).exists()
 
 
 @pytest.mark.parametrize("seconds", [-1.0, float("nan"), float("inf")])
@@ -165,7 +165,7 @@ def _remove_as_the_owner(base: Path) -> None:
     (doomed / "work" / "link").symlink_to(outside)
     code = (
         "import sys; from pathlib import Path;"
-        "from workflow_engine.capabilities.job_runner import _remove;"
+        "from workflow_engine.sandbox.runner import _remove;"
         "_remove([Path(sys.argv[1])])"
     )
     command = [sys.executable, "-c", code, str(doomed)]

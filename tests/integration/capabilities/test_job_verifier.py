@@ -13,7 +13,7 @@ import pytest
 from google.protobuf import json_format
 
 from tests.conftest import RunningEngine, start_engine, stop_engine
-from tests.helpers import (
+from tests.support.helpers import (
     JOB_PYTHON,
     check,
     job_pids,

@@ -1,6 +1,7 @@
 """The ``llm`` planner and verifier over gRPC, against an OpenAI-compatible model server.
 
-The server (`tests.model_server`) is a real HTTP server on a free port answering from a script
+The server (`tests.support.model_server`) is a real HTTP server on a free port answering from a
+script
 per test; it refuses any request without the model, the messages, a token limit and the
 answer's JSON Schema, and each test checks it refused none.
 """
@@ -19,9 +20,9 @@ import structlog.testing
 from google.protobuf import json_format
 
 from tests.conftest import RunningEngine, start_engine, stop_engine
-from tests.helpers import new_task_id, wait_for_status, write_secret
-from tests.model_server import API_KEY, MODEL, ModelServer, Reply
-from workflow_engine.capabilities.answer_schemas import plan_schema
+from tests.support.helpers import new_task_id, wait_for_status, write_secret
+from tests.support.model_server import API_KEY, MODEL, ModelServer, Reply
+from workflow_engine.capabilities.model.answer_schemas import plan_schema
 from workflow_engine.config import LlmSettings, Settings
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 

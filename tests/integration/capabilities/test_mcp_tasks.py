@@ -25,10 +25,10 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from psycopg.rows import dict_row
 
-from tests import database
 from tests.conftest import RunningEngine, start_engine, stop_engine
-from tests.helpers import new_task_id, snapshot, stored_task, wait_for_status
-from tests.orchestrator_schema import insert_task_at
+from tests.support import database
+from tests.support.helpers import new_task_id, snapshot, stored_task, wait_for_status
+from tests.support.orchestrator_schema import insert_task_at
 from workflow_engine.config import McpSettings, Settings
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 

@@ -20,12 +20,12 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import job_pids, unique_sleep
-from workflow_engine.capabilities import job_files
-from workflow_engine.capabilities.job_grant import Confinement, Grant
-from workflow_engine.capabilities.job_runner import JobRunner
-from workflow_engine.capabilities.sandbox import LocalSandboxWorker
+from tests.support.helpers import job_pids, unique_sleep
+from workflow_engine.capabilities.local_worker import LocalSandboxWorker
 from workflow_engine.domain.jobs import JobRequest, Sandbox
+from workflow_engine.sandbox import files
+from workflow_engine.sandbox.grant import Confinement, Grant
+from workflow_engine.sandbox.runner import JobRunner
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 # A broken re-attach or lost-job check shows up as a wait that never ends; fail it instead.
@@ -181,7 +181,7 @@ def test_job_env_is_built_only_from_the_request(
     # supervisor adds nothing of its own either, whatever it inherited.
     monkeypatch.setenv("ENGINE_SECRET_FOR_TEST", "s3cret")
     request = job("env-2", "env", env={"STEP_VAR": "x", "PATH": "/opt/bin"}).to_json()
-    env = job_files.job_env(request, tmp_path)
+    env = files.job_env(request, tmp_path)
     assert set(env) == {
         "PATH",
         "HOME",
@@ -245,7 +245,7 @@ async def engine_killed_mid_job(
         import asyncio
         from pathlib import Path
         from workflow_engine.domain.jobs import JobRequest, Sandbox
-        from workflow_engine.capabilities.sandbox import LocalSandboxWorker
+        from workflow_engine.capabilities.local_worker import LocalSandboxWorker
 
         job = JobRequest(
             task_id="task-1",
@@ -508,7 +508,7 @@ async def test_launcher_that_died_before_spawning_is_lost(tmp_path: Path) -> Non
     assert result.status == "failed"
     assert "no wrapper claimed it" in result.stderr
     # The claim is taken, so a launch that comes late never runs the job.
-    assert (job_dir / "supervisor.pid").read_text() == job_files.LOST_MARKER
+    assert (job_dir / "supervisor.pid").read_text() == files.LOST_MARKER
     grant = Confinement().grant(request)
     assert isinstance(grant, Grant)
     late_runner = JobRunner(jobs_dir=tmp_path / "jobs")

@@ -21,7 +21,7 @@ import pytest
 from google.protobuf import json_format
 
 from tests.conftest import RunningEngine, start_engine, stop_engine
-from tests.helpers import (
+from tests.support.helpers import (
     check,
     new_task_id,
     shell_step,
@@ -30,8 +30,8 @@ from tests.helpers import (
     wait_for_status,
     write_secret,
 )
-from tests.their_worker_node import TheirWorkerNode, nodes_file_entry
-from workflow_engine.capabilities.base import CapabilityConfigError
+from tests.support.their_worker_node import TheirWorkerNode, nodes_file_entry
+from workflow_engine.capabilities.protocols import CapabilityConfigError
 from workflow_engine.config import NodesSettings, Settings
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 

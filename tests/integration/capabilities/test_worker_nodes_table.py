@@ -1,7 +1,7 @@
 """The ``nodes`` worker with its nodes from the orchestrator's ``nodes`` table, end to end.
 
 The database holds the orchestrator's tables as their ORM creates them
-(`tests.orchestrator_schema`); the nodes are `TheirWorkerNode`s (real HTTP servers answering
+(`tests.support.orchestrator_schema`); the nodes are `TheirWorkerNode`s (real HTTP servers answering
 as theirs do) registered there as rows with capability snapshots, as their handlers write
 them. The engine has no nodes file: it reads the table at start and every refresh.
 """
@@ -20,13 +20,13 @@ import psycopg
 import pytest
 from google.protobuf import json_format
 
-from tests import database
 from tests.conftest import RunningEngine, start_engine, stop_engine
-from tests.helpers import new_task_id, step, task, wait_for_status
-from tests.model_server import API_KEY, MODEL, ModelServer
-from tests.orchestrator_schema import insert_node, insert_snapshot
-from tests.their_worker_node import TheirWorkerNode
-from workflow_engine.capabilities.node_table import NodesTableMissing
+from tests.support import database
+from tests.support.helpers import new_task_id, step, task, wait_for_status
+from tests.support.model_server import API_KEY, MODEL, ModelServer
+from tests.support.orchestrator_schema import insert_node, insert_snapshot
+from tests.support.their_worker_node import TheirWorkerNode
+from workflow_engine.capabilities.nodes.node_table import NodesTableMissing
 from workflow_engine.config import LlmSettings, NodesSettings, Settings
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 

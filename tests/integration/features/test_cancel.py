@@ -18,7 +18,8 @@ import psycopg
 import pytest
 
 from tests.conftest import RunningEngine, start_engine, stop_engine
-from tests.helpers import (
+from tests.integration.orchestrator import their_code
+from tests.support.helpers import (
     job_pids,
     new_task_id,
     shell_step,
@@ -26,7 +27,6 @@ from tests.helpers import (
     unique_sleep,
     wait_for_status,
 )
-from tests.integration.orchestrator import their_code
 from workflow_engine.config import Settings
 from workflow_engine.graph.nodes import job_id_for
 from workflow_engine.v1 import workflow_engine_pb2 as pb

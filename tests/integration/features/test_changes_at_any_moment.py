@@ -14,7 +14,8 @@ import psycopg
 import pytest
 
 from tests.conftest import RunningEngine
-from tests.helpers import (
+from tests.integration.features.test_cancel import wait_for_file, wait_gone
+from tests.support.helpers import (
     job_pids,
     new_task_id,
     shell_step,
@@ -23,7 +24,6 @@ from tests.helpers import (
     unique_sleep,
     wait_for_status,
 )
-from tests.integration.features.test_cancel import wait_for_file, wait_gone
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 ROUNDS = 50

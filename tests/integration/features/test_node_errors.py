@@ -9,7 +9,7 @@ import pytest
 from google.protobuf import json_format
 
 from tests.conftest import RunningEngine, start_engine, stop_engine
-from tests.helpers import new_task_id, step, task, wait_for_status
+from tests.support.helpers import new_task_id, step, task, wait_for_status
 from tests.unit.capabilities.test_factory import LENT_NOTHING
 from workflow_engine.capabilities.factory import build_capabilities
 from workflow_engine.config import Settings

@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 from tests.conftest import RunningEngine
-from tests.helpers import new_task_id, shell_step, task, wait_for_status
+from tests.support.helpers import new_task_id, shell_step, task, wait_for_status
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 

@@ -1,5 +1,6 @@
 """An engine on a database whose orchestrator tables were created first, by their ORM's rules,
-in each variant of `tests.orchestrator_schema` (no foreign keys, foreign keys, soft delete)."""
+in each variant of `tests.support.orchestrator_schema` (no foreign keys, foreign keys, soft
+delete)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from dataclasses import replace
 import psycopg
 import pytest
 
-from tests import database
 from tests.conftest import RunningEngine, start_engine, stop_engine
-from tests.orchestrator_schema import VARIANTS, create_orchestrator_db
+from tests.support import database
+from tests.support.orchestrator_schema import VARIANTS, create_orchestrator_db
 from workflow_engine.config import Settings
 
 

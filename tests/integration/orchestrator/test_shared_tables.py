@@ -1,6 +1,7 @@
 """The engine inside the orchestrator's own database, with their code acting on the same rows.
 
-Each test runs on the three schemas their ORM and spec give (`tests.orchestrator_schema`), with
+Each test runs on the three schemas their ORM and spec give (`tests.support.orchestrator_schema`),
+with
 their tables created before the engine's migrations, and `their_code` standing for their Go code.
 """
 
@@ -15,9 +16,9 @@ import psycopg
 import pytest
 
 from tests.conftest import RunningEngine
-from tests.helpers import new_task_id, shell_step, step, task, wait_for_status
 from tests.integration.orchestrator import their_code
-from tests.orchestrator_schema import insert_task
+from tests.support.helpers import new_task_id, shell_step, step, task, wait_for_status
+from tests.support.orchestrator_schema import insert_task
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 #: Long enough for several recovery sweeps (every 0.2 s in these tests).

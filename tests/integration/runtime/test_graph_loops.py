@@ -7,7 +7,7 @@ from dataclasses import replace
 from typing import Any
 
 from tests.conftest import RunningEngine
-from tests.helpers import new_task_id, step, task, wait_for_status
+from tests.support.helpers import new_task_id, step, task, wait_for_status
 from tests.unit.capabilities.test_factory import LENT_NOTHING
 from workflow_engine.capabilities.factory import build_capabilities
 from workflow_engine.graph.builder import build_graph

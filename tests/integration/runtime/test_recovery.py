@@ -7,7 +7,7 @@ from pathlib import Path
 import psycopg
 
 from tests.conftest import RunningEngine, start_engine, stop_engine
-from tests.helpers import new_task_id, step, task, wait_for_status
+from tests.support.helpers import new_task_id, step, task, wait_for_status
 from workflow_engine.config import Settings
 from workflow_engine.domain.status import RECOVERY_EXHAUSTED
 from workflow_engine.graph.state import initial_state

@@ -13,9 +13,9 @@ from dataclasses import replace
 import psycopg
 import pytest
 
-from tests import database
 from tests.conftest import start_engine, stop_engine
-from tests.helpers import new_task_id, step, task, wait_for_status
+from tests.support import database
+from tests.support.helpers import new_task_id, step, task, wait_for_status
 from workflow_engine.config import Settings
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 

@@ -38,8 +38,8 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 import workflow_engine.storage
-from tests import database
-from tests.helpers import new_task_id
+from tests.support import database
+from tests.support.helpers import new_task_id
 from workflow_engine.domain.records import Fence
 from workflow_engine.graph.state import initial_state
 from workflow_engine.storage import group_commit, leases

@@ -12,7 +12,7 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from tests.conftest import RunningEngine
-from tests.helpers import new_task_id, step, task
+from tests.support.helpers import new_task_id, step, task
 from workflow_engine.domain.records import Fence, StartOutcome
 from workflow_engine.errors import LeaseLost
 from workflow_engine.graph.state import STATE_KEYS, initial_state

@@ -16,8 +16,8 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from tests.helpers import new_task_id
 from tests.integration.orchestrator import their_code
+from tests.support.helpers import new_task_id
 from workflow_engine.domain.records import Fence
 from workflow_engine.graph.state import initial_state
 from workflow_engine.storage.workflow_rows import RELEASED_ELSEWHERE

@@ -20,9 +20,9 @@ import pytest
 from psycopg.conninfo import make_conninfo
 from psycopg.types.json import Json
 
-from tests import database
 from tests.conftest import RunningEngine, start_engine, stop_engine
-from tests.helpers import new_task_id, step, task, wait_for_status
+from tests.support import database
+from tests.support.helpers import new_task_id, step, task, wait_for_status
 from workflow_engine.config import Settings
 from workflow_engine.storage.migrations import migrate
 from workflow_engine.v1 import workflow_engine_pb2 as pb

@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from tests.helpers import new_task_id
+from tests.support.helpers import new_task_id
 from workflow_engine.graph.state import initial_state
 from workflow_engine.storage.group_commit import WRITE_BATCH, CheckpointRow, batch_params
 from workflow_engine.storage.workflows import WorkflowStore

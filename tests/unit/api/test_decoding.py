@@ -10,7 +10,7 @@ from typing import Any
 import grpc
 import pytest
 
-from tests.wire import deep_update, field, varint
+from tests.support.wire import deep_update, field, varint
 from workflow_engine.api.auth import Authenticator, AuthInterceptor, Callers
 from workflow_engine.api.decoding import (
     MAX_REQUEST_FIELDS,

@@ -8,7 +8,7 @@ import time
 import pytest
 from google.protobuf.descriptor import Descriptor
 
-from tests.helpers import step, struct, task
+from tests.support.helpers import step, struct, task
 from workflow_engine.api.limits import COUNTED, JSON_BYTES, JSON_LISTS, counted
 from workflow_engine.errors import InvalidArgument
 from workflow_engine.v1 import workflow_engine_pb2 as pb

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from workflow_engine.capabilities.base import CapabilityConfigError
-from workflow_engine.capabilities.command_policy import (
+from workflow_engine.capabilities.model.command_policy import (
     DEFAULT_ENV,
     CommandPolicy,
     load_policy,
     resolve,
 )
+from workflow_engine.capabilities.protocols import CapabilityConfigError
 
 
 def test_deny_wins_then_approval_then_allow_then_the_default(tmp_path: Path) -> None:

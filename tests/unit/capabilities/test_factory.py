@@ -8,18 +8,18 @@ from typing import Any
 
 import pytest
 
+from workflow_engine.capabilities.embedded_planner import StaticPlanner
 from workflow_engine.capabilities.factory import (
     Lent,
     UnknownCapability,
     build_capabilities,
     opened,
 )
-from workflow_engine.capabilities.inline_tasks import InlineTaskSource
-from workflow_engine.capabilities.mcp_tasks import McpTaskSource
-from workflow_engine.capabilities.planner import StaticPlanner
-from workflow_engine.capabilities.sandbox import LocalSandboxWorker
-from workflow_engine.capabilities.simulated import SimulatedWorker
-from workflow_engine.capabilities.task_table import TaskTableSource
+from workflow_engine.capabilities.local_worker import LocalSandboxWorker
+from workflow_engine.capabilities.simulated_worker import SimulatedWorker
+from workflow_engine.capabilities.tasks.inline_tasks import InlineTaskSource
+from workflow_engine.capabilities.tasks.mcp_tasks import McpTaskSource
+from workflow_engine.capabilities.tasks.task_table import TaskTableSource
 from workflow_engine.config import McpSettings, Settings
 from workflow_engine.domain.jobs import JobRequest, JobResult
 

@@ -7,7 +7,7 @@ import time
 import uuid
 from pathlib import Path
 
-from workflow_engine.capabilities.job_users import JobUsers
+from workflow_engine.sandbox.users import JobUsers
 
 
 def test_a_task_keeps_its_user_and_no_two_tasks_share_one(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from workflow_engine.capabilities.nodes_file import (
+from workflow_engine.capabilities.nodes.nodes_file import (
     DEFAULT_MAX_JOBS,
     NodesFileError,
     WorkerNode,

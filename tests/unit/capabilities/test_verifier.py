@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from workflow_engine.capabilities.verifier import MachineVerifier
+from workflow_engine.capabilities.embedded_verifier import MachineVerifier
 from workflow_engine.domain.jobs import JobResult, Truncated, Verification
 from workflow_engine.domain.task import AcceptanceCriterion, Check, Step
 

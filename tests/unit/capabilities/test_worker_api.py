@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from workflow_engine.capabilities import worker_api
-from workflow_engine.capabilities.worker_api import UnreadableAnswer
+from workflow_engine.capabilities.nodes import worker_api
+from workflow_engine.capabilities.nodes.worker_api import UnreadableAnswer
 from workflow_engine.domain.jobs import JobRequest, Sandbox
 
 JOB = JobRequest(

@@ -7,7 +7,6 @@ from typing import Any
 import pytest
 
 from workflow_engine.domain.jobs import JobRequest, JobResult, Sandbox, Verification
-from workflow_engine.domain.model import parse
 from workflow_engine.domain.task import (
     STEPS,
     AcceptanceCriterion,
@@ -17,6 +16,7 @@ from workflow_engine.domain.task import (
     TaskMetadata,
     TaskSpec,
 )
+from workflow_engine.domain.values import parse
 from workflow_engine.errors import InvalidArgument
 from workflow_engine.graph.nodes import job_id_for
 

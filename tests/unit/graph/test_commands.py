@@ -6,8 +6,8 @@ import pytest
 
 from workflow_engine.domain.task import Budget
 from workflow_engine.errors import InvalidArgument, InvalidState
-from workflow_engine.graph import commands, routing
-from workflow_engine.graph.commands import Decision
+from workflow_engine.graph import changes, routing
+from workflow_engine.graph.changes import Decision
 from workflow_engine.graph.state import WorkflowState
 
 PLAN = {
@@ -30,24 +30,24 @@ def waiting() -> WorkflowState:
 
 
 def test_approve_clears_the_request_and_records_who() -> None:
-    update = commands.decide(waiting(), Decision("ship", "approve", decided_by="alice"))
+    update = changes.decide(waiting(), Decision("ship", "approve", decided_by="alice"))
     assert update.values["status"] == "running" and update.values["pending_approval"] is None
     assert update.values["approvals"]["ship"]["decided_by"] == "alice"
     assert (update.kind, update.actor) == ("approval_decided", "alice")
 
 
 def test_reject_fails_the_step_and_so_the_workflow() -> None:
-    update = commands.decide(waiting(), Decision("ship", "reject", reason="not today"))
+    update = changes.decide(waiting(), Decision("ship", "reject", reason="not today"))
     state: WorkflowState = {**waiting(), **update.values}
     assert state["steps"]["ship"]["status"] == "failed"
     assert routing.committed_status(state, 0) == "FAILED"
 
 
 def test_edit_replaces_the_command_and_is_checked() -> None:
-    update = commands.decide(waiting(), Decision("ship", "edit", command=("echo", "staged")))
+    update = changes.decide(waiting(), Decision("ship", "edit", command=("echo", "staged")))
     assert update.values["plan"]["steps"][1]["command"] == ["echo", "staged"]
     with pytest.raises(InvalidArgument, match=r"^decision\[1\].command\[0\]"):
-        commands.decide(waiting(), Decision("ship", "edit", command=("",)))
+        changes.decide(waiting(), Decision("ship", "edit", command=("",)))
 
 
 @pytest.mark.parametrize(
@@ -61,19 +61,19 @@ def test_a_decision_that_does_not_fit_is_refused(
     state: WorkflowState, decision: Decision, phrase: str
 ) -> None:
     with pytest.raises(InvalidState, match=phrase):
-        commands.decide(state, decision)
+        changes.decide(state, decision)
 
 
 def test_a_second_decision_is_refused_by_the_state_the_first_left() -> None:
-    first = lambda s: commands.decide(s, Decision("ship", "approve"))  # noqa: E731
-    _, after = commands.apply_all([first], waiting())
+    first = lambda s: changes.decide(s, Decision("ship", "approve"))  # noqa: E731
+    _, after = changes.apply_all([first], waiting())
     with pytest.raises(InvalidState, match="no pending approval"):
-        commands.apply_all([first], after)
+        changes.apply_all([first], after)
 
 
 def test_raise_budget_continues_a_suspended_workflow() -> None:
     state: WorkflowState = {"status": "suspended", "budget": {"max_dispatches": 3}}
-    update = commands.raise_budget(state, Budget(max_dispatches=10), "ops")
+    update = changes.raise_budget(state, Budget(max_dispatches=10), "ops")
     assert update.values["budget"]["max_dispatches"] == 10
     assert update.values["status"] == "running"
 
@@ -81,7 +81,7 @@ def test_raise_budget_continues_a_suspended_workflow() -> None:
 def test_force_branch_commits_to_its_status() -> None:
     base: WorkflowState = {"status": "running", "plan": PLAN, "steps": {}}
     for branch, status in [("mark_failed", "FAILED"), ("finalize_summary", "SUCCEEDED")]:
-        update = commands.force_branch(base, branch, "op", "why")  # type: ignore[arg-type]
+        update = changes.force_branch(base, branch, "op", "why")  # type: ignore[arg-type]
         assert routing.committed_status({**base, **update.values}, 0) == status
 
 
@@ -95,7 +95,7 @@ def test_reject_last_result_gives_exactly_one_more_attempt() -> None:
         "results": [{"step_id": "build"}],
         "context": {"build": {}},
     }
-    update = commands.reject_last_result(state, "carol", "bad build")
+    update = changes.reject_last_result(state, "carol", "bad build")
     assert update.values["steps"]["build"]["status"] == "pending"
     assert update.values["max_attempts_per_step"] == 2
     assert update.values["results"] == [] and update.values["context"] == {}

@@ -1,0 +1,1 @@
+"""The tests' own support code: processes, databases, servers and helpers they share."""

@@ -1,0 +1,53 @@
+"""Where the tests' databases are, and how an engine under test reaches them.
+
+The suite runs against one PostgreSQL server: the embedded one, or the one named by
+``WORKFLOW_ENGINE_TEST_DATABASE_URL``. Tests and engines may reach it through a pooler instead:
+``WORKFLOW_ENGINE_TEST_POOLER=pgbouncer`` starts a transaction-mode PgBouncer in front of it (see
+`tests.support.pgbouncer`), and a ``WORKFLOW_ENGINE_TEST_DATABASE_URL`` may itself be a pooler's,
+with
+``WORKFLOW_ENGINE_TEST_ADMIN_DATABASE_URL`` then naming the server directly. The direct URL is for
+what a pooler cannot do: create a test database from the template (the pooler keeps idle
+connections to it) and LISTEN.
+
+`ROUTE` is set once per session by the `pg_server_url` fixture; `engine_env` gives an engine
+process the settings that fit it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+
+@dataclass(frozen=True)
+class Route:
+    """How test databases are reached: `admin_url` directly, `client_base` for the rest."""
+
+    admin_url: str
+    client_base: str
+    pooled: bool
+
+    def client(self, dbname: str) -> str:
+        return make_conninfo(self.client_base, dbname=dbname)
+
+    def direct(self, dbname: str) -> str:
+        return make_conninfo(self.admin_url, dbname=dbname)
+
+
+ROUTE: Route | None = None
+
+
+def engine_settings(db_url: str) -> dict[str, str]:
+    """Settings (field: value) an engine using `db_url` needs when it is behind a pooler."""
+    if ROUTE is None or not ROUTE.pooled:
+        return {}
+    dbname = str(conninfo_to_dict(db_url).get("dbname") or "")
+    return {"listen_database_url": ROUTE.direct(dbname), "database_prepare": "off"}
+
+
+def engine_env(db_url: str) -> dict[str, str]:
+    """`engine_settings` as ``WORKFLOW_ENGINE_*`` variables, for an engine process."""
+    return {
+        f"WORKFLOW_ENGINE_{name.upper()}": value for name, value in engine_settings(db_url).items()
+    }

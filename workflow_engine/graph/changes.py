@@ -1,0 +1,271 @@
+"""Changes made to a workflow from outside its nodes: approval decisions, raised budgets and an
+operator's overrides.
+
+Each is a pure function from the current state to a `StateUpdate`: the state keys to write and
+how the change is recorded. The run applies it as if `verify_step_result` had returned it (see
+`runtime.run`): one fenced checkpoint (the change, with its event) whose next node that node's
+router chooses from the changed state. So a decision, a budget or an override is durable before
+anything acts on it, and is recorded in the history.
+
+Everything refused here raises `InvalidState` (FAILED_PRECONDITION) or `InvalidArgument`
+before anything is written.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from workflow_engine.domain.status import WorkflowStatus
+from workflow_engine.domain.task import STEPS, Budget, Step
+from workflow_engine.domain.values import parse
+from workflow_engine.errors import InvalidArgument, InvalidState
+from workflow_engine.graph import routing
+from workflow_engine.graph.state import WorkflowState
+from workflow_engine.secrets import MASK
+
+#: The node whose router continues the graph after an update.
+CONTINUE_FROM = "verify_step_result"
+
+Verdict = Literal["approve", "reject", "edit"]
+Branch = Literal["finalize_summary", "mark_failed"]
+
+
+@dataclass(frozen=True, slots=True)
+class StateUpdate:
+    """State keys to write, and the event that records who wrote them and why."""
+
+    values: WorkflowState
+    label: str  # recorded as the event's node and the row's last_node_id
+    kind: str  # approval_decided | overridden
+    detail: str
+    actor: str
+
+
+#: A change from outside, as a function of the state it is applied to: it returns the update,
+#: or raises `InvalidState` / `InvalidArgument` when that state does not allow it. The run that
+#: applies it calls it on the state of its latest checkpoint, so a change that a concurrent one
+#: made obsolete is refused instead of applied twice.
+Change = Callable[[WorkflowState], StateUpdate]
+
+
+@dataclass(frozen=True, slots=True)
+class Override:
+    """An operator's UpdateWorkflow: who, why, and what.
+
+    `change` is a change of the current state (set_state, reject_last_result, force_branch),
+    applied by the run holding the lease. A blocked workflow (another writer changed its row)
+    takes no such change; only `fails` (force_branch MARK_FAILED) or `accept_outside_state`
+    decide about it.
+    """
+
+    actor: str
+    reason: str
+    change: Change | None = None
+    fails: bool = False
+    accept_outside_state: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """An answer to a pending approval request (ResumeWorkflow's `decision`)."""
+
+    step_id: str
+    verdict: Verdict
+    reason: str = ""
+    command: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    decided_by: str = ""
+
+
+def apply_all(
+    changes: Sequence[Change], state: WorkflowState
+) -> tuple[list[StateUpdate], WorkflowState]:
+    """Each change's update, each computed from the state the ones before it leave, and the
+    state after them all. Raises (changing nothing) when one does not fit its state."""
+    updates = []
+    for change in changes:
+        update = change(state)
+        state = {**state, **update.values}
+        updates.append(update)
+    return updates, state
+
+
+def decide(state: WorkflowState, decision: Decision) -> StateUpdate:
+    """Apply `decision` to the workflow's pending approval request."""
+    pending = state.get("pending_approval")
+    if state.get("status") != WorkflowStatus.WAITING_FOR_APPROVAL.in_state or not pending:
+        raise InvalidState(
+            "decision: the workflow has no pending approval request "
+            f"(status {str(state.get('status', '')).upper()})"
+        )
+    if decision.step_id != pending.get("step_id"):
+        raise InvalidState(
+            f"decision.step_id: the pending request is for step {pending.get('step_id')!r}, "
+            f"not {decision.step_id!r}"
+        )
+    sid = decision.step_id
+    actor = decision.decided_by or "unknown"
+    record = {
+        "verdict": decision.verdict,
+        "reason": decision.reason,
+        "decided_by": actor,
+        "decided_at": time.time(),
+    }
+    values: WorkflowState = {
+        "status": WorkflowStatus.RUNNING.in_state,
+        "pending_approval": None,
+        "approvals": {**state.get("approvals", {}), sid: record},
+    }
+    if decision.verdict == "reject":
+        steps = dict(state.get("steps", {}))
+        steps[sid] = {
+            **routing.step_state(state, sid),
+            "status": "failed",
+            "error": f"rejected by {actor}: {decision.reason}",
+        }
+        values["steps"] = steps
+    elif decision.verdict == "edit":
+        values["plan"] = _edited_plan(state, decision)
+        record["command"] = list(decision.command)
+        record["env"] = dict(decision.env)
+    detail = f"{decision.verdict} step {sid}" + (f": {decision.reason}" if decision.reason else "")
+    return StateUpdate(values, "approval_decision", "approval_decided", detail, actor)
+
+
+def _edited_plan(state: WorkflowState, decision: Decision) -> dict[str, Any]:
+    plan = dict(state.get("plan", {}))
+    steps = []
+    for data in routing.plan_steps(state):
+        if data["id"] == decision.step_id:
+            step = Step.from_json(data)
+            data = {
+                **data,
+                "command": list(decision.command or step.command),
+                "env": {**step.env, **decision.env},
+            }
+        steps.append(data)
+    parse(STEPS, steps, "decision")
+    plan["steps"] = steps
+    return plan
+
+
+def raise_budget(state: WorkflowState, budget: Budget, actor: str) -> StateUpdate:
+    """Replace the limits `budget` sets; continues a SUSPENDED workflow."""
+    current = Budget.from_json(state.get("budget") or {})
+    raised = current.raised_by(budget)
+    values: WorkflowState = {"budget": raised.to_json()}
+    if state.get("status") == WorkflowStatus.SUSPENDED.in_state:
+        values["status"] = WorkflowStatus.RUNNING.in_state
+    detail = "budget: " + ", ".join(f"{k}={v}" for k, v in raised.to_json().items() if v)
+    return StateUpdate(values, "budget_update", "overridden", detail, actor)
+
+
+def set_state(
+    state: WorkflowState, values: Mapping[str, Any], actor: str, reason: str
+) -> StateUpdate:
+    """Replace editable top-level state keys with `values`, whose form the API checked
+    (`api.requests.parse_state_patch`); a new plan must keep every step that passed or runs,
+    and every secret of the steps it keeps (see `_plan_keeping_secrets`)."""
+    values = dict(values)
+    if "plan" in values:
+        _check_plan_keeps_settled_steps(state, values["plan"])
+        values["plan"] = _plan_keeping_secrets(state, values["plan"])
+    detail = "set " + ", ".join(sorted(values)) + (f": {reason}" if reason else "")
+    return StateUpdate(values, "operator_override", "overridden", detail, actor)  # type: ignore[arg-type]
+
+
+def reject_last_result(state: WorkflowState, actor: str, reason: str) -> StateUpdate:
+    """Treat the last verified or collected result as failed: its step gets one more attempt."""
+    sid = state.get("last_step_id") or ""
+    current = routing.step_state(state, sid) if sid else None
+    if current is None or current["status"] not in ("collected", "passed", "pending", "failed"):
+        raise InvalidState("reject_last_result: the workflow has no result to reject")
+    finding = {
+        "check": "operator",
+        "passed": False,
+        "detail": f"result rejected by {actor}" + (f": {reason}" if reason else ""),
+    }
+    verification = {
+        "status": "fail",
+        "findings": [finding],
+        "recommended_actions": [finding["detail"]],
+    }
+    steps = dict(state.get("steps", {}))
+    steps[sid] = {**current, "status": "pending", "verification": verification, "error": ""}
+    results = [r for r in state.get("results", []) if r.get("step_id") != sid]
+    context = {k: v for k, v in state.get("context", {}).items() if k != sid}
+    plan = routing.plan_steps(state)
+    first_open = next(
+        (i for i, s in enumerate(plan) if steps.get(s["id"], {}).get("status") != "passed"),
+        len(plan),
+    )
+    values: WorkflowState = {
+        "steps": steps,
+        "results": results,
+        "context": context,
+        "verification": verification,
+        "current_step_index": first_open,
+        "status": WorkflowStatus.RUNNING.in_state,
+        "error": "",
+    }
+    # One more attempt than the step has had, whatever its limit was.
+    attempts = int(current.get("attempts", 0))
+    if attempts >= int(state.get("max_attempts_per_step", 1)):
+        values["max_attempts_per_step"] = attempts + 1
+    detail = f"rejected the last result of step {sid}" + (f": {reason}" if reason else "")
+    return StateUpdate(values, "operator_override", "overridden", detail, actor)
+
+
+def force_branch(state: WorkflowState, branch: Branch, actor: str, reason: str) -> StateUpdate:
+    """Go to `finalize_summary` or `mark_failed` next."""
+    values: WorkflowState = {"forced_next": branch, "status": WorkflowStatus.RUNNING.in_state}
+    if branch == "mark_failed":
+        values["error"] = f"failed by {actor}" + (f": {reason}" if reason else "")
+    detail = f"forced {branch}" + (f": {reason}" if reason else "")
+    return StateUpdate(values, "operator_override", "overridden", detail, actor)
+
+
+def _plan_keeping_secrets(state: WorkflowState, plan: Mapping[str, Any]) -> dict[str, Any]:
+    """`plan` (an operator's edit of the plan they were shown) with each secret value shown as
+    `MASK` put back; refused when a step it keeps (by id) would lose a secret, or a secret's
+    value would change. A step dropped altogether takes its secrets out of the plan; the state
+    keeps them, so what it printed stays masked."""
+    current = {s["id"]: s for s in routing.plan_steps(state)}
+    steps = []
+    for i, data in enumerate(plan["steps"]):
+        old = current.get(data["id"], {})
+        old_env: Mapping[str, str] = old.get("env") or {}
+        env = dict(data.get("env") or {})
+        for name in old.get("secret_env") or ():
+            if env.get(name) == MASK:
+                env[name] = old_env.get(name, MASK)
+            where = f"set_state.plan.steps[{i}]"
+            if name not in (data.get("secret_env") or ()):
+                raise InvalidArgument(
+                    f"{where}.secret_env",
+                    f"would drop the secret {name} of step {data['id']}; a secret stays one",
+                )
+            if env.get(name) != old_env.get(name):
+                raise InvalidArgument(
+                    f"{where}.env",
+                    f"would change the value of the secret {name} of step {data['id']}; "
+                    f"send it as shown ({MASK})",
+                )
+        steps.append({**data, "env": env} if env != (data.get("env") or {}) else data)
+    return {**plan, "steps": steps}
+
+
+def _check_plan_keeps_settled_steps(state: WorkflowState, plan: Mapping[str, Any]) -> None:
+    settled = {
+        sid
+        for sid, s in state.get("steps", {}).items()
+        if s.get("status") in ("passed", "dispatched", "collected")
+    }
+    new = {step["id"] for step in plan["steps"]}
+    if missing := sorted(settled - new):
+        raise InvalidArgument(
+            "set_state.plan.steps", f"would drop steps that passed or run: {missing}"
+        )

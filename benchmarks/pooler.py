@@ -10,7 +10,7 @@ of the delays, bench-results/pooler.png.
 
 Routes: direct (pool and listener straight to PostgreSQL, prepared statements on, as `make run`);
 pooled + listen URL (pool through PgBouncer with `DATABASE_PREPARE=off`, listener direct: what
-the README recommends); pooled + none (no notifications: watchers poll every second).
+docs/operations.md recommends); pooled + none (no notifications: watchers poll every second).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@
 #   node-tls.crt, node-tls.key   the worker node's (localhost, worker-node-1, and the
 #                           Kubernetes StatefulSet's pods worker-node-0.worker-node and
 #                           worker-node-1.worker-node: add one name per replica) and key
-#   tokens.json             the callers (README, "Security"): one orchestrator, one reader
+#   tokens.json             the callers (docs/security.md): one orchestrator, one reader
 #   orchestrator.token, reader.token   their bearer tokens, for grpcurl
 # Every key (and ca.key, which signs them) and token is written readable by its owner only (mode
 # 600: running as root, the engine refuses a key or plaintext token that others may read).

@@ -1,7 +1,8 @@
-"""`buf curl` as the README's "Try it with grpcurl" section spells it, run as written.
+"""`buf curl` as the API page's "Try it with grpcurl" section spells it, run as written, and
+the README's three grpcurl calls, run as a user pastes them.
 
 buf curl speaks the Connect protocol unless told `--protocol grpc`, which grpc.aio does not
-serve; the README's lines must say so, and work. The section's enum note (the `.proto`'s value
+serve; docs/api.md's lines must say so, and work. The section's enum note (the `.proto`'s value
 names, `SUCCEEDED` and `APPROVE`, not `WORKFLOW_STATUS_SUCCEEDED` or `APPROVED`) must stay true:
 both clients refuse the other spellings, naming them. buf comes from `make node-tools`.
 """
@@ -27,15 +28,21 @@ ROOT = Path(__file__).resolve().parents[2]
 BUF = ROOT / "proto" / "node_modules" / ".bin" / "buf"
 GRPCURL = Path(sys.executable).parent / "grpcurl"
 needs_buf = pytest.mark.skipif(not BUF.exists(), reason="buf missing: run `make node-tools`")
-#: The address the README's examples call (`make run`'s default).
-README_ADDRESS = "localhost:50051"
+#: The address the docs' examples call (`make run`'s default).
+DOCS_ADDRESS = "localhost:50051"
 
 
-def try_it_section() -> str:
-    text = (ROOT / "README.md").read_text()
+def try_it_section(page: str = "docs/api.md") -> str:
+    text = (ROOT / page).read_text()
     start = text.index("\n## Try it with grpcurl\n")
     end = text.find("\n## ", start + 1)
     return text[start : end if end != -1 else len(text)]
+
+
+def readme_script() -> str:
+    """The README's "Try it with grpcurl" block: its three calls, as one shell script."""
+    section = try_it_section("README.md")
+    return section[section.index("```sh\n") + 6 : section.index("\n```", section.index("```sh"))]
 
 
 def commands(program: str) -> list[str]:
@@ -53,7 +60,7 @@ def commands(program: str) -> list[str]:
 
 
 def buf_curl_lines() -> dict[str, str]:
-    """The README's buf curl lines: `list` (--list-methods) and one per method they call."""
+    """The section's buf curl lines: `list` (--list-methods) and one per method they call."""
     found = {}
     for command in commands("proto/node_modules/.bin/buf curl "):
         if "--list-methods" in command:
@@ -63,16 +70,16 @@ def buf_curl_lines() -> dict[str, str]:
             assert method is not None, command
             found[method.group(1)] = command
     wanted = {"list", "GetWorkflow", "ListWorkflows"}
-    assert wanted <= found.keys(), f"README's buf curl lines: {found}, wanted {wanted}"
+    assert wanted <= found.keys(), f"docs/api.md's buf curl lines: {found}, wanted {wanted}"
     return found
 
 
 async def sh(command: str, address: str, task_id: str) -> tuple[int, str, str]:
-    """Run a README line as a user would, from the checkout, with `$TASK` set."""
+    """Run a line of the section as a user would, from the checkout, with `$TASK` set."""
     process = await asyncio.create_subprocess_exec(
         "sh",
         "-c",
-        command.replace(README_ADDRESS, address),
+        command.replace(DOCS_ADDRESS, address),
         cwd=ROOT,
         env={**os.environ, "TASK": task_id, "PATH": f"{GRPCURL.parent}:{os.environ['PATH']}"},
         stdout=asyncio.subprocess.PIPE,
@@ -83,7 +90,7 @@ async def sh(command: str, address: str, task_id: str) -> tuple[int, str, str]:
     return process.returncode, out.decode(), err.decode()
 
 
-def test_the_readme_gives_working_buf_curl_lines_next_to_grpcurl() -> None:
+def test_the_docs_give_working_buf_curl_lines_next_to_grpcurl() -> None:
     lines = buf_curl_lines()
     for command in lines.values():
         assert "--protocol grpc" in command, command  # the default (Connect) fails
@@ -94,7 +101,7 @@ def test_the_readme_gives_working_buf_curl_lines_next_to_grpcurl() -> None:
 
 
 @needs_buf
-async def test_the_readme_buf_curl_lines_answer(running: RunningEngine) -> None:
+async def test_the_docs_buf_curl_lines_answer(running: RunningEngine) -> None:
     lines = buf_curl_lines()
     task_id = new_task_id()
     task = pb.TaskSpec(prompt="one step", steps=[step("hi", "echo", "hi")])
@@ -132,7 +139,7 @@ async def test_prefixed_or_past_tense_enum_spellings_are_refused_by_name(
     prefixed = lines["ListWorkflows"].replace('"SUCCEEDED"', '"WORKFLOW_STATUS_SUCCEEDED"')
     code, _, err = await sh(prefixed, running.address, task_id)
     assert code != 0 and 'invalid value for enum field statuses: "WORKFLOW_STATUS_SUCCEEDED"' in err
-    url = f"http://{README_ADDRESS}/workflow_engine.v1.WorkflowEngine/ResumeWorkflow"
+    url = f"http://{DOCS_ADDRESS}/workflow_engine.v1.WorkflowEngine/ResumeWorkflow"
     approved = json.dumps({"task_id": task_id, "decision": {"step_id": "s", "verdict": "APPROVED"}})
     resume = re.sub(r"--data '.*'", f"--data '{approved}'", lines["GetWorkflow"])
     resume = re.sub(r"http://\S+$", url, resume)
@@ -146,3 +153,16 @@ async def test_prefixed_or_past_tense_enum_spellings_are_refused_by_name(
     code, _, err = await sh(prefixed, running.address, task_id)
     assert code != 0
     assert 'does not have value named "WORKFLOW_STATUS_SUCCEEDED"' in err
+
+
+async def test_the_readme_grpcurl_calls_run_a_workflow(running: RunningEngine) -> None:
+    script = readme_script()
+    calls = [m for m in ("StartWorkflow", "WatchWorkflow", "GetWorkflow") if m in script]
+    assert len(calls) == 3 and script.count("grpcurl -plaintext") == 3, script
+    code, out, err = await sh(script, running.address, "")
+    assert code == 0, err
+    assert '"status": "STARTED"' in out
+    # GetWorkflow's answer comes last, an object from a line "{" on; grpcurl prints the
+    # .proto's field names.
+    got = json.loads(out[out.rindex("\n{\n") :])
+    assert got["status"] == "SUCCEEDED" and got["last_node_id"] == "finalize_summary"

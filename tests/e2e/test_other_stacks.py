@@ -1,4 +1,4 @@
-"""Clients in other stacks, from the .proto alone: the README's Node and Go examples and
+"""Clients in other stacks, from the .proto alone: the Node and Go examples of docs/api.md and
 `buf curl`.
 
 They run against a real engine on a free port with the tooling `make test` installs: Node's
@@ -33,7 +33,7 @@ GO, PROTOC = shutil.which("go"), shutil.which("protoc")
 needs_go = pytest.mark.skipif(
     GO is None or PROTOC is None, reason="Go tooling missing: run `make go-tools`"
 )
-#: Where the example imports the generated code from (README, "Clients in other stacks").
+#: Where the example imports the generated code from (docs/api.md, "Clients in other stacks").
 GO_IMPORT = "example.com/workflowengine/v1"
 
 

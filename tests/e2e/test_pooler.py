@@ -2,8 +2,8 @@
 
 Each test starts its own PgBouncer (Debian's package) in front of the session's server, whatever
 route the rest of the suite takes, and runs the installed `workflow-engine serve` through it with
-the settings the README gives for a pooler: `WORKFLOW_ENGINE_DATABASE_PREPARE=off` and a listen
-URL straight to PostgreSQL (or `none`).
+the settings docs/operations.md gives for a pooler: `WORKFLOW_ENGINE_DATABASE_PREPARE=off`
+and a listen URL straight to PostgreSQL (or `none`).
 """
 
 from __future__ import annotations

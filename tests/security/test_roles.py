@@ -1,6 +1,6 @@
 """An operator is an attacker within its role: it changes exactly what the role table
-(`workflow_engine.api.roles`, README "Callers and roles") says, field by field, and a request
-that sets anything more is refused naming the field and changes nothing stored.
+(`workflow_engine.api.roles`; docs/security.md, "Callers and roles") says, field by field,
+and a request that sets anything more is refused naming the field and changes nothing stored.
 """
 
 from __future__ import annotations

@@ -222,7 +222,7 @@ async def test_make_secrets_writes_keys_and_tokens_for_their_owner_alone(
     assert "token_sha256" in (out / "tokens.json").read_text()
     assert (out / "orchestrator.token").read_text().strip() not in (out / "tokens.json").read_text()
 
-    # The engine serves with them, as compose and the README run it.
+    # The engine serves with them, as compose and docs/security.md run it.
     engine = serving(
         db_url,
         tmp_path,

@@ -30,7 +30,7 @@ TERMINAL = {pb.SUCCEEDED, pb.FAILED, pb.CANCELLED}
 def open_to_jobs(path: Path) -> Path:
     """Let local jobs write in `path`, a directory of pytest's (made if missing).
 
-    Run as root, the local sandbox runs each job as a user of its own (README, "Security"),
+    Run as root, the local sandbox runs each job as a user of its own (docs/security.md),
     which may not enter pytest's 0700 directories. Tests whose jobs leave marks (a line per
     run, the remediation they saw) leave them in such a directory, as a deployment grants its
     jobs a shared one; the ancestors become enter-only, and what the engine keeps to itself
@@ -75,8 +75,8 @@ _sleeps = itertools.count(1)
 
 def write_secret(path: Path, text: str) -> Path:
     """Write `text` at `path`, readable by its owner alone (mode 600), as a deployment keeps a
-    token or a key: run as root, the engine refuses one that others may read (README,
-    "Security")."""
+    token or a key: run as root, the engine refuses one that others may read
+    (docs/security.md)."""
     path.write_text(text)
     path.chmod(0o600)
     return path

@@ -1,5 +1,5 @@
 // A Go client of the engine, from the .proto alone: start a workflow, watch it to its end and
-// read its state. Generate the code, then build (README, "Clients in other stacks"):
+// read its state. Generate the code, then build (docs/api.md, "Clients in other stacks"):
 //
 //	protoc -Iproto --go_out=$GOPATH/src --go-grpc_out=$GOPATH/src \
 //	  --go_opt=Mworkflow_engine/v1/workflow_engine.proto=example.com/workflowengine/v1 \

@@ -146,11 +146,15 @@ bench-pooler: install pgbouncer
 profile: install
 	$(BIN)/python benchmarks/profile.py
 
+# The docs site (mkdocs.yml) is built strictly: a warning fails it, and a link to a missing page
+# or anchor is one. Into a temporary directory: lint checks, it leaves nothing behind.
 lint: install proto-check node-tools
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	proto/node_modules/.bin/buf lint
+	@site=$$(mktemp -d) && $(BIN)/mkdocs build --strict --site-dir $$site; \
+	  status=$$?; rm -rf $$site; exit $$status
 
 fmt: install
 	$(BIN)/ruff check --fix .

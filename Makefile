@@ -10,7 +10,7 @@ PROTO_OUT := workflow_engine/v1
 JOBWRAP := workflow_engine/sandbox/jobwrap
 JOBWRAP_FLAGS = -O2 -Wall -Wextra -o $(JOBWRAP) $(JOBWRAP).c
 
-.PHONY: install node-tools go-tools image-tools image image-test run migrate test test-pooler test-model eval-model model-server pgbouncer chaos lint fmt proto proto-check bench bench-pooler profile clean
+.PHONY: install node-tools go-tools image-tools image image-test run migrate test test-pooler test-model eval-model model-server pgbouncer chaos lint docs fmt proto proto-check bench bench-pooler profile clean
 
 install: $(STAMP) $(JOBWRAP)
 
@@ -153,8 +153,14 @@ lint: install proto-check node-tools
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	proto/node_modules/.bin/buf lint
+	$(BIN)/python -m tools.gen_docs --check
 	@site=$$(mktemp -d) && $(BIN)/mkdocs build --strict --site-dir $$site; \
 	  status=$$?; rm -rf $$site; exit $$status
+
+# The generated docs pages, from the code: docs/configuration.md from the settings, and the
+# package map of docs/architecture.md from the imports (tools/gen_docs.py).
+docs: install
+	$(BIN)/python -m tools.gen_docs
 
 fmt: install
 	$(BIN)/ruff check --fix .

@@ -1,0 +1,1 @@
+"""Scripts the Makefile runs over the repository (`make docs`); not part of the package."""

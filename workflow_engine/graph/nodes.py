@@ -36,7 +36,19 @@ from workflow_engine.domain.task import (
 from workflow_engine.domain.values import JsonObject, as_invalid_argument
 from workflow_engine.errors import InvalidArgument, RunControl, WorkflowEngineError
 from workflow_engine.graph import routing
-from workflow_engine.graph.state import StepState, StepStatus, WorkflowState
+from workflow_engine.graph.state import (
+    BudgetRecord,
+    JobResultRecord,
+    ModelCallRecord,
+    PlanRecord,
+    ResultRecord,
+    RevisionRecord,
+    StepState,
+    StepStatus,
+    VerificationRecord,
+    WorkflowState,
+    as_record,
+)
 from workflow_engine.secrets import SECRETS, masked_repr, redact_json, state_secrets
 
 log = structlog.get_logger(__name__)
@@ -79,7 +91,7 @@ class Nodes:
             "metadata": task.metadata.to_json(),
             "max_attempts_per_step": task.max_attempts_per_step,
             "max_parallel_steps": task.max_parallel_steps,
-            "budget": task.budget.to_json(),
+            "budget": as_record(BudgetRecord, task.budget),
             "started_at": state.get("started_at") or time.time(),
         }
 
@@ -102,14 +114,17 @@ class Nodes:
             log.warning("planner_failed", error=exc.message)
             finding = Finding(check="planner", passed=False, detail=exc.message)
             verdict = Verification(status="fail", findings=(finding,))
-            return {"error": f"planner failed: {exc.message}", "verification": verdict.to_json()}
+            return {
+                "error": f"planner failed: {exc.message}",
+                "verification": as_record(VerificationRecord, verdict),
+            }
         except Exception as exc:
             if is_control(exc):
                 raise
             log.warning("planner_failed", error=repr(exc))
             return {"error": f"planner failed: {masked_repr(exc)}"}
         update: WorkflowState = {
-            "plan": plan.to_json(),
+            "plan": as_record(PlanRecord, plan),
             "current_step_index": 0,
             "attempts_by_step": {},
             "steps": {s.id: {"status": "pending", "attempts": 0} for s in plan.steps},
@@ -187,7 +202,7 @@ class Nodes:
                 **previous,
                 "status": "collected",
                 "attempts": attempt,
-                "result": failed.to_json(),
+                "result": as_record(JobResultRecord, failed),
                 "job": {"target": "", "request": job.to_json()},
             }
         return {
@@ -210,7 +225,9 @@ class Nodes:
         entries = [context[sid] for sid in wanted if sid in context]
         if not entries:
             return []
-        return await self._caps.compressor.compress(entries, self._caps.context_budget_chars)
+        return await self._caps.compressor.compress(
+            [dict(entry) for entry in entries], self._caps.context_budget_chars
+        )
 
     async def collect_result(self, state: WorkflowState) -> WorkflowState:
         """Wait for the jobs in flight (re-attaching after a restart); keep those that ended.
@@ -240,7 +257,7 @@ class Nodes:
                     raise outcome
                 log.warning("worker_failed", job_id=job.job_id, error=repr(outcome))
                 outcome = _worker_error_result(job, outcome)
-            result = outcome.to_json()
+            result = as_record(JobResultRecord, outcome)
             steps[sid] = {**steps[sid], "status": "collected", "result": result}
             update.update({"last_result": result, "last_step_id": sid})
         update["steps"] = steps
@@ -289,7 +306,7 @@ class Nodes:
                     status = "failed"
             else:
                 status = "failed"
-            verdict = verification.to_json()
+            verdict = as_record(VerificationRecord, verification)
             steps[sid] = {**steps[sid], "status": status, "verification": verdict}
             if error:
                 steps[sid]["error"] = error
@@ -328,7 +345,7 @@ class Nodes:
         failed = "; ".join(f.detail for f in verification.findings if not f.passed)
         reason = SECRETS.redact_part(failed, 1000)[0]  # masked before it is cut
         revisions = list(update.get("revisions", state.get("revisions", [])))
-        record: JsonObject = {
+        record: RevisionRecord = {
             "step_id": step.id,
             "after_attempt": attempt,
             "reason": reason,
@@ -350,7 +367,7 @@ class Nodes:
             record["error"] = masked_repr(exc)
             update["revisions"] = [*revisions, record]
             return ""
-        plan = dict(update.get("plan", state.get("plan", {})))
+        plan: PlanRecord = {**update.get("plan", state.get("plan", {}))}
         plan["steps"] = [
             revised.to_json() if s["id"] == step.id else s for s in plan.get("steps", [])
         ]
@@ -489,7 +506,17 @@ def _accounted(
 ) -> WorkflowState:
     """`update` with the model calls in `ledger` added to the state's records and total."""
     if ledger.calls:
-        calls = [{**call.to_json(), "node": node} for call in ledger.calls]
+        calls: list[ModelCallRecord] = [
+            {
+                "purpose": call.purpose,
+                "model": call.model,
+                "latency_ms": call.latency_ms,
+                "prompt_tokens": call.prompt_tokens,
+                "completion_tokens": call.completion_tokens,
+                "node": node,
+            }
+            for call in ledger.calls
+        ]
         update["model_calls"] = [*state.get("model_calls", []), *calls]
         update["model_tokens"] = int(state.get("model_tokens", 0)) + ledger.tokens
     return update
@@ -504,10 +531,7 @@ def _revision_notes(state: WorkflowState, step_id: str) -> list[str]:
 
 
 def _steps_copy(state: WorkflowState) -> dict[str, StepState]:
-    return {
-        s["id"]: dict(routing.step_state(state, s["id"]))  # type: ignore[misc]
-        for s in routing.plan_steps(state)
-    }
+    return {s["id"]: {**routing.step_state(state, s["id"])} for s in routing.plan_steps(state)}
 
 
 def _step(state: WorkflowState, step_id: str) -> Step:
@@ -526,7 +550,12 @@ def _refused_env(previous: StepState, step_id: str, names: list[str]) -> StepSta
     )
     finding = Finding(check="env", passed=False, detail=detail)
     verification = Verification(status="fail", findings=(finding,))
-    return {**previous, "status": "failed", "error": detail, "verification": verification.to_json()}
+    return {
+        **previous,
+        "status": "failed",
+        "error": detail,
+        "verification": as_record(VerificationRecord, verification),
+    }
 
 
 def _approval_request(state: WorkflowState, step: Step, now: float) -> WorkflowState:
@@ -550,7 +579,7 @@ def _approval_request(state: WorkflowState, step: Step, now: float) -> WorkflowS
     }
 
 
-def _result_record(step_id: str, attempt: int, result: JobResult) -> JsonObject:
+def _result_record(step_id: str, attempt: int, result: JobResult) -> ResultRecord:
     """A passed step's entry in `results`, for clients: no `work_dir`, which is the server's
     absolute path (the step's stored result keeps it for the verifier)."""
     return {
@@ -564,7 +593,7 @@ def _result_record(step_id: str, attempt: int, result: JobResult) -> JsonObject:
     }
 
 
-def _failed_findings(verification: JsonObject | None) -> str:
+def _failed_findings(verification: VerificationRecord | None) -> str:
     findings = (verification or {}).get("findings", [])
     return "; ".join(f["detail"] for f in findings if not f.get("passed"))
 

@@ -21,7 +21,8 @@ from pydantic import ValidationError
 from workflow_engine.capabilities.factory import Capabilities
 from workflow_engine.capabilities.job_tracker import JobTracker
 from workflow_engine.capabilities.model import answer_schemas
-from workflow_engine.capabilities.model.llm_planner import PlanRefused
+from workflow_engine.capabilities.model.command_policy import Decision
+from workflow_engine.capabilities.model.llm_planner import PlanRefused, PolicedPlan, policy_note
 from workflow_engine.capabilities.model.model_client import Ledger, ModelClient, recording
 from workflow_engine.capabilities.protocols import RevisingPlanner
 from workflow_engine.capabilities.tasks.preferences import merge_preferences, node_preferences
@@ -123,11 +124,15 @@ class Nodes:
                 raise
             log.warning("planner_failed", error=repr(exc))
             return {"error": f"planner failed: {masked_repr(exc)}"}
+        policy = plan.policy if isinstance(plan, PolicedPlan) else {}
         update: WorkflowState = {
             "plan": as_record(PlanRecord, plan),
             "current_step_index": 0,
             "attempts_by_step": {},
-            "steps": {s.id: {"status": "pending", "attempts": 0} for s in plan.steps},
+            "steps": {
+                s.id: {"status": "pending", "attempts": 0, **_approval_policy(policy.get(s.id))}
+                for s in plan.steps
+            },
         }
         if not plan.steps:
             update["error"] = "planner produced no steps: " + "; ".join(plan.assumptions)
@@ -301,9 +306,12 @@ class Nodes:
                 }
             elif attempts < int(state.get("max_attempts_per_step", 1)):
                 status = "pending"
-                error = await self._revise(state, update, step, attempts, result, verification)
+                error, decision = await self._revise(
+                    state, update, step, attempts, result, verification
+                )
                 if error:
                     status = "failed"
+                steps[sid] = {**steps[sid], **_approval_policy(decision)}
             else:
                 status = "failed"
             verdict = as_record(VerificationRecord, verification)
@@ -331,16 +339,17 @@ class Nodes:
         attempt: int,
         result: JobResult,
         verification: Verification,
-    ) -> str:
+    ) -> tuple[str, Decision | None]:
         """Have the planner revise `step` for its next attempt, recording the revision in
-        `update` (the plan, `revisions`); the error that fails the step, or empty.
+        `update` (the plan, `revisions`); the error that fails the step, or empty, and what the
+        command policy decided about the revised step.
 
         A planner that cannot revise leaves the step as it was (the retry still gets the
         findings as remediation); a revision the command policy refuses fails the step.
         """
         planner = self._caps.planner
         if not self._caps.revise_steps or not isinstance(planner, RevisingPlanner):
-            return ""
+            return "", None
         task = await self._caps.stored_tasks.load(state["task_id"])
         failed = "; ".join(f.detail for f in verification.findings if not f.passed)
         reason = SECRETS.redact_part(failed, 1000)[0]  # masked before it is cut
@@ -352,32 +361,34 @@ class Nodes:
             "command_before": list(step.command),
         }
         try:
-            revised, note = await planner.revise(task, step, result, verification)
+            revised, decision = await planner.revise(task, step, result, verification)
         except WorkflowEngineError as exc:
             record["error"] = exc.message
             update["revisions"] = [*revisions, record]
             if isinstance(exc, PlanRefused):
-                return f"revision refused: {exc.message}"
+                return f"revision refused: {exc.message}", None
             log.warning("revision_failed", step_id=step.id, error=exc.message)
-            return ""
+            return "", None
         except Exception as exc:
             if is_control(exc):
                 raise
             log.warning("revision_failed", step_id=step.id, error=repr(exc))
             record["error"] = masked_repr(exc)
             update["revisions"] = [*revisions, record]
-            return ""
+            return "", None
         plan: PlanRecord = {**update.get("plan", state.get("plan", {}))}
         plan["steps"] = [
             revised.to_json() if s["id"] == step.id else s for s in plan.get("steps", [])
         ]
-        record.update({"command_after": list(revised.command), "policy": note})
+        record.update(
+            {"command_after": list(revised.command), "policy": policy_note(step.id, decision)}
+        )
         update["plan"] = plan
         update["revisions"] = [*revisions, record]
         approvals = dict(update.get("approvals", state.get("approvals", {})))
         if revised.requires_approval and approvals.pop(step.id, None) is not None:
             update["approvals"] = approvals  # the new command needs a decision of its own
-        return ""
+        return "", decision
 
     async def _verify(
         self,
@@ -522,14 +533,6 @@ def _accounted(
     return update
 
 
-def _revision_notes(state: WorkflowState, step_id: str) -> list[str]:
-    return [
-        str(r.get("policy", ""))
-        for r in state.get("revisions", [])
-        if r.get("step_id") == step_id and r.get("policy")
-    ]
-
-
 def _steps_copy(state: WorkflowState) -> dict[str, StepState]:
     return {s["id"]: {**routing.step_state(state, s["id"])} for s in routing.plan_steps(state)}
 
@@ -539,6 +542,14 @@ def _step(state: WorkflowState, step_id: str) -> Step:
         if data["id"] == step_id:
             return Step.from_json(data)
     raise KeyError(step_id)
+
+
+def _approval_policy(decision: Decision | None) -> StepState:
+    """What a step's state records of the command policy's `decision` about it: the rule that
+    makes it wait for approval, when one does (its approval request names it)."""
+    if decision is not None and decision.verdict == "approve":
+        return {"approval_policy": decision.reason}
+    return {}
 
 
 def _refused_env(previous: StepState, step_id: str, names: list[str]) -> StepState:
@@ -561,11 +572,8 @@ def _refused_env(previous: StepState, step_id: str, names: list[str]) -> StepSta
 def _approval_request(state: WorkflowState, step: Step, now: float) -> WorkflowState:
     reason = f"step {step.id} requires approval before it runs"
     # A model-planned step: say which rule of the command policy asked for the approval.
-    prefix = f"command policy: step {step.id} waits for approval"
-    notes = [*state.get("plan", {}).get("assumptions", []), *_revision_notes(state, step.id)]
-    policy = next((n for n in reversed(notes) if str(n).startswith(prefix)), None)
-    if policy:
-        reason += f" ({str(policy)[len(prefix) :].strip(' ()')}; the model planned it)"
+    if policy := routing.step_state(state, step.id).get("approval_policy"):
+        reason += f" ({policy}; the model planned it)"
     return {
         "status": WorkflowStatus.WAITING_FOR_APPROVAL.in_state,
         "pending_approval": {

@@ -257,7 +257,8 @@ def as_record(kind: type[R], value: DomainModel) -> R:
     """A domain value (a `JobResult`, a `Verification`, a `Plan`, a `Budget`) as the state's
     record of it, `kind`: its JSON, which has that record's form (`test_stored_states` checks
     each pair). Nothing is checked again: the value was when it was built, and the nodes put
-    one in the state at every step (validating it again would cost three times its dump).
+    some in the state at every node (checking a result's JSON again costs twice its dump:
+    5.8 against 2.8 us).
     """
     return cast(R, value.to_json())
 

@@ -49,7 +49,7 @@ LAYERS = [
         ("checkpointer.py", "group_commit.py", "psycopg"),
     ),
     ("local jobs (job runner, its files, namespaces)", ("capabilities/job_",)),
-    ("node bodies and capabilities", ("workflow_engine/graph/nodes.py", "capabilities/")),
+    ("node bodies and capabilities", ("workflow_engine/graph/nodes/", "capabilities/")),
     ("gRPC servicer and conversions (workflow_engine/api)", ("workflow_engine/api/",)),
     ("gRPC's Cython core (with --native)", ("cygrpc", "grpc/_cython")),
     ("structlog", ("structlog",)),

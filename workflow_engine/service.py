@@ -41,7 +41,12 @@ from workflow_engine.graph import changes as state_changes
 from workflow_engine.graph import routing
 from workflow_engine.graph.changes import Change, Decision, Override
 from workflow_engine.graph.nodes import jobs_in_flight
-from workflow_engine.graph.state import WorkflowState, accepted_state, initial_state
+from workflow_engine.graph.state import (
+    WorkflowState,
+    accepted_state,
+    initial_state,
+    state_or_empty,
+)
 from workflow_engine.runtime.events import EventHub
 from workflow_engine.runtime.manager import RunManager
 from workflow_engine.runtime.quotas import Quota
@@ -417,7 +422,7 @@ class WorkflowService:
             ttl_seconds=ttl,
             status=record.status,
             # Without a checkpoint the run died before its first node: start from the input.
-            initial_input=None if record.has_checkpoint else record.state,  # type: ignore[arg-type]
+            initial_input=None if record.has_checkpoint else state_or_empty(record.state),
             tenant=record.project_id,
             changes=changes,
         )
@@ -547,8 +552,8 @@ def _refuse_blocked(record: WorkflowRecord) -> None:
 
 
 def _state_of(record: WorkflowRecord) -> WorkflowState:
-    """The record's state; a tampered one (not an object) reads as empty, refused by the run."""
-    return record.state if isinstance(record.state, dict) else {}  # type: ignore[return-value]
+    """The record's state; a tampered one (not of its form) reads as empty, refused by the run."""
+    return state_or_empty(record.state)
 
 
 def _resume_changes(

@@ -10,12 +10,15 @@ the engine starts and exited when it closes.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from workflow_engine.domain.jobs import JobRequest, JobResult, Verification
 from workflow_engine.domain.task import AcceptanceCriterion, Plan, Step, TaskSpec
 from workflow_engine.domain.values import JsonObject
 from workflow_engine.errors import InvalidArgument
+
+if TYPE_CHECKING:  # the policy's module needs this one's `CapabilityConfigError`
+    from workflow_engine.capabilities.model.command_policy import Decision
 
 
 class CapabilityConfigError(ValueError):
@@ -67,8 +70,8 @@ class RevisingPlanner(Protocol):
 
     async def revise(
         self, task: TaskSpec, step: Step, result: JobResult, verification: Verification
-    ) -> tuple[Step, str]:
-        """The step for its next attempt, and a note on what the command policy decided.
+    ) -> tuple[Step, Decision]:
+        """The step for its next attempt, and what the command policy decided about it.
 
         Raise a `WorkflowEngineError` when the revised command may not run at all.
         """

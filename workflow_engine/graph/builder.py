@@ -27,7 +27,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import structlog
 from langgraph.graph import END, START, StateGraph
@@ -58,7 +58,7 @@ class GraphState(WorkflowState, total=False):
 
 #: The key of a node's update that records what completed: ``{"node", "kind", "detail"}``
 #: (a change applied from outside adds ``"actor"``).
-NODE_EVENT = "node_event"
+NODE_EVENT: Final = "node_event"
 
 
 class NodeHooks(Protocol):
@@ -100,9 +100,7 @@ def _wrap(name: str, fn: NodeFn) -> WrappedNode:
                 }
             log.debug("node_completed", seconds=round(time.perf_counter() - started, 4))
         kind, detail = describe(name, update, state)
-        recorded: GraphState = {**update}  # type: ignore[typeddict-item]
-        recorded["node_event"] = {"node": name, "kind": kind, "detail": detail}  # NODE_EVENT
-        return recorded
+        return {**update, NODE_EVENT: {"node": name, "kind": kind, "detail": detail}}
 
     node.__name__ = name
     return node

@@ -16,21 +16,29 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from workflow_engine.domain.status import WorkflowStatus
 from workflow_engine.domain.task import STEPS, Budget, Step
 from workflow_engine.domain.values import parse
 from workflow_engine.errors import InvalidArgument, InvalidState
 from workflow_engine.graph import routing
-from workflow_engine.graph.state import WorkflowState
+from workflow_engine.graph.state import (
+    ApprovalRecord,
+    BudgetRecord,
+    FindingRecord,
+    PlanRecord,
+    VerificationRecord,
+    WorkflowState,
+    as_record,
+    parse_state,
+)
+from workflow_engine.graph.state import Branch as Branch  # re-exported: the API's values
+from workflow_engine.graph.state import Verdict as Verdict
 from workflow_engine.secrets import MASK
 
 #: The node whose router continues the graph after an update.
 CONTINUE_FROM = "verify_step_result"
-
-Verdict = Literal["approve", "reject", "edit"]
-Branch = Literal["finalize_summary", "mark_failed"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +116,7 @@ def decide(state: WorkflowState, decision: Decision) -> StateUpdate:
         )
     sid = decision.step_id
     actor = decision.decided_by or "unknown"
-    record = {
+    record: ApprovalRecord = {
         "verdict": decision.verdict,
         "reason": decision.reason,
         "decided_by": actor,
@@ -135,8 +143,8 @@ def decide(state: WorkflowState, decision: Decision) -> StateUpdate:
     return StateUpdate(values, "approval_decision", "approval_decided", detail, actor)
 
 
-def _edited_plan(state: WorkflowState, decision: Decision) -> dict[str, Any]:
-    plan = dict(state.get("plan", {}))
+def _edited_plan(state: WorkflowState, decision: Decision) -> PlanRecord:
+    plan: PlanRecord = {**state.get("plan", {})}
     steps = []
     for data in routing.plan_steps(state):
         if data["id"] == decision.step_id:
@@ -156,7 +164,7 @@ def raise_budget(state: WorkflowState, budget: Budget, actor: str) -> StateUpdat
     """Replace the limits `budget` sets; continues a SUSPENDED workflow."""
     current = Budget.from_json(state.get("budget") or {})
     raised = current.raised_by(budget)
-    values: WorkflowState = {"budget": raised.to_json()}
+    values: WorkflowState = {"budget": as_record(BudgetRecord, raised)}
     if state.get("status") == WorkflowStatus.SUSPENDED.in_state:
         values["status"] = WorkflowStatus.RUNNING.in_state
     detail = "budget: " + ", ".join(f"{k}={v}" for k, v in raised.to_json().items() if v)
@@ -174,7 +182,8 @@ def set_state(
         _check_plan_keeps_settled_steps(state, values["plan"])
         values["plan"] = _plan_keeping_secrets(state, values["plan"])
     detail = "set " + ", ".join(sorted(values)) + (f": {reason}" if reason else "")
-    return StateUpdate(values, "operator_override", "overridden", detail, actor)  # type: ignore[arg-type]
+    typed = parse_state(values, "set_state")
+    return StateUpdate(typed, "operator_override", "overridden", detail, actor)
 
 
 def reject_last_result(state: WorkflowState, actor: str, reason: str) -> StateUpdate:
@@ -183,12 +192,12 @@ def reject_last_result(state: WorkflowState, actor: str, reason: str) -> StateUp
     current = routing.step_state(state, sid) if sid else None
     if current is None or current["status"] not in ("collected", "passed", "pending", "failed"):
         raise InvalidState("reject_last_result: the workflow has no result to reject")
-    finding = {
+    finding: FindingRecord = {
         "check": "operator",
         "passed": False,
         "detail": f"result rejected by {actor}" + (f": {reason}" if reason else ""),
     }
-    verification = {
+    verification: VerificationRecord = {
         "status": "fail",
         "findings": [finding],
         "recommended_actions": [finding["detail"]],

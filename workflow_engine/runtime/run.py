@@ -29,13 +29,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Mapping, Sequence
-from typing import Any, TypeVar, cast
+from collections.abc import Awaitable, Sequence
+from typing import Any, TypeVar
 
 import psycopg
 import structlog
 from langgraph.runtime import Runtime
 from opentelemetry import trace
+from pydantic import ValidationError
 
 from workflow_engine.domain.records import Fence
 from workflow_engine.domain.status import (
@@ -44,6 +45,7 @@ from workflow_engine.domain.status import (
     TERMINAL_STATUSES,
     WorkflowStatus,
 )
+from workflow_engine.domain.values import JsonObject, as_invalid_argument
 from workflow_engine.errors import (
     CheckpointCorrupt,
     InvalidState,
@@ -55,7 +57,7 @@ from workflow_engine.errors import (
 from workflow_engine.faults import FaultPlan
 from workflow_engine.graph.builder import FIRST, NODE_EVENT, NodeContext, WorkflowGraph
 from workflow_engine.graph.changes import CONTINUE_FROM, Change, apply_all
-from workflow_engine.graph.state import WorkflowState
+from workflow_engine.graph.state import WorkflowState, read_state
 from workflow_engine.secrets import (
     SECRETS,
     STATE_FIELD,
@@ -161,7 +163,7 @@ class Run:
         finally:
             self._node_task = None
 
-    def _written(self, checkpoint: Checkpoint, node: str) -> None:
+    def _written(self, checkpoint: Checkpoint[WorkflowState], node: str) -> None:
         """`node`'s checkpoint is durable: record its node and status."""
         self.last_node = node
         self._status = WorkflowStatus.of_state(checkpoint.state.get("status")).value
@@ -293,7 +295,7 @@ class Run:
                     f"task {self._fence.task_id}: no checkpoint to resume from",
                     task_id=self._fence.task_id,
                 )
-            checkpoint = found
+            checkpoint = self._typed(found)
             SECRETS.add(state_secrets(checkpoint.state))
         runtime: Runtime[NodeContext | None] = Runtime(context=NodeContext(self))
         while True:
@@ -305,10 +307,7 @@ class Run:
             started = time.perf_counter()
             with tracing.span(f"node {node}"):
                 try:
-                    state = cast(WorkflowState, checkpoint.state)
-                    update: dict[str, Any] = dict(
-                        await self._graph.nodes[node](state, runtime=runtime)
-                    )
+                    update = await self._graph.nodes[node](checkpoint.state, runtime=runtime)
                 except RunStopped as stop:
                     if stop.reason != UPDATE or self._stop_reason is not None:
                         raise
@@ -321,22 +320,36 @@ class Run:
             METRICS.node_completed(node, time.perf_counter() - started)
             self._written(checkpoint, node)
 
-    def _advance(self, checkpoint: Checkpoint, node: str, update: Mapping[str, Any]) -> Checkpoint:
-        state = {**checkpoint.state, **update}
+    def _typed(self, found: Checkpoint[JsonObject]) -> Checkpoint[WorkflowState]:
+        """The checkpoint read, its state checked against the state's form (once: the run keeps
+        it typed from here); `CheckpointCorrupt` naming the first field that is not."""
+        try:
+            return found.with_state(read_state(found.state))
+        except ValidationError as exc:
+            wrong = as_invalid_argument(exc, "state")
+            raise CheckpointCorrupt(
+                f"task {self._fence.task_id}: the state is malformed ({wrong.message})",
+                task_id=self._fence.task_id,
+            ) from None
+
+    def _advance(
+        self, checkpoint: Checkpoint[WorkflowState], node: str, update: WorkflowState
+    ) -> Checkpoint[WorkflowState]:
+        state: WorkflowState = {**checkpoint.state, **update}
         # A plan that changed may have lost a secret: the state keeps it (a row from before
         # the field starts keeping its plan's at its first write).
         if "plan" in update or STATE_FIELD not in checkpoint.state:
             secrets = accumulated(checkpoint.state, state)
             if secrets is not None:
-                state[STATE_FIELD] = secrets
-                update = {**update, STATE_FIELD: secrets}
+                state["secrets"] = secrets
+                update = {**update, "secrets": secrets}
         if "plan" in update:  # its logs and errors must not show the plan's secrets
             SECRETS.add(state_secrets(state))
-        return checkpoint.after(
-            node, state, update, self._graph.next_node(node, cast(WorkflowState, state))
-        )
+        return checkpoint.after(node, state, update, self._graph.next_node(node, state))
 
-    async def _apply_changes(self, checkpoint: Checkpoint) -> Checkpoint:
+    async def _apply_changes(
+        self, checkpoint: Checkpoint[WorkflowState]
+    ) -> Checkpoint[WorkflowState]:
         """Apply the submitted batches in order, each update as its own checkpoint whose next
         node is chosen by `CONTINUE_FROM`'s router, as if that node had written it."""
         self._applying = True
@@ -344,7 +357,7 @@ class Run:
             while self._batches:
                 changes, done = self._batches.pop(0)
                 try:
-                    updates, _ = apply_all(changes, checkpoint.state)  # type: ignore[arg-type]
+                    updates, _ = apply_all(changes, checkpoint.state)
                 except WorkflowEngineError as refused:
                     if not done.done():
                         done.set_exception(refused)
@@ -372,7 +385,7 @@ class Run:
                         done.set_exception(exc)
                     raise
                 if not done.done():
-                    done.set_result(checkpoint.state)  # type: ignore[arg-type]
+                    done.set_result(checkpoint.state)
         finally:
             self._applying = False
         return checkpoint

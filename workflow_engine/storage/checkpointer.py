@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from langgraph.checkpoint.base.id import uuid6
 from psycopg_pool import AsyncConnectionPool
@@ -44,6 +44,11 @@ SELECT state, checkpoint_id, checkpoint, checkpoint_metadata,
   FROM workflow_checkpoints
  WHERE task_id = %(task_id)s
 """
+
+#: A checkpoint's state: a JSON object as read from the row, or the workflow's typed state
+#: (the run validates what it reads; see `graph.state.read_state`).
+S = TypeVar("S", bound=Mapping[str, Any])
+T = TypeVar("T", bound=Mapping[str, Any])
 
 #: LangGraph's name for the channel that triggers a node.
 TRIGGER = "branch:to:"
@@ -67,29 +72,32 @@ def row_status(state: Mapping[str, Any]) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class Checkpoint:
+class Checkpoint(Generic[S]):
     """A task's latest checkpoint: its state, and the node that runs next (None: the graph
     ended or paused there)."""
 
-    state: dict[str, Any]
+    state: S
     next_node: str | None
     bookkeeping: JsonObject  # LangGraph's checkpoint without `channel_values`
     step: int  # nodes written so far (LangGraph's metadata `step`)
 
-    @classmethod
-    def fresh(cls, state: Mapping[str, Any], first: str) -> Checkpoint:
+    @staticmethod
+    def fresh(state: S, first: str) -> Checkpoint[S]:
         """Where a run that starts from its input stands before its first node."""
-        return cls(
-            dict(state), first, {"channel_versions": {TRIGGER + first: 1}, "versions_seen": {}}, 0
-        )
+        bookkeeping: JsonObject = {"channel_versions": {TRIGGER + first: 1}, "versions_seen": {}}
+        return Checkpoint(state, first, bookkeeping, 0)
+
+    def with_state(self, state: T) -> Checkpoint[T]:
+        """This checkpoint with `state` (the same state, read into its typed form)."""
+        return Checkpoint(state, self.next_node, self.bookkeeping, self.step)
 
     def after(
         self,
         node: str,
-        state: dict[str, Any],
+        state: S,
         update: Iterable[str],
         next_node: str | None,
-    ) -> Checkpoint:
+    ) -> Checkpoint[S]:
         """The checkpoint once `node` has updated the keys `update`, leaving `state`, and its
         edge chose `next_node`.
 
@@ -151,11 +159,12 @@ class RowCheckpointer:
         """Stop the group committer's flushers."""
         await self._committer.close()
 
-    async def read(self, task_id: str, nodes: Iterable[str]) -> Checkpoint | None:
+    async def read(self, task_id: str, nodes: Iterable[str]) -> Checkpoint[JsonObject] | None:
         """The task's checkpoint (None: there is none yet), whose next node is one of `nodes`.
 
         Raises `OutsideWrite` when another writer changed the row, `CheckpointCorrupt` when it
-        is not a checkpoint this engine wrote.
+        is not a checkpoint this engine wrote. Its state is a JSON object, not yet checked
+        against the state's form: the run does that (storage knows no graph).
         """
 
         async def read() -> tuple[Any, ...] | None:
@@ -172,8 +181,10 @@ class RowCheckpointer:
         state, checkpoint_id, stored, metadata, _ = row
         return _rebuild_checkpoint(task_id, state, checkpoint_id, stored, metadata, set(nodes))
 
-    async def write(self, fence: Fence, checkpoint: Checkpoint, event: JsonObject) -> None:
+    async def write(self, fence: Fence, checkpoint: Checkpoint[Any], event: JsonObject) -> None:
         """Write `checkpoint` as the row, with `event` (node, kind, detail, actor) in history.
+
+        The state is written as it stands (its values are JSON), keeping the state's keys only.
 
         Raises `LeaseLost` when the fence no longer holds (nothing landed), `OutsideWrite`
         when another writer changed the row since.
@@ -227,7 +238,7 @@ class RowCheckpointer:
 
 def _rebuild_checkpoint(
     task_id: str, state: Any, checkpoint_id: str, stored: Any, metadata: Any, nodes: set[str]
-) -> Checkpoint:
+) -> Checkpoint[JsonObject]:
     """Join the row's columns back into a checkpoint, refusing anything malformed."""
     if not isinstance(state, dict):
         raise CheckpointCorrupt(f"task {task_id}: state is not a JSON object", task_id=task_id)

@@ -361,7 +361,13 @@ async def test_an_unlisted_command_waits_for_approval(engine: Start, model: Mode
 
     assert wf.status == pb.WAITING_FOR_APPROVAL, wf.error
     assert wf.pending_approval.step_id == "health"
-    assert "no pattern matches; the default of the policy policy.json" in wf.pending_approval.reason
+    rule = "no pattern matches; the default of the policy policy.json"
+    assert wf.pending_approval.reason == (
+        f"step health requires approval before it runs ({rule}; the model planned it)"
+    )
+    assert state_of(wf)["plan"]["assumptions"] == [
+        f"command policy: step health waits for approval ({rule})"
+    ]
     await running.stub.ResumeWorkflow(
         pb.ResumeWorkflowRequest(
             task_id=wf.task_id,
@@ -483,6 +489,14 @@ async def test_a_revised_step_the_policy_does_not_allow_waits_for_approval_again
     assert wf.status == pb.WAITING_FOR_APPROVAL, wf.error
     assert wf.pending_approval.step_id == "health"
     assert list(wf.pending_approval.command) == ["printf", "HTTP 200 OK"]
+    # The revision's decision, not the plan's (which let `echo` run), is the one named.
+    rule = "no pattern matches; the default of the policy policy.json"
+    assert wf.pending_approval.reason == (
+        f"step health requires approval before it runs ({rule}; the model planned it)"
+    )
+    assert [r["policy"] for r in state_of(wf)["revisions"]] == [
+        f"command policy: step health waits for approval ({rule})"
+    ]
     await running.stub.ResumeWorkflow(
         pb.ResumeWorkflowRequest(
             task_id=wf.task_id,

@@ -10,10 +10,13 @@ import pytest
 from workflow_engine.capabilities.model.command_policy import (
     DEFAULT_ENV,
     CommandPolicy,
+    Decision,
     load_policy,
     resolve,
 )
+from workflow_engine.capabilities.model.llm_planner import PolicedPlan, policy_note
 from workflow_engine.capabilities.protocols import CapabilityConfigError
+from workflow_engine.domain.task import Plan, Step
 
 
 def test_deny_wins_then_approval_then_allow_then_the_default(tmp_path: Path) -> None:
@@ -126,3 +129,17 @@ def test_the_env_list_comes_from_the_file(tmp_path: Path) -> None:
     assert load_policy(str(path)).decide(["ls"], {"PYTHONPATH": "/x"}).verdict == "allow"
     path.write_text("allow: [ls]\n")
     assert load_policy(str(path)).env == DEFAULT_ENV
+
+
+def test_the_decisions_travel_with_a_policed_plan_but_are_not_stored_with_it() -> None:
+    decision = Decision("approve", "no pattern matches; the default of the policy p.yaml")
+    step = Step(id="a", command=("true",), requires_approval=True)
+    plan = PolicedPlan(
+        steps=(step,), assumptions=(policy_note("a", decision),), policy={"a": decision}
+    )
+    assert plan.policy["a"] == decision
+    assert plan.to_json() == Plan(steps=(step,), assumptions=plan.assumptions).to_json()
+    assert plan.assumptions == (
+        "command policy: step a waits for approval "
+        "(no pattern matches; the default of the policy p.yaml)",
+    )

@@ -70,6 +70,8 @@ SAFE_DIRS: tuple[str, ...] = tuple(SAFE_PATH.split(":"))
 
 @dataclass(frozen=True, slots=True)
 class Decision:
+    """What the policy decided about a step, and why (the rule, and the policy it is of)."""
+
     verdict: Verdict
     reason: str
 

@@ -10,6 +10,10 @@ model-planned step then goes through the command policy, its program and its env
 waiting for approval (`requires_approval`), or refused (`PlanRefused`, the workflow fails with
 the rule).
 
+The policy's decision on each step is a value (`command_policy.Decision`), returned with the
+plan (`PolicedPlan.policy`) or the revised step, for the workflow to record; the plan's
+assumptions and a revision's record say it in words too (`policy_note`), for people.
+
 `revise` rewrites one step from its failed verification, for the step's next attempt; its answer
 is checked the same way.
 """
@@ -21,10 +25,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import structlog
+from pydantic import Field
 
 from workflow_engine.capabilities.embedded_planner import derive_plan
 from workflow_engine.capabilities.model.answer_schemas import plan_schema, step_schema, trimmed
-from workflow_engine.capabilities.model.command_policy import CommandPolicy
+from workflow_engine.capabilities.model.command_policy import CommandPolicy, Decision
 from workflow_engine.capabilities.model.model_client import ModelClient, answer_valid
 from workflow_engine.capabilities.protocols import Unfit, check_step, check_steps
 from workflow_engine.capabilities.tasks.preferences import merge_preferences
@@ -66,6 +71,21 @@ with the whole step, revised so that its next attempt passes: same `id`, a corre
 
 class PlanRefused(WorkflowEngineError):
     """The model planned a command the command policy denies."""
+
+
+class PolicedPlan(Plan):
+    """A model's plan as the command policy lets it run, with the policy's decision on each of
+    its steps by id. The decisions are not part of the plan's JSON (`exclude`): the workflow
+    records what it needs of them with each step's state."""
+
+    policy: dict[str, Decision] = Field(default_factory=dict, exclude=True)
+
+
+def policy_note(step_id: str, decision: Decision) -> str:
+    """The policy's decision on a step in words, as the plan's assumptions and a revision's
+    record show it."""
+    verb = "runs" if decision.verdict == "allow" else "waits for approval"
+    return f"command policy: step {step_id} {verb} ({decision.reason})"
 
 
 class LlmPlanner:
@@ -125,19 +145,21 @@ class LlmPlanner:
         check_steps(self._unfit, plan.steps, "plan.steps")
         return plan
 
-    def contained(self, plan: Plan) -> Plan:
+    def contained(self, plan: Plan) -> PolicedPlan:
         """`plan` with the command policy applied: steps it wants approved marked so, and
         `PlanRefused` for a step whose command it denies."""
         steps: list[Step] = []
-        notes: list[str] = []
+        decisions: dict[str, Decision] = {}
         for step in plan.steps:
-            checked, note = self.contain(step)
+            checked, decisions[step.id] = self.contain(step)
             steps.append(checked)
-            notes.append(note)
-        return Plan(steps=tuple(steps), assumptions=(*plan.assumptions, *notes))
+        notes = [policy_note(sid, decision) for sid, decision in decisions.items()]
+        return PolicedPlan(
+            steps=tuple(steps), assumptions=(*plan.assumptions, *notes), policy=decisions
+        )
 
-    def contain(self, step: Step) -> tuple[Step, str]:
-        """The step as the policy lets it run, and a note saying what the policy decided."""
+    def contain(self, step: Step) -> tuple[Step, Decision]:
+        """The step as the policy lets it run, and what the policy decided."""
         decision = self._policy.decide(step.command, step.env)
         shown = json.dumps(list(step.command))[:300]
         if decision.verdict == "deny":
@@ -147,13 +169,12 @@ class LlmPlanner:
             )
         if decision.verdict == "approve" and not step.requires_approval:
             step = step.model_copy(update={"requires_approval": True})
-        verb = "runs" if decision.verdict == "allow" else "waits for approval"
-        return step, f"command policy: step {step.id} {verb} ({decision.reason})"
+        return step, decision
 
     async def revise(
         self, task: TaskSpec, step: Step, result: JobResult, verification: Verification
-    ) -> tuple[Step, str]:
-        """A revised `step` for its next attempt, and the note on what the policy decided."""
+    ) -> tuple[Step, Decision]:
+        """A revised `step` for its next attempt, and what the policy decided about it."""
         brief = {
             "task": self._task_brief(task),
             "step": shown_to_model(step),

@@ -165,8 +165,8 @@ def _remove_as_the_owner(base: Path) -> None:
     (doomed / "work" / "link").symlink_to(outside)
     code = (
         "import sys; from pathlib import Path;"
-        "from workflow_engine.sandbox.runner import _remove;"
-        "_remove([Path(sys.argv[1])])"
+        "from workflow_engine.sandbox.retention import remove;"
+        "remove([Path(sys.argv[1])])"
     )
     command = [sys.executable, "-c", code, str(doomed)]
     if os.geteuid() == 0:

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.helpers import open_to_jobs
-from workflow_engine.capabilities.local_worker import LocalSandboxWorker
-from workflow_engine.domain.jobs import JobRequest, Sandbox
+from workflow_engine.capabilities import LocalSandboxWorker
+from workflow_engine.domain import JobRequest, Sandbox
 from workflow_engine.sandbox import wrapper
 from workflow_engine.sandbox.wrapper import WRAPPER_ENV
 

@@ -20,11 +20,10 @@ import pytest
 from structlog.testing import capture_logs
 
 from tests.support.helpers import JOB_PYTHON
-from workflow_engine.capabilities.local_worker import LocalSandboxWorker
-from workflow_engine.domain.jobs import JobRequest, Sandbox
+from workflow_engine.capabilities import LocalSandboxWorker
+from workflow_engine.domain import JobRequest, Sandbox
+from workflow_engine.sandbox import Confinement, wrapper
 from workflow_engine.sandbox import namespaces as job_namespaces
-from workflow_engine.sandbox import wrapper
-from workflow_engine.sandbox.grant import Confinement
 from workflow_engine.sandbox.namespaces import TaskNamespaces
 
 pytestmark = pytest.mark.timeout(60)

@@ -31,7 +31,7 @@ $(JOBWRAP): $(JOBWRAP).c
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet --progress-bar off -c constraints.txt -e '.[dev]'
+	$(BIN)/pip install --quiet --progress-bar off -c constraints.txt -e '.[dev,bench]'
 	touch $@
 
 # Node tooling for the contract (buf, and the Node example's gRPC libraries), from npm, as

@@ -24,7 +24,7 @@ from psycopg.conninfo import make_conninfo
 from tests.support import database
 from tests.support.helpers import open_to_jobs
 from tests.support.pgbouncer import PgBouncer
-from workflow_engine.capabilities.factory import Capabilities
+from workflow_engine.capabilities import Capabilities
 from workflow_engine.config import Settings
 from workflow_engine.engine import Engine, GrpcServer, run_migrations
 from workflow_engine.logs import configure_logging

@@ -12,7 +12,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.chaos.conftest import record, scale
-from tests.e2e.process import EngineProcess
+from tests.support.engine_process import EngineProcess
 from tests.support.helpers import new_task_id, shell_step, task
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.chaos.conftest import FULL, record, scale
-from tests.e2e.process import EngineProcess
+from tests.support.engine_process import EngineProcess
 from tests.support.helpers import write_secret
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc

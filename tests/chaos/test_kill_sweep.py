@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from tests.chaos.conftest import FULL, record
-from tests.e2e.process import EngineProcess
+from tests.support.engine_process import EngineProcess
 from tests.support.helpers import new_task_id, open_to_jobs, shell_step, task, wait_for_status
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc

@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.e2e.process import EngineProcess
+from tests.support.engine_process import EngineProcess
 
 pytestmark = pytest.mark.e2e
 

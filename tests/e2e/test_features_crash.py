@@ -10,7 +10,7 @@ import grpc
 import pytest
 from google.protobuf import json_format
 
-from tests.e2e.process import EngineProcess
+from tests.support.engine_process import EngineProcess
 from tests.support.helpers import new_task_id, shell_step, step, task, wait_for_status
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc

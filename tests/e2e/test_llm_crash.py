@@ -9,7 +9,7 @@ import grpc
 import pytest
 from google.protobuf import json_format
 
-from tests.e2e.process import EngineProcess
+from tests.support.engine_process import EngineProcess
 from tests.support.helpers import new_task_id, wait_for_status
 from tests.support.model_server import API_KEY, MODEL, ModelServer
 from workflow_engine.v1 import workflow_engine_pb2 as pb

@@ -9,7 +9,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tests.e2e.process import EngineProcess
+from tests.support.engine_process import EngineProcess
 from tests.support.helpers import new_task_id, shell_step, task
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc

@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from tests.e2e.node.bodies import run_body
-from tests.e2e.process import ENGINE
 from tests.support.database import engine_env
+from tests.support.engine_process import ENGINE
 from tests.support.helpers import new_task_id, open_to_jobs, shell_step, task, wait_for_status
 from tests.support.node_process import _ROOT, NODE_COMMAND, TOKEN_VARIABLE
 from workflow_engine.v1 import workflow_engine_pb2 as pb

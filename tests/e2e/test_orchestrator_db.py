@@ -13,8 +13,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.e2e.process import ENGINE, EngineProcess
 from tests.support import database
+from tests.support.engine_process import ENGINE, EngineProcess
 from tests.support.helpers import new_task_id
 from tests.support.orchestrator_schema import create_orchestrator_db, insert_task
 

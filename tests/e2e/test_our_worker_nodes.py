@@ -20,7 +20,7 @@ import pytest
 from google.protobuf import json_format
 
 from tests.conftest import RunningEngine, start_engine, stop_engine
-from tests.e2e.process import EngineProcess
+from tests.support.engine_process import EngineProcess
 from tests.support.helpers import (
     job_pids,
     new_task_id,

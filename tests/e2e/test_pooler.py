@@ -19,8 +19,8 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from tests.conftest import EMBEDDED_PGDATA
-from tests.e2e.process import EngineProcess
 from tests.support import database
+from tests.support.engine_process import EngineProcess
 from tests.support.helpers import new_task_id, step, task, wait_for_status, watch_until_end
 from tests.support.pgbouncer import PgBouncer, binary
 from workflow_engine.v1 import workflow_engine_pb2 as pb

@@ -22,8 +22,8 @@ import grpc
 import psycopg
 import pytest
 
-from tests.e2e.process import EngineProcess
 from tests.integration.orchestrator import their_code
+from tests.support.engine_process import EngineProcess
 from tests.support.helpers import (
     new_task_id,
     open_to_jobs,

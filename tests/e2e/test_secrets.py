@@ -11,7 +11,7 @@ from pathlib import Path
 import grpc
 from google.protobuf import json_format
 
-from tests.e2e.process import EngineProcess
+from tests.support.engine_process import EngineProcess
 from tests.support.helpers import check, new_task_id, step, task, wait_for_status, write_secret
 from workflow_engine.secrets import MASK
 from workflow_engine.v1 import workflow_engine_pb2 as pb

@@ -12,8 +12,8 @@ import pytest
 from google.protobuf import json_format
 
 from tests.conftest import start_engine, stop_engine
-from tests.e2e.process import EngineProcess
 from tests.support import database
+from tests.support.engine_process import EngineProcess
 from tests.support.helpers import wait_for_status
 from tests.support.orchestrator_schema import insert_task
 from workflow_engine.config import Settings

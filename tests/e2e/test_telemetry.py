@@ -14,8 +14,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.e2e.process import EngineProcess
 from tests.e2e.test_llm_crash import PLAN, llm_env
+from tests.support.engine_process import EngineProcess
 from tests.support.helpers import new_task_id, shell_step, task, wait_for_status
 from tests.support.model_server import ModelServer
 from tests.support.otlp_receiver import OtlpReceiver

@@ -17,7 +17,7 @@ import grpc
 import pytest
 from google.protobuf import json_format
 
-from tests.e2e.process import EngineProcess
+from tests.support.engine_process import EngineProcess
 from tests.support.helpers import new_task_id, step, task, wait_for_status, write_secret
 from tests.support.their_worker_node import TheirWorkerNode, nodes_file_entry
 from workflow_engine.v1 import workflow_engine_pb2 as pb

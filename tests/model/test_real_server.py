@@ -19,7 +19,7 @@ import grpc
 import pytest
 from google.protobuf import json_format
 
-from tests.e2e.process import EngineProcess
+from tests.support.engine_process import EngineProcess
 from tests.support.helpers import new_task_id, wait_for_status
 from tests.support.llama_server import LlamaCppServer, LlamaServer, model_python
 from workflow_engine.capabilities.model.answer_schemas import (
@@ -29,7 +29,7 @@ from workflow_engine.capabilities.model.answer_schemas import (
     step_schema,
     verification_schema,
 )
-from workflow_engine.domain.task import Plan
+from workflow_engine.domain import Plan
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
 

@@ -11,7 +11,7 @@ is unauthenticated.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import RunningEngine, start_engine, stop_engine
 from tests.support.helpers import write_secret
-from tests.support.model_server import API_KEY, MODEL, ModelServer
+from tests.support.model_server import API_KEY, MODEL, ModelServer, model_fixture  # noqa: F401
 from tests.support.node_process import client, node, nodes  # noqa: F401 (fixtures)
 from workflow_engine.config import LlmSettings, Settings
 from workflow_engine.v1 import workflow_engine_pb2 as pb
@@ -72,16 +72,6 @@ async def served(secured: Settings) -> AsyncIterator[RunningEngine]:
         yield running
     finally:
         await stop_engine(running)
-
-
-@pytest.fixture
-def model() -> Iterator[ModelServer]:
-    """A scripted model server (`tests.support.model_server`); a request it refused fails the
-    test."""
-    server = ModelServer()
-    yield server
-    server.stop()
-    assert server.problems == [], "the model server refused requests"
 
 
 async def start_planned(

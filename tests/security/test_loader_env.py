@@ -30,12 +30,11 @@ from tests.security.conftest import as_caller, tenant_task
 from tests.support import database
 from tests.support.helpers import new_task_id, open_to_jobs, snapshot, step, struct, wait_for_status
 from tests.support.node_process import NodeProcess
-from workflow_engine.capabilities.job_tracker import JobTracker
-from workflow_engine.capabilities.local_worker import LocalSandboxWorker
+from workflow_engine.capabilities import JobTracker, LocalSandboxWorker
 from workflow_engine.config import Settings
-from workflow_engine.domain.jobs import JobRequest, Sandbox
+from workflow_engine.domain import JobRequest, Sandbox
 from workflow_engine.errors import InvalidArgument
-from workflow_engine.storage.migrations import migrate
+from workflow_engine.storage import migrate
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 #: A shared object that does not exist: the loader says so and runs the program anyway, so a

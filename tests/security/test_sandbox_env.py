@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from tests.support.helpers import open_to_jobs
-from workflow_engine.capabilities.local_worker import LocalSandboxWorker
-from workflow_engine.domain.jobs import JobRequest, Sandbox
-from workflow_engine.sandbox import runner
-from workflow_engine.sandbox.runner import WRAPPER_ENV
+from workflow_engine.capabilities import LocalSandboxWorker
+from workflow_engine.domain import JobRequest, Sandbox
+from workflow_engine.sandbox import wrapper
+from workflow_engine.sandbox.wrapper import WRAPPER_ENV
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the engine runs jobs as root here")
 
@@ -72,11 +72,11 @@ async def test_ld_preload_in_a_step_env_runs_as_the_job_never_as_root(
     library, marks = snitch
     if linked == "dynamically":  # as a build without a static C library makes it
         dynamic = tmp_path / "jobwrap"
-        source = runner.JOBWRAP.with_name("jobwrap.c")
+        source = wrapper.JOBWRAP.with_name("jobwrap.c")
         await asyncio.to_thread(
             subprocess.run, ["gcc", "-O2", "-o", str(dynamic), str(source)], check=True
         )
-        monkeypatch.setattr(runner, "JOBWRAP", dynamic)
+        monkeypatch.setattr(wrapper, "JOBWRAP", dynamic)
     async with LocalSandboxWorker(jobs_dir=tmp_path / "jobs") as sandbox:
         # `id` and `sh` are dynamically linked: the library runs in them, as the job's user.
         result = await sandbox.run("local", request("id", "-u", env={"LD_PRELOAD": str(library)}))
@@ -94,8 +94,8 @@ async def test_the_wrapper_runs_with_its_fixed_environment_only(tmp_path: Path) 
             if claim.exists() and claim.read_text().strip():
                 break
             await asyncio.sleep(0.02)
-        wrapper = int(claim.read_text())
-        environ = Path(f"/proc/{wrapper}/environ").read_bytes().split(b"\0")
+        wrapper_pid = int(claim.read_text())
+        environ = Path(f"/proc/{wrapper_pid}/environ").read_bytes().split(b"\0")
         await sandbox.cancel("local", job)
         await running
     assert {e.decode() for e in environ if e} == {f"{k}={v}" for k, v in WRAPPER_ENV.items()}
@@ -107,7 +107,7 @@ async def test_as_root_the_shell_wrapper_refuses_every_job(
     # Where jobwrap was not built, the shell wrapper would run /bin/sh and `unshare` as root
     # with the job's environment: as root, no job runs that way.
     library, marks = snitch
-    monkeypatch.setattr(runner, "JOBWRAP", Path("/nonexistent/jobwrap"))
+    monkeypatch.setattr(wrapper, "JOBWRAP", Path("/nonexistent/jobwrap"))
     ran = tmp_path / "ran"
     async with LocalSandboxWorker(jobs_dir=tmp_path / "jobs") as sandbox:
         result = await sandbox.run(

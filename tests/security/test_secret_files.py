@@ -13,7 +13,7 @@ import hashlib
 import json
 import os
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +22,9 @@ import pytest
 import yaml
 from structlog.testing import capture_logs
 
-from tests.e2e.process import ENGINE, EngineProcess
 from tests.support.certificates import Authority
 from tests.support.database import engine_env
+from tests.support.engine_process import ENGINE, EngineProcess, processes_fixture  # noqa: F401
 from tests.support.helpers import open_to_jobs
 from workflow_engine.api.auth import AuthConfigError, Callers
 from workflow_engine.capabilities.model.model_client import read_api_key
@@ -41,16 +41,6 @@ NOBODY = 65534
 
 #: Not root, the engine warns instead of refusing (the last test); CI runs the tests as root.
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="the engine refuses only as root")
-
-
-@pytest.fixture
-def processes() -> Iterator[list[EngineProcess]]:
-    """Engine processes a test started; any still alive at the end is killed."""
-    started: list[EngineProcess] = []
-    yield started
-    for process in started:
-        if process.proc.poll() is None:
-            process.kill()
 
 
 def tokens_file(path: Path, mode: int, *, plaintext: bool = True) -> Path:

@@ -15,8 +15,8 @@ from typing import Any
 import psycopg
 from google.protobuf import json_format, struct_pb2
 
-from workflow_engine.domain.task import TaskSpec
-from workflow_engine.sandbox.files import SAFE_PATH
+from workflow_engine.domain import TaskSpec
+from workflow_engine.sandbox import SAFE_PATH
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
 

@@ -31,9 +31,11 @@ import json
 import threading
 import time
 from collections import defaultdict, deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -246,3 +248,13 @@ def schema_name(schema: Any) -> str:
     """Which script answers a request for `schema` (``plan``, ``step``, ...)."""
     properties = schema.get("properties", {}) if isinstance(schema, dict) else {}
     return next((n for key, n in SCHEMA_NAMES.items() if key in properties), "?")
+
+
+@pytest.fixture(name="model")
+def model_fixture(request: pytest.FixtureRequest) -> Iterator[ModelServer]:
+    """The scripted model server; a test may name its dialect (`indirect` parametrization). A
+    request it refused fails the test."""
+    server = ModelServer(getattr(request, "param", "openai"))
+    yield server
+    server.stop()
+    assert server.problems == [], "the model server refused requests"

@@ -8,26 +8,24 @@ engine's side use it too: the node's `url` and `token` are what a nodes file nam
 
 from __future__ import annotations
 
-import json
 import os
-import signal
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import IO
 
 import httpx
 import pytest
 
-NODE_COMMAND = Path(sys.executable).parent / "workflow-engine"
+from tests.support.processes import COMMAND, ChildProcess, killed_after
+
+NODE_COMMAND = COMMAND
 TOKEN_VARIABLE = "WORKFLOW_ENGINE_NODE_TOKEN"
 
 
-class NodeProcess:
+class NodeProcess(ChildProcess):
     """`workflow-engine worker-node` on a free port, its log lines kept for the test."""
+
+    name = "node"
 
     def __init__(
         self,
@@ -38,12 +36,11 @@ class NodeProcess:
         args: tuple[str, ...] = (),
         extra_env: dict[str, str] | None = None,
     ) -> None:
+        super().__init__()
         self.data_dir = data_dir
         self.token = token
         self.args = args
         self.extra_env = dict(extra_env or {})
-        self.logs: list[dict[str, object]] = []
-        self.address = ""
         self._url = ""
         self._start(listen)
 
@@ -78,9 +75,7 @@ class NodeProcess:
             str(self.data_dir),
             *self.args,
         ]
-        self.proc = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
-        self._serving = threading.Event()
-        threading.Thread(target=self._read, args=(self.proc.stderr,), daemon=True).start()
+        self._spawn(command, env)
         deadline = time.monotonic() + 30
         while not self._serving.wait(0.05):
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -91,50 +86,18 @@ class NodeProcess:
                     f"logs: {self.logs[-20:]}"
                 )
 
-    def _read(self, stream: IO[str] | None) -> None:
-        assert stream is not None
-        for line in stream:
-            try:
-                entry = json.loads(line)
-            except ValueError:
-                entry = {"raw": line.rstrip()}
-            self.logs.append(entry)
-            if entry.get("event") == "serving":
-                self.address = str(entry["address"])
-                self._url = str(entry.get("url") or "")
-                self._serving.set()
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def count(self, event: str) -> int:
-        return sum(1 for entry in self.logs if entry.get("event") == event)
-
-    def kill(self) -> None:
-        """SIGKILL: no drain, nothing flushed; the jobs' own processes are not signalled."""
-        if self.alive():
-            self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
+    def _served(self, entry: dict[str, object]) -> None:
+        self._url = str(entry.get("url") or "")
 
     def terminate(self, timeout: float = 60) -> int:
         """SIGTERM (the node drains), then its exit status."""
-        self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout)
+        return super().terminate(timeout)
 
     def restart(self) -> None:
         """Start the node again on the same address and data directory (stopped first if not)."""
         if self.alive():
             self.kill()
         self._start(self.address)
-
-    def wait_for_log(self, event: str, timeout: float = 30) -> dict[str, object]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for entry in list(self.logs):
-                if entry.get("event") == event:
-                    return entry
-            time.sleep(0.05)
-        raise TimeoutError(f"no {event!r} in the node's logs: {self.logs[-10:]}")
 
 
 _ROOT = Path(__file__).resolve().parent.parent
@@ -146,10 +109,7 @@ _ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture
 def nodes() -> Iterator[list[NodeProcess]]:
     """Node processes a test started; any still alive at the end is killed."""
-    started: list[NodeProcess] = []
-    yield started
-    for node in started:
-        node.kill()
+    yield from killed_after([])
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from workflow_engine.faults import FaultPlan, InjectedDatabaseError
-from workflow_engine.storage.retry import is_transient
+from workflow_engine.storage import is_transient
 
 
 def test_a_fault_fires_once_at_its_occurrence_and_looks_transient() -> None:

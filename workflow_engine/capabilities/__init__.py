@@ -10,4 +10,43 @@ implementations are grouped by what they talk to:
 - at this level, the embedded ones: `embedded_planner`, `embedded_verifier`, `job_verifier`,
   `local_worker` (the local sandbox, `workflow_engine.sandbox`), `simulated_worker`, and
   `job_tracker`, which runs a workflow's dispatched jobs at the same time.
+
+What the engine, the graph and the worker node use (`__all__`): the factory's
+`build_capabilities` and the `Capabilities` it returns, the `JobTracker`, the protocols they
+call through, and `LocalSandboxWorker`. The implementations' modules are internal: the factory
+is how they are chosen.
 """
+
+from workflow_engine.capabilities.factory import (
+    Capabilities,
+    Lent,
+    build_capabilities,
+    check_choices,
+    opened,
+)
+from workflow_engine.capabilities.job_tracker import JobTracker
+from workflow_engine.capabilities.local_worker import LocalSandboxWorker
+from workflow_engine.capabilities.protocols import (
+    ContextCompressor,
+    Planner,
+    RevisingPlanner,
+    TaskSource,
+    Verifier,
+    Worker,
+)
+
+__all__ = [
+    "Capabilities",
+    "ContextCompressor",
+    "JobTracker",
+    "Lent",
+    "LocalSandboxWorker",
+    "Planner",
+    "RevisingPlanner",
+    "TaskSource",
+    "Verifier",
+    "Worker",
+    "build_capabilities",
+    "check_choices",
+    "opened",
+]

@@ -1,8 +1,31 @@
 """The local sandbox: runs a job as a confined local process, once per job id.
 
 Shared by the engine's embedded worker (`capabilities.local_worker`) and `workflow-engine
-worker-node`. `runner` starts and re-attaches jobs; `grant` decides a job's user, limits and
-confinement (or refuses it); `users` allocates the job users; `namespaces` keeps a task's
-network namespace; `files` is a job directory's layout; `beneath` walks a path inside a job's
-directory without following it out; `jobwrap.c` is the small wrapper each job runs under.
+worker-node`, which use it through what this package offers (`__all__`): the `JobRunner`, the
+`Confinement` that decides what a job may use, and the names of a job directory's layout and
+paths that a worker or verifier reads.
+
+Internal (used only inside this package): `runner` starts and re-attaches jobs; `wrapper` is
+the wrapper each job runs under (``jobwrap.c``, or a shell script) and its spawn; `processes`
+waits on, reaps and signals a wrapper; `retention` is what `JobRunner.prune` removes; `grant`
+decides a job's user, limits and confinement (or refuses it); `users` allocates the job users;
+`namespaces` keeps a task's network namespace; `files` is a job directory's layout; `beneath`
+walks a path inside a job's directory without following it out.
 """
+
+from workflow_engine.sandbox.beneath import LinkOut, exists_beneath
+from workflow_engine.sandbox.files import SAFE_PATH, TARGET, WORKER_NOTE
+from workflow_engine.sandbox.grant import Confinement, Grant, step_unfit
+from workflow_engine.sandbox.runner import JobRunner
+
+__all__ = [
+    "SAFE_PATH",
+    "TARGET",
+    "WORKER_NOTE",
+    "Confinement",
+    "Grant",
+    "JobRunner",
+    "LinkOut",
+    "exists_beneath",
+    "step_unfit",
+]

@@ -3,11 +3,10 @@
 The engine starts each job itself with ``posix_spawn``, in a session of its own (so signals to
 the engine's process group do not reach it, and it outlives a killed engine), through a small
 wrapper that runs the command and writes its exit status to ``exit_status`` when it ends:
-``jobwrap`` (`JOBWRAP`, a small C program built with the package, ``jobwrap.c``) or, where it
-was not built, the ``/bin/sh`` script `WRAPPER`, which does the same with util-linux
-``unshare`` and a forked watchdog. The engine waits on its own child cheaply (a pidfd on the event
-loop, no thread, no polling), enforces the deadline with a timer on its loop, reaps the child
-and writes ``result.json`` itself. The files are for the crash path: an engine that finds a
+``jobwrap`` or, where it was not built, a shell script (`sandbox.wrapper`). The engine waits
+on its own child cheaply (a pidfd on the event loop, no thread, no polling; `sandbox.processes`),
+enforces the deadline with a timer on its loop, reaps the child and writes ``result.json``
+itself. The files are for the crash path: an engine that finds a
 job directory it did not start (its starter was killed, or this is another process) waits on
 the pid recorded in ``supervisor.pid`` (a pidfd again, after checking that pid is still this
 job's wrapper) and builds the result from the files (`sandbox.files` holds the layout). So the
@@ -43,11 +42,11 @@ the job is gone (a cancel that comes after that is bounded by the deadline only)
 
 Retention: a job's directory is kept `retention_seconds` after its result was recorded (a
 directory with no result, `retention_seconds` after it last changed plus the longest a job may
-run), then removed by `prune`, which the runner calls in the background every quarter of the
-retention (at most hourly) once `start_pruning` was called. So "once per job id" holds for the
-retention: a job id sent again after its directory was removed runs again. The directory is
-first renamed to a hidden name (on the event loop's thread, never while this runner follows
-the job), so a `run` of its id sees either the whole directory or none.
+run), then removed by `prune` (`sandbox.retention`), which the runner calls in the background
+every quarter of the retention (at most hourly) once `start_pruning` was called. So "once per
+job id" holds for the retention: a job id sent again after its directory was removed runs
+again. The directory is first renamed to a hidden name (on the event loop's thread, never
+while this runner follows the job), so a `run` of its id sees either the whole directory or none.
 
 What a job may use (its user, limits, no network) is `sandbox.grant`'s to say; the wrapper applies
 it just before the command. The network namespace (and, not as root, the user namespace) it
@@ -75,75 +74,15 @@ import structlog
 from workflow_engine.domain.jobs import JobRequest, JobResult, rfc3339
 from workflow_engine.domain.task import MAX_TIMEOUT_SECONDS
 from workflow_engine.sandbox import files as files
+from workflow_engine.sandbox import processes, retention
+from workflow_engine.sandbox import wrapper as job_wrapper
 from workflow_engine.sandbox.grant import Confinement, Grant
 from workflow_engine.sandbox.namespaces import TaskNamespaces
 
 log = structlog.get_logger(__name__)
 
-#: The wrapper: ``sh -c WRAPPER JOB_DIR DEADLINE GRACE SLEEP ULIMITS... -- COMMAND...``, where
-#: ULIMITS are ``OPTION VALUE`` pairs ("-" for none) and COMMAND begins with the grant's prefix
-#: (`sandbox.grant`: no network, the job's own user). Its files are its engine's alone (umask 077;
-#: the command gets the usual 022), and the limits hold from just before the command on. Its
-#: stdout and stderr are on ``supervisor.log``, fd 3 the read end of the engine's pipe;
-#: ``$REQUEST_ENV`` holds the request, which it writes to ``request.json``. ``$0`` is the job
-#: dir so that a re-attaching engine can tell the wrapper's pid from a reused one
-#: (/proc/PID/cmdline). DEADLINE is in whole seconds of /proc/uptime. The watchdog ignores a
-#: cancel's SIGTERM (it is what stops a cancelled job after GRACE when the engine is gone); the
-#: wrapper's trap runs once the command has ended.
-WRAPPER = """cd "$0" || exit 96
-umask 077
-set -C
-echo "$$" >supervisor.pid || exit 97
-set +C
-trap 'kill -9 0' TERM
-[ ! -e cancel ] || exit 98
-printf '%s\\n' "$WORKFLOW_ENGINE_JOB_REQUEST" >request.json
-unset WORKFLOW_ENGINE_JOB_REQUEST
-cd work || exit 96
-deadline=$1 grace=$2 sleep=$3
-shift 3
-{
-  trap '' TERM
-  read -r _ <&3
-  if [ -e ../cancel ]; then
-    "$sleep" "$grace"
-  else
-    read -r now _ </proc/uptime || now=0
-    now=${now%.*}
-    [ "$now" -ge "$deadline" ] || "$sleep" "$((deadline - now))"
-    : >../timed_out
-  fi
-  kill -9 0
-} &
-while [ "$1" != -- ]; do
-  [ "$2" = - ] || ulimit $1 "$2" || exit 95
-  shift 2
-done
-shift
-: >../stdout.log
-: >../stderr.log
-umask 022
-"$@" 3<&- >../stdout.log 2>../stderr.log
-echo "$?" >../exit_status
-kill -9 0
-"""
-REQUEST_ENV = "WORKFLOW_ENGINE_JOB_REQUEST"
-#: The whole environment of ``jobwrap``, which runs as root: fixed, nothing of the job's.
-WRAPPER_ENV = {"PATH": files.SAFE_PATH, "LANG": "C.UTF-8"}
-#: The same wrapper as a small program (``jobwrap.c``, built beside it when the package is
-#: installed): one exec instead of three and no watchdog fork, so a job costs about half.
-JOBWRAP = Path(__file__).with_name("jobwrap")
-_SHELL = "/bin/sh"
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:=@+-]{0,127}$")
-_MAX_POLL_INTERVAL = 0.5
-#: How a directory being removed by `JobRunner.prune` begins (never a job's: those begin with
-#: a letter or digit).
-_PRUNED = ".pruned-"
 _MIN_PRUNE_INTERVAL = 0.25
-#: Where the tasks' /tmp directories are, in the jobs directory (a dot name: never a job's).
-_TASK_TMP = ".tmp"
-#: How often a task's /tmp is touched while its jobs start (idle means days: see `prune`).
-_TOUCH_SECONDS = 60.0
 #: The write ends of every runner's pipe in this process: a forked child (which is not the
 #: engine) closes them, or the wrappers would take it for their engine.
 _engine_pipes: set[int] = set()
@@ -175,15 +114,15 @@ class JobRunner:
         wrapper: str = "auto",
         retention_seconds: float = 0,
     ) -> None:
-        """`wrapper`: "jobwrap" (`JOBWRAP`), "sh" (`WRAPPER`), or "auto": jobwrap where it
-        was built, else sh. `retention_seconds`: how long a finished job's directory is kept
-        (see the module docstring); 0 keeps it for good."""
+        """`wrapper`: "jobwrap" (`wrapper.JOBWRAP`), "sh" (`wrapper.WRAPPER`), or "auto":
+        jobwrap where it was built, else sh. `retention_seconds`: how long a finished job's
+        directory is kept (see the module docstring); 0 keeps it for good."""
         if not 0 <= retention_seconds < math.inf:
             raise ValueError(f"retention_seconds: expected 0 or more, got {retention_seconds}")
         self._jobs_dir = jobs_dir.resolve()
         self._retention_seconds = retention_seconds
         self._pruner: asyncio.Task[None] | None = None
-        self._jobwrap = _choose_wrapper(wrapper)
+        self._jobwrap = job_wrapper.choose_wrapper(wrapper)
         # The namespaces each task's jobs share (`sandbox.namespaces`); jobwrap only.
         self._namespaces = TaskNamespaces(self._jobwrap) if self._jobwrap else None
         self._confinement = confinement or Confinement()
@@ -202,8 +141,7 @@ class JobRunner:
         # One watch per job this process follows, by job dir: its result once the job ends.
         self._watches: dict[Path, asyncio.Task[JobResult]] = {}
         self._timers: set[asyncio.TimerHandle] = set()
-        # The tasks' /tmp directories this process touched lately, and when (`_task_tmp`).
-        self._tmp_touched: dict[Path, float] = {}
+        self._task_tmp = retention.TaskTmp(self._jobs_dir)
 
     async def run(self, job: JobRequest) -> JobResult:
         """Start the job unless its directory exists, then wait for its result."""
@@ -217,7 +155,11 @@ class JobRunner:
                 _warn_if_request_differs(job, job_dir)
                 watch = self._watch(job_dir, self._follow(job, job_dir))
             else:
-                grant = self._confinement.grant(job) if self._wrapper_may_run() else _NEEDS_JOBWRAP
+                grant = (
+                    self._confinement.grant(job)
+                    if self._wrapper_may_run()
+                    else job_wrapper.NEEDS_JOBWRAP
+                )
                 if isinstance(grant, str):
                     log.warning("sandbox_job_refused", job_id=job.job_id, reason=grant)
                     return files.record_unrun(job, job_dir, "failed", grant)
@@ -240,9 +182,9 @@ class JobRunner:
         claim = files.read_claim(job_dir)
         if claim is not None and claim.isdigit():
             pid = int(claim)
-            if _signal_wrapper(pid, job_dir, signal.SIGTERM):
+            if processes.signal_wrapper(pid, job_dir, signal.SIGTERM):
                 delay = self._cancel_grace_seconds + 1.0
-                self._later(delay, _signal_wrapper, pid, job_dir, signal.SIGKILL)
+                self._later(delay, processes.signal_wrapper, pid, job_dir, signal.SIGKILL)
         if job_dir not in self._watches:  # someone must record the cancelled result
             self._watch(job_dir, self._follow(job, job_dir))
 
@@ -261,20 +203,20 @@ class JobRunner:
         none of whose jobs can still run or be kept; how many directories it removed."""
         idle = self._retention_seconds + MAX_TIMEOUT_SECONDS
         await asyncio.to_thread(self._confinement.release_idle_users, idle)
-        idle_tmp = await asyncio.to_thread(_idle_entries, self._jobs_dir / _TASK_TMP, idle)
-        self._tmp_touched.clear()  # what remains is looked at afresh
-        await asyncio.to_thread(_remove, idle_tmp)
+        idle_tmp = await asyncio.to_thread(retention.idle_entries, self._task_tmp.root, idle)
+        self._task_tmp.forget()  # what remains is looked at afresh
+        await asyncio.to_thread(retention.remove, idle_tmp)
         cutoff = time.time() - self._retention_seconds
         doomed: list[Path] = []
-        for path in await asyncio.to_thread(_expired, self._jobs_dir, cutoff):
-            if path.name.startswith(_PRUNED):  # left by an interrupted prune
+        for path in await asyncio.to_thread(retention.expired, self._jobs_dir, cutoff):
+            if path.name.startswith(retention.PRUNED):  # left by an interrupted prune
                 doomed.append(path)
             elif path not in self._watches:  # a job followed here is not over for us
-                hidden = path.with_name(f"{_PRUNED}{path.name}-{os.urandom(4).hex()}")
+                hidden = path.with_name(f"{retention.PRUNED}{path.name}-{os.urandom(4).hex()}")
                 with contextlib.suppress(OSError):  # gone meanwhile
                     os.rename(path, hidden)
                     doomed.append(hidden)
-        await asyncio.to_thread(_remove, doomed)
+        await asyncio.to_thread(retention.remove, doomed)
         if doomed:
             log.info("job_dirs_pruned", count=len(doomed), jobs_dir=str(self._jobs_dir))
         return len(doomed)
@@ -317,30 +259,8 @@ class JobRunner:
     def _job_dir(self, job_id: str) -> Path:
         return self._jobs_dir / _dir_name(job_id)
 
-    def _task_tmp(self, task_id: str, uid: int | None) -> Path:
-        """The task's own /tmp (and /dev/shm), which its jobs share and no other job sees:
-        made at its first job, its user's, touched (at most once a minute) so that `prune`
-        keeps it while a job of the task may still run or be kept."""
-        path = self._jobs_dir / _TASK_TMP / hashlib.sha256(task_id.encode()).hexdigest()[:32]
-        now = time.monotonic()
-        if now - self._tmp_touched.get(path, -math.inf) < _TOUCH_SECONDS:
-            return path
-        try:
-            os.utime(path)
-        except FileNotFoundError:
-            (self._jobs_dir / _TASK_TMP).mkdir(mode=0o711, exist_ok=True)
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(path, 0o700)
-        if uid is not None and os.stat(path).st_uid != uid:
-            os.chown(path, uid, uid)  # made just now, or its task's user was drawn afresh
-        self._tmp_touched[path] = now
-        return path
-
     def _wrapper_may_run(self) -> bool:
-        """Whether this runner's wrapper may start jobs: as root, only ``jobwrap``, which keeps
-        the job's environment from every process that runs as root. The shell wrapper and
-        util-linux ``unshare`` would run as root with it (``LD_PRELOAD``, say)."""
-        return self._jobwrap is not None or os.geteuid() != 0
+        return job_wrapper.may_run(self._jobwrap)
 
     def _mkdir(self, job_dir: Path) -> None:
         """Create `job_dir` (FileExistsError if it exists): the claim on its job id."""
@@ -400,17 +320,19 @@ class JobRunner:
             uid=grant.uid,
         )
         loop = asyncio.get_running_loop()
-        deadline = loop.call_later(timeout, _deadline_passed, pid, job_dir)
+        deadline = loop.call_later(timeout, processes.deadline_passed, pid, job_dir)
         try:
             # Cancelled (the engine closing): the job runs on, its watchdog keeping the deadline.
-            await _until_exited(pid, lambda: _exited_child(pid), self._poll_interval)
+            await processes.until_exited(
+                pid, lambda: processes.exited_child(pid), self._poll_interval
+            )
         finally:
             deadline.cancel()
         # What the wrapper left behind, if it was killed before its own `kill -9 0`. Not reaped
         # yet, it holds its group id, so this cannot hit a reused one.
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
-        _reap(pid)
+        processes.reap(pid)
         return self._finish(job, job_dir, pid, started, timeout)
 
     async def _launch(
@@ -428,68 +350,33 @@ class JobRunner:
         """Start the job's wrapper, which claims the job unless it was declared lost first.
 
         `shared`: the task's namespaces (`sandbox.namespaces`) for jobwrap to enter, else ()."""
-        if self._jobwrap is None and self._sleep_bin is None:
-            raise OSError(f"coreutils `sleep` is not on {files.SAFE_PATH}")
-        request = job.to_json()
-        work_dir = job_dir / files.WORK_DIR
-        job_env = files.job_env(request, work_dir)
         deadline = math.ceil(time.clock_gettime(time.CLOCK_BOOTTIME) + timeout)
         grace = self._cancel_grace_seconds
-        # jobwrap makes the work directory and, only if it has something to say, its log: off
-        # this process's thread, and no file at all for a job that goes well.
-        log_path = os.devnull
-        if self._jobwrap is None:
-            log_path = str(job_dir / files.LOG_FILE)
-            os.mkdir(work_dir, 0o700)
-            if grant.uid is not None:
-                os.chown(work_dir, grant.uid, grant.uid)
-        file_actions = [
-            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-            (os.POSIX_SPAWN_OPEN, 1, log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644),
-            (os.POSIX_SPAWN_DUP2, 1, 2),
-            (os.POSIX_SPAWN_DUP2, self._engine_pipe(), 3),
-        ]
-        job_data = -1
         if self._jobwrap is not None:
-            # jobwrap runs as root: its environment is the fixed one, and the job's own reaches
-            # the command only after it became the job's user (read from fd 6).
-            env = dict(WRAPPER_ENV)
-            job_data = files.job_data(request, job_env)
-            file_actions.append((os.POSIX_SPAWN_DUP2, job_data, 6))
-            program = self._jobwrap
-            isolation = grant.isolation
-            if shared:  # jobwrap enters them: the network namespace on fd 4, the user's on 5
-                isolation = "join-" + isolation
-                file_actions += [(os.POSIX_SPAWN_DUP2, fd, 4 + i) for i, fd in enumerate(shared)]
-            uid = "-" if grant.uid is None else str(grant.uid)
-            tmp = str(self._task_tmp(job.task_id, grant.uid))
-            argv = [program, str(job_dir), str(deadline), str(grace), isolation, uid, tmp]
-            argv += [*grant.rlimit_args(), "--", *job.sandbox.command]
-        else:
-            # Never as root (`_wrapper_may_run`): the shell wrapper and util-linux `unshare` run
-            # with the job's environment, as the engine's own user.
-            if not self._wrapper_may_run():
-                raise OSError(_NEEDS_JOBWRAP)
-            assert self._sleep_bin is not None
-            env = {**job_env, REQUEST_ENV: json.dumps(request)}
-            program = _SHELL
-            argv = [_SHELL, "-c", WRAPPER, str(job_dir), str(deadline), str(grace)]
-            argv += [self._sleep_bin, *grant.ulimit_args(), "--", *grant.prefix]
-            argv += job.sandbox.command
-        try:
-            return os.posix_spawn(
-                program,
-                argv,
-                env,
-                file_actions=file_actions,
-                # Its own session: signals to the engine's process group do not reach it.
-                setsid=True,
-                # Python ignores these; a command gets them as a shell would give them.
-                setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
+            return job_wrapper.spawn_jobwrap(
+                self._jobwrap,
+                job,
+                job_dir,
+                grant,
+                deadline=deadline,
+                grace=grace,
+                engine_pipe=self._engine_pipe(),
+                shared=shared,
+                task_tmp=self._task_tmp.path(job.task_id, grant.uid),
             )
-        finally:
-            if job_data >= 0:
-                os.close(job_data)
+        if self._sleep_bin is None:
+            raise OSError(f"coreutils `sleep` is not on {files.SAFE_PATH}")
+        if not self._wrapper_may_run():
+            raise OSError(job_wrapper.NEEDS_JOBWRAP)
+        return job_wrapper.spawn_shell(
+            job,
+            job_dir,
+            grant,
+            sleep_bin=self._sleep_bin,
+            deadline=deadline,
+            grace=grace,
+            engine_pipe=self._engine_pipe(),
+        )
 
     async def _follow(self, job: JobRequest, job_dir: Path) -> JobResult:
         """Wait for a job some other process (or an earlier engine) started, and its result."""
@@ -515,12 +402,14 @@ class JobRunner:
                     return _declare_lost(job, job_dir, reason)
                 continue
             await asyncio.sleep(delay)
-            delay = min(delay * 1.5, _MAX_POLL_INTERVAL)
+            delay = min(delay * 1.5, processes.MAX_POLL_INTERVAL)
         if not claim.isdigit():
             return _declare_lost(job, job_dir, f"its claim {claim[:40]!r} names no process")
         pid = int(claim)
         started = files.modified_at(job_dir / files.PID_FILE)
-        await _until_exited(pid, lambda: None if _is_wrapper(pid, job_dir) else 0, delay)
+        await processes.until_exited(
+            pid, lambda: None if processes.is_wrapper(pid, job_dir) else 0, delay
+        )
         timeout = job.sandbox.timeout_seconds or self._default_timeout_seconds
         return self._finish(job, job_dir, pid, started, timeout)
 
@@ -563,190 +452,6 @@ class JobRunner:
             max_output_bytes=self._max_output_bytes,
         )
         return files.record(job_dir, result)
-
-
-def _choose_wrapper(wrapper: str) -> str | None:
-    """The path of `JOBWRAP` when it is to be used, None for the shell wrapper."""
-    if wrapper not in ("auto", "jobwrap", "sh"):
-        raise ValueError(f"wrapper: expected auto, jobwrap or sh, not {wrapper!r}")
-    built = os.access(JOBWRAP, os.X_OK)
-    if wrapper == "jobwrap" and not built:
-        raise FileNotFoundError(f"{JOBWRAP} is not built (see jobwrap.c)")
-    if wrapper == "auto" and not built and not _told_not_built:
-        _told_not_built.append(True)
-        log.warning(
-            "jobwrap_not_built",
-            path=str(JOBWRAP),
-            effect="local jobs are refused (as root)"
-            if os.geteuid() == 0
-            else "local jobs run through the shell wrapper, at more CPU per job",
-            fix="install the package where a C compiler is (cc), or run `make install`",
-        )
-    if wrapper == "sh" or not built:
-        return None
-    return str(JOBWRAP)
-
-
-_told_not_built: list[bool] = []  # whether `jobwrap_not_built` was logged in this process
-_NEEDS_JOBWRAP = (
-    f"refused: as root, local jobs run only through jobwrap, which keeps the job's environment "
-    f"from every process that runs as root, and it is not built here ({JOBWRAP}); install the "
-    f"package where a C compiler is (cc), or run `make install`"
-)
-
-
-def _deadline_passed(pid: int, job_dir: Path) -> None:
-    """Stop a job at its deadline: what its watchdog does when the engine is gone.
-
-    Our child, not reaped yet: its group id cannot be a reused one.
-    """
-    files.mark_timed_out(job_dir)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
-
-
-async def _until_exited(pid: int, poll: Callable[[], int | None], interval: float) -> None:
-    """Return once process `pid` has exited: on its pidfd when the kernel has them.
-
-    `poll` says without blocking whether it has (None: still running); it is asked first, so
-    a pid that exited (and was perhaps reused) before the pidfd was opened is not waited on.
-    """
-    try:
-        pidfd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return
-    except (AttributeError, OSError):  # no pidfds (old kernel, other OS): poll instead
-        while poll() is None:
-            await asyncio.sleep(interval)
-            interval = min(interval * 1.5, _MAX_POLL_INTERVAL)
-        return
-    loop = asyncio.get_running_loop()
-    exited = loop.create_future()
-
-    def readable() -> None:
-        if not exited.done():
-            exited.set_result(None)
-
-    try:
-        if poll() is not None:
-            return
-        loop.add_reader(pidfd, readable)
-        try:
-            await exited
-        finally:
-            loop.remove_reader(pidfd)
-    finally:
-        os.close(pidfd)
-
-
-def _reap(pid: int) -> None:
-    """Reap our child `pid`, which has exited (so this does not block)."""
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)
-
-
-def _exited_child(pid: int) -> int | None:
-    """0 once our child `pid` has exited, None while it runs; it is left for `wait` to reap."""
-    try:
-        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except ChildProcessError:
-        return 0  # reaped already
-    return None if info is None else 0
-
-
-def _is_wrapper(pid: int, job_dir: Path) -> bool:
-    """Whether `pid` is still this job's wrapper (not exited, a zombie, or a reused pid)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except FileNotFoundError:
-        return False
-    except OSError:
-        return True  # no /proc to ask: trust that it exists
-    if stat.rsplit(")", 1)[-1].split()[0] in ("Z", "X"):
-        return False
-    return str(job_dir).encode() in cmdline  # else the pid was reused by another process
-
-
-def _signal_wrapper(pid: int, job_dir: Path, signum: int) -> bool:
-    """Send `signum` to the job's process group while its wrapper runs; whether it did.
-
-    A running wrapper holds its group id, so the group cannot be a reused one.
-    """
-    if not _is_wrapper(pid, job_dir):
-        return False
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signum)
-        return True
-    return False
-
-
-def _expired(jobs_dir: Path, cutoff: float) -> list[Path]:
-    """The entries of `jobs_dir` to remove: job directories whose result was recorded before
-    `cutoff` (or, with no result, that last changed before `cutoff` by more than any job may
-    run), and what an interrupted prune left."""
-    expired: list[Path] = []
-    try:
-        entries = list(os.scandir(jobs_dir))
-    except FileNotFoundError:
-        return expired
-    for entry in entries:
-        path = Path(entry.path)
-        if entry.name.startswith(_PRUNED):
-            expired.append(path)
-            continue
-        if entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
-            continue
-        try:
-            if (path / files.RESULT_FILE).stat().st_mtime < cutoff:
-                expired.append(path)
-        except FileNotFoundError:
-            with contextlib.suppress(FileNotFoundError):
-                if entry.stat(follow_symlinks=False).st_mtime < cutoff - MAX_TIMEOUT_SECONDS:
-                    expired.append(path)
-    return expired
-
-
-def _idle_entries(directory: Path, idle_seconds: float) -> list[Path]:
-    """The entries of `directory` that have not changed for `idle_seconds`."""
-    cutoff = time.time() - idle_seconds
-    try:
-        entries = list(os.scandir(directory))
-    except FileNotFoundError:
-        return []
-    idle = []
-    for entry in entries:
-        with contextlib.suppress(FileNotFoundError):
-            if entry.stat(follow_symlinks=False).st_mtime < cutoff:
-                idle.append(Path(entry.path))
-    return idle
-
-
-def _remove(paths: list[Path]) -> None:
-    """Remove these directories and all in them, also what a job made unreadable."""
-    for path in paths:
-        try:
-            shutil.rmtree(path)
-        except OSError:  # a job left directories without our permissions: give them back
-            _own_dir(str(path))
-            for parent, names, _ in os.walk(path):  # top down: each before it is listed
-                for name in names:
-                    _own_dir(os.path.join(parent, name))
-            try:
-                shutil.rmtree(path)
-            except OSError as exc:
-                log.warning("job_dir_prune_failed", job_dir=str(path), error=str(exc))
-
-
-def _own_dir(path: str) -> None:
-    """Make directory `path` ours to list and empty; never through a symbolic link."""
-    with contextlib.suppress(OSError):
-        # O_PATH opens even a directory without permissions; /proc names the one opened.
-        fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
-        try:
-            os.chmod(f"/proc/self/fd/{fd}", 0o700)
-        finally:
-            os.close(fd)
 
 
 def _dir_name(job_id: str) -> str:

@@ -4,5 +4,9 @@
 ``WORKFLOW_ENGINE_METRICS_LISTEN``); `tracing` follows one workflow run through its nodes, jobs
 and model calls (OpenTelemetry, when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set). Both are off
 until the process that serves turns them on, and cost a no-op call each while off. Every other
-layer may use them; they import nothing of the engine.
+layer may use them; they import nothing of the engine. The two modules are what it offers.
 """
+
+from workflow_engine.telemetry import metrics, tracing
+
+__all__ = ["metrics", "tracing"]

@@ -19,8 +19,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from tests.conftest import RunningEngine, start_engine, stop_engine
-from tests.e2e.process import ENGINE
 from tests.support.certificates import Authority
+from tests.support.engine_process import ENGINE
 from tests.support.helpers import new_task_id, snapshot, step, task, wait_for_status, write_secret
 from workflow_engine.config import Settings
 from workflow_engine.v1 import workflow_engine_pb2 as pb

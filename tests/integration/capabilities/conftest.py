@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from workflow_engine.sandbox import runner
+from workflow_engine.sandbox import wrapper
 
 
 @pytest.fixture(params=["jobwrap", "sh"])
@@ -20,7 +20,7 @@ def each_wrapper(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
                 "as root the shell wrapper is refused (tests/security/test_sandbox_env.py); "
                 "it serves engines that are not root"
             )
-        monkeypatch.setattr(runner, "JOBWRAP", Path("/nonexistent/jobwrap"))
+        monkeypatch.setattr(wrapper, "JOBWRAP", Path("/nonexistent/jobwrap"))
     else:
-        assert os.access(runner.JOBWRAP, os.X_OK), "jobwrap is not built: run `make install`"
+        assert os.access(wrapper.JOBWRAP, os.X_OK), "jobwrap is not built: run `make install`"
     return str(request.param)

@@ -9,7 +9,7 @@ from typing import Any
 
 from tests.conftest import start_engine, stop_engine
 from tests.unit.capabilities.test_factory import LENT_NOTHING, ClientWorker
-from workflow_engine.capabilities.factory import build_capabilities
+from workflow_engine.capabilities import build_capabilities
 from workflow_engine.config import Settings
 
 

@@ -18,12 +18,11 @@ from typing import Any
 import pytest
 
 from tests.support.helpers import JOB_PYTHON
+from workflow_engine.capabilities import LocalSandboxWorker
 from workflow_engine.capabilities.embedded_verifier import MachineVerifier
-from workflow_engine.capabilities.local_worker import LocalSandboxWorker
 from workflow_engine.config import JobLimits
-from workflow_engine.domain.jobs import JobRequest, JobResult, Limits, Sandbox
-from workflow_engine.domain.task import Step
-from workflow_engine.sandbox.grant import Confinement
+from workflow_engine.domain import JobRequest, JobResult, Limits, Sandbox, Step
+from workflow_engine.sandbox import Confinement
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("each_wrapper")]
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="jobs get their own user only under root")

@@ -20,11 +20,10 @@ import pytest
 from structlog.testing import capture_logs
 
 from tests.support.helpers import JOB_PYTHON
-from workflow_engine.capabilities.local_worker import LocalSandboxWorker
-from workflow_engine.domain.jobs import JobRequest, Sandbox
+from workflow_engine.capabilities import LocalSandboxWorker
+from workflow_engine.domain import JobRequest, Sandbox
+from workflow_engine.sandbox import Confinement, wrapper
 from workflow_engine.sandbox import namespaces as job_namespaces
-from workflow_engine.sandbox import runner
-from workflow_engine.sandbox.grant import Confinement
 from workflow_engine.sandbox.namespaces import TaskNamespaces
 
 pytestmark = pytest.mark.timeout(60)
@@ -101,7 +100,7 @@ def descriptors_naming(inode: int) -> int:
 
 
 async def test_idle_namespaces_are_let_go_and_made_again() -> None:
-    namespaces = TaskNamespaces(str(runner.JOBWRAP), idle_seconds=0.2)
+    namespaces = TaskNamespaces(str(wrapper.JOBWRAP), idle_seconds=0.2)
     try:
         (first,) = await namespaces.for_task("task-a", "net")
         kept = os.dup(first)  # keeps it alive, so its inode number cannot come back
@@ -116,7 +115,7 @@ async def test_idle_namespaces_are_let_go_and_made_again() -> None:
 
 
 async def test_beyond_the_most_held_the_least_recently_used_are_let_go() -> None:
-    namespaces = TaskNamespaces(str(runner.JOBWRAP), most=2)
+    namespaces = TaskNamespaces(str(wrapper.JOBWRAP), most=2)
     try:
         held = {}
         for task in ("a", "b", "a", "c"):  # b is the least recently used when c comes
@@ -131,7 +130,7 @@ async def test_beyond_the_most_held_the_least_recently_used_are_let_go() -> None
 
 async def test_namespaces_that_cannot_be_made_leave_each_job_to_make_its_own() -> None:
     with capture_logs() as logs:
-        assert await TaskNamespaces(str(runner.JOBWRAP)).for_task("a", "bogus") == ()
+        assert await TaskNamespaces(str(wrapper.JOBWRAP)).for_task("a", "bogus") == ()
         assert await TaskNamespaces("/nonexistent/jobwrap").for_task("a", "net") == ()
     reasons = [e["reason"] for e in logs if e["event"] == "sandbox_task_namespaces_unavailable"]
     assert "--namespaces takes net or userns" in reasons[0]
@@ -178,7 +177,7 @@ async def test_out_of_descriptors_the_job_makes_its_own_and_nothing_hangs(
         raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
 
     monkeypatch.setattr(job_namespaces.fcntl, "fcntl", out_of_descriptors)
-    namespaces = TaskNamespaces(str(runner.JOBWRAP))
+    namespaces = TaskNamespaces(str(wrapper.JOBWRAP))
     try:
         with capture_logs() as logs:
             assert await asyncio.wait_for(namespaces.for_task("a", "net"), 10) == ()

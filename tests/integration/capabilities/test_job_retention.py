@@ -19,11 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from workflow_engine.capabilities.local_worker import LocalSandboxWorker
-from workflow_engine.domain.jobs import JobRequest, Sandbox
+from workflow_engine.capabilities import LocalSandboxWorker
+from workflow_engine.domain import JobRequest, Sandbox
 from workflow_engine.domain.task import MAX_TIMEOUT_SECONDS
-from workflow_engine.sandbox import files
-from workflow_engine.sandbox.runner import JobRunner
+from workflow_engine.sandbox import JobRunner, files
 
 pytestmark = [pytest.mark.timeout(30), pytest.mark.usefixtures("each_wrapper")]
 
@@ -165,8 +164,8 @@ def _remove_as_the_owner(base: Path) -> None:
     (doomed / "work" / "link").symlink_to(outside)
     code = (
         "import sys; from pathlib import Path;"
-        "from workflow_engine.sandbox.runner import _remove;"
-        "_remove([Path(sys.argv[1])])"
+        "from workflow_engine.sandbox.retention import remove;"
+        "remove([Path(sys.argv[1])])"
     )
     command = [sys.executable, "-c", code, str(doomed)]
     if os.geteuid() == 0:

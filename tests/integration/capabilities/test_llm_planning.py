@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,7 @@ from google.protobuf import json_format
 
 from tests.conftest import RunningEngine, start_engine, stop_engine
 from tests.support.helpers import new_task_id, wait_for_status, write_secret
-from tests.support.model_server import API_KEY, MODEL, ModelServer, Reply
+from tests.support.model_server import API_KEY, MODEL, ModelServer, Reply, model_fixture  # noqa: F401
 from workflow_engine.capabilities.model.answer_schemas import plan_schema
 from workflow_engine.config import LlmSettings, Settings
 from workflow_engine.v1 import workflow_engine_pb2 as pb
@@ -54,15 +54,6 @@ def told_again(model: ModelServer, kind: str) -> str:
     first answer got wrong)."""
     _, again = model.asked(kind)
     return json.dumps(again.body["messages"])
-
-
-@pytest.fixture
-def model(request: pytest.FixtureRequest) -> Iterator[ModelServer]:
-    """The scripted model server; a test may name its dialect (`indirect` parametrization)."""
-    server = ModelServer(getattr(request, "param", "openai"))
-    yield server
-    server.stop()
-    assert server.problems == [], "the model server refused requests"
 
 
 Start = Callable[..., Awaitable[RunningEngine]]

@@ -21,11 +21,9 @@ from typing import Any
 import pytest
 
 from tests.support.helpers import job_pids, unique_sleep
-from workflow_engine.capabilities.local_worker import LocalSandboxWorker
-from workflow_engine.domain.jobs import JobRequest, Sandbox
-from workflow_engine.sandbox import files
-from workflow_engine.sandbox.grant import Confinement, Grant
-from workflow_engine.sandbox.runner import JobRunner
+from workflow_engine.capabilities import LocalSandboxWorker
+from workflow_engine.domain import JobRequest, Sandbox
+from workflow_engine.sandbox import Confinement, Grant, JobRunner, files
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 # A broken re-attach or lost-job check shows up as a wait that never ends; fail it instead.

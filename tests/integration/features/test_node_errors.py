@@ -11,10 +11,16 @@ from google.protobuf import json_format
 from tests.conftest import RunningEngine, start_engine, stop_engine
 from tests.support.helpers import new_task_id, step, task, wait_for_status
 from tests.unit.capabilities.test_factory import LENT_NOTHING
-from workflow_engine.capabilities.factory import build_capabilities
+from workflow_engine.capabilities import build_capabilities
 from workflow_engine.config import Settings
-from workflow_engine.domain.jobs import JobRequest, JobResult, Verification
-from workflow_engine.domain.task import AcceptanceCriterion, Step, TaskSpec
+from workflow_engine.domain import (
+    AcceptanceCriterion,
+    JobRequest,
+    JobResult,
+    Step,
+    TaskSpec,
+    Verification,
+)
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 

@@ -9,8 +9,8 @@ from typing import Any
 from tests.conftest import RunningEngine
 from tests.support.helpers import new_task_id, step, task, wait_for_status
 from tests.unit.capabilities.test_factory import LENT_NOTHING
-from workflow_engine.capabilities.factory import build_capabilities
-from workflow_engine.graph.builder import build_graph
+from workflow_engine.capabilities import build_capabilities
+from workflow_engine.graph import build_graph
 from workflow_engine.graph.state import initial_state
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 

@@ -11,7 +11,7 @@ from tests.support.helpers import new_task_id, step, task, wait_for_status
 from workflow_engine.config import Settings
 from workflow_engine.domain.status import RECOVERY_EXHAUSTED
 from workflow_engine.graph.state import initial_state
-from workflow_engine.storage.workflows import WorkflowStore
+from workflow_engine.storage import WorkflowStore
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 

@@ -40,11 +40,10 @@ from psycopg_pool import AsyncConnectionPool
 import workflow_engine.storage
 from tests.support import database
 from tests.support.helpers import new_task_id
-from workflow_engine.domain.records import Fence
+from workflow_engine.domain import Fence
 from workflow_engine.graph.state import initial_state
-from workflow_engine.storage import group_commit, leases
+from workflow_engine.storage import WorkflowStore, group_commit, leases
 from workflow_engine.storage.group_commit import CheckpointRow, GroupCommitter
-from workflow_engine.storage.workflows import WorkflowStore
 
 TTL = 30
 

@@ -16,10 +16,9 @@ from tests.support.helpers import new_task_id, step, task
 from workflow_engine.domain.records import Fence, StartOutcome
 from workflow_engine.errors import LeaseLost
 from workflow_engine.graph.state import STATE_KEYS, initial_state
+from workflow_engine.runtime import Run
 from workflow_engine.runtime import run as run_module
-from workflow_engine.runtime.run import Run
-from workflow_engine.storage.checkpointer import Checkpoint, RowCheckpointer
-from workflow_engine.storage.workflows import WorkflowStore
+from workflow_engine.storage import Checkpoint, RowCheckpointer, WorkflowStore
 from workflow_engine.telemetry.metrics import Metrics
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 

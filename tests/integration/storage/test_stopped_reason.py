@@ -18,10 +18,10 @@ from psycopg_pool import AsyncConnectionPool
 
 from tests.integration.orchestrator import their_code
 from tests.support.helpers import new_task_id
-from workflow_engine.domain.records import Fence
+from workflow_engine.domain import Fence
 from workflow_engine.graph.state import initial_state
+from workflow_engine.storage import WorkflowStore
 from workflow_engine.storage.workflow_rows import RELEASED_ELSEWHERE
-from workflow_engine.storage.workflows import WorkflowStore
 
 Situation = Callable[[psycopg.AsyncConnection[Any], WorkflowStore, Fence, str], Awaitable[None]]
 

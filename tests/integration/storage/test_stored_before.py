@@ -24,7 +24,7 @@ from tests.conftest import RunningEngine, start_engine, stop_engine
 from tests.support import database
 from tests.support.helpers import new_task_id, step, task, wait_for_status
 from workflow_engine.config import Settings
-from workflow_engine.storage.migrations import migrate
+from workflow_engine.storage import migrate
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 FIXTURE = Path(__file__).parent / "fixtures" / "paused_before_issue11.json"

@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from tests.support.wire import deep_update, field, varint
-from workflow_engine.api.auth import Authenticator, AuthInterceptor, Callers
+from workflow_engine.api import Authenticator, AuthInterceptor, Callers, RequestReader
 from workflow_engine.api.decoding import (
     MAX_REQUEST_FIELDS,
     RefusedRequest,
@@ -19,7 +19,6 @@ from workflow_engine.api.decoding import (
     generic_handler,
     lenient_deserializer,
 )
-from workflow_engine.api.reading import RequestReader
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
 

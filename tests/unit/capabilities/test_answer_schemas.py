@@ -16,9 +16,8 @@ from workflow_engine.capabilities.model.answer_schemas import (
     trimmed,
     verification_schema,
 )
-from workflow_engine.domain.jobs import Verification
+from workflow_engine.domain import Verification, parse
 from workflow_engine.domain.task import CHECK_KINDS, Check, Plan
-from workflow_engine.domain.values import parse
 
 #: JSON Schema keywords the common converters (llama.cpp's, vLLM's outlines/xgrammar, Ollama's)
 #: all take; a schema with any other is at risk of a silent "any JSON" fallback.

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from mcp.types import CallToolResult, TextContent
 
-from workflow_engine.capabilities.tasks.mcp_tasks import McpTaskSource
+from workflow_engine.capabilities.tasks import McpTaskSource
 from workflow_engine.config import McpSettings
 from workflow_engine.errors import TaskNotFound, TaskSourceUnavailable
 

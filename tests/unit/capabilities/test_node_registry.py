@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from workflow_engine.capabilities.nodes.node_registry import NodeRegistry
 from workflow_engine.capabilities.nodes.nodes_file import WorkerNode
-from workflow_engine.domain.jobs import JobRequest, Sandbox
+from workflow_engine.domain import JobRequest, Sandbox
 
 
 def node(name: str, *labels: str, max_jobs: int = 2) -> WorkerNode:

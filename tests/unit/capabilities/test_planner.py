@@ -7,7 +7,7 @@ import time
 import pytest
 
 from workflow_engine.capabilities.embedded_planner import StaticPlanner
-from workflow_engine.domain.task import Step, TaskSpec
+from workflow_engine.domain import Step, TaskSpec
 from workflow_engine.errors import InvalidArgument
 
 

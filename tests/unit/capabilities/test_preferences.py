@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from workflow_engine.capabilities.tasks.preferences import merge_preferences
+from workflow_engine.capabilities.tasks import merge_preferences
 
 
 def test_no_layers_is_empty() -> None:

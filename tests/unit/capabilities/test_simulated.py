@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from workflow_engine.capabilities.simulated_worker import SimulatedWorker
-from workflow_engine.domain.jobs import JobRequest, Sandbox
+from workflow_engine.domain import JobRequest, Sandbox
 
 
 def job(*argv: str, job_id: str = "j1") -> JobRequest:

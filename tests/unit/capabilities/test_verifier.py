@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from workflow_engine.capabilities.embedded_verifier import MachineVerifier
+from workflow_engine.domain import AcceptanceCriterion, Check, Step
 from workflow_engine.domain.jobs import JobResult, Truncated, Verification
-from workflow_engine.domain.task import AcceptanceCriterion, Check, Step
 
 STEP = Step(id="s", command=("true",))
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from workflow_engine.domain.jobs import JobRequest, JobResult, Sandbox, Verification
+from workflow_engine.domain import JobRequest, JobResult, Sandbox, Verification, parse
 from workflow_engine.domain.task import (
     STEPS,
     AcceptanceCriterion,
@@ -16,7 +16,6 @@ from workflow_engine.domain.task import (
     TaskMetadata,
     TaskSpec,
 )
-from workflow_engine.domain.values import parse
 from workflow_engine.errors import InvalidArgument
 from workflow_engine.graph.nodes import job_id_for
 

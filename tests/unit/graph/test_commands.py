@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workflow_engine.domain.task import Budget
+from workflow_engine.domain import Budget
 from workflow_engine.errors import InvalidArgument, InvalidState
 from workflow_engine.graph import changes, routing
 from workflow_engine.graph.changes import Decision

@@ -10,11 +10,11 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START
 
 from tests.unit.capabilities.test_factory import LENT_NOTHING
-from workflow_engine.capabilities.factory import build_capabilities
+from workflow_engine.capabilities import build_capabilities
 from workflow_engine.config import Settings
 from workflow_engine.graph.builder import EDGES, FIRST, WorkflowGraph, build_graph
 from workflow_engine.graph.state import initial_state
-from workflow_engine.storage.checkpointer import Checkpoint
+from workflow_engine.storage import Checkpoint
 
 
 @pytest.fixture

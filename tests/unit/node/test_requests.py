@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from workflow_engine.domain.jobs import JobResult
+from workflow_engine.domain import JobResult
 from workflow_engine.errors import InvalidArgument
 from workflow_engine.node.run_request import parse_run_request, response_body
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gc
 
-from workflow_engine.runtime.collector import Collector
+from workflow_engine.runtime import Collector
 
 SURVIVORS = 1000
 

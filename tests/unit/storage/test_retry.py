@@ -6,7 +6,7 @@ import psycopg
 import psycopg.errors
 import pytest
 
-from workflow_engine.storage.retry import is_transient
+from workflow_engine.storage import is_transient
 
 
 @pytest.mark.parametrize(

@@ -3,4 +3,13 @@
 `http_worker` runs each job on a node that `node_registry` picks (labels, health, load); the
 nodes come from `nodes_file` or the orchestrator's table (`node_table`); `worker_api` maps
 the wire's requests and answers to the engine's.
+
+What the factory uses (`__all__`): the worker, the table and the file's loader;
+`node_registry` and `worker_api` are internal.
 """
+
+from workflow_engine.capabilities.nodes.http_worker import HttpWorker
+from workflow_engine.capabilities.nodes.node_table import NodeTable
+from workflow_engine.capabilities.nodes.nodes_file import load_nodes_file
+
+__all__ = ["HttpWorker", "NodeTable", "load_nodes_file"]

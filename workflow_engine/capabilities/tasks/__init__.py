@@ -4,4 +4,22 @@
 (the orchestrator's MCP server), `stored_tasks` (the task as StartWorkflow stored it), and
 `orchestrator_task`, the one mapping from the orchestrator's task to a `TaskSpec`;
 `preferences` folds the preference layers a run uses.
+
+What the factory, the planner and the graph use (`__all__`): the four sources and the two
+preference folds; `orchestrator_task` is internal.
 """
+
+from workflow_engine.capabilities.tasks.inline_tasks import InlineTaskSource
+from workflow_engine.capabilities.tasks.mcp_tasks import McpTaskSource
+from workflow_engine.capabilities.tasks.preferences import merge_preferences, node_preferences
+from workflow_engine.capabilities.tasks.stored_tasks import StoredTasks
+from workflow_engine.capabilities.tasks.task_table import TaskTableSource
+
+__all__ = [
+    "InlineTaskSource",
+    "McpTaskSource",
+    "StoredTasks",
+    "TaskTableSource",
+    "merge_preferences",
+    "node_preferences",
+]

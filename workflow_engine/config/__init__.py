@@ -1,0 +1,45 @@
+"""The engine's settings: one frozen object, read once at start-up and passed down.
+
+Every setting comes from a ``WORKFLOW_ENGINE_*`` environment variable, and the command line may
+override it. No other module reads the environment. A capability's own settings are a section:
+a frozen dataclass field of `Settings` whose variables are ``WORKFLOW_ENGINE_<SECTION>_<FIELD>``
+(`JobSettings` is ``settings.job``, from ``WORKFLOW_ENGINE_JOB_TIMEOUT_SECONDS``...); a new
+capability adds its section to `sections` and reads it in its factory entry.
+
+Import from here: `settings` (the `Settings` object), `sections` (its sections) and `env`
+(reading them from the environment) are internal.
+"""
+
+from workflow_engine.config.env import env_names, settings_from_env
+from workflow_engine.config.sections import (
+    ENV_PREFIX,
+    JOB_UID_BASE,
+    JOB_UID_COUNT,
+    OUTPUT_MODES,
+    JobLimits,
+    JobSettings,
+    LlmSettings,
+    McpSettings,
+    NodeSettings,
+    NodesSettings,
+    is_loopback,
+)
+from workflow_engine.config.settings import LISTEN_NONE, Settings
+
+__all__ = [
+    "ENV_PREFIX",
+    "JOB_UID_BASE",
+    "JOB_UID_COUNT",
+    "LISTEN_NONE",
+    "OUTPUT_MODES",
+    "JobLimits",
+    "JobSettings",
+    "LlmSettings",
+    "McpSettings",
+    "NodeSettings",
+    "NodesSettings",
+    "Settings",
+    "env_names",
+    "is_loopback",
+    "settings_from_env",
+]

@@ -37,7 +37,7 @@ from workflow_engine.domain.values import JsonObject, as_invalid_argument
 from workflow_engine.errors import InvalidArgument, RunControl, WorkflowEngineError
 from workflow_engine.graph import routing
 from workflow_engine.graph.state import StepState, StepStatus, WorkflowState
-from workflow_engine.secrets import SECRETS, masked_repr, redact_json, state_secrets
+from workflow_engine.secrets import Secrets, redact_json, state_secrets
 
 log = structlog.get_logger(__name__)
 
@@ -62,10 +62,15 @@ class Nodes:
 
     def __init__(self, capabilities: Capabilities, jobs: JobTracker | None = None) -> None:
         self._caps = capabilities
+        self._secrets = capabilities.context.secrets
         self.jobs = (
             jobs
             or capabilities.jobs
-            or JobTracker(capabilities.worker, max_running=capabilities.max_running_jobs)
+            or JobTracker(
+                capabilities.worker,
+                max_running=capabilities.max_running_jobs,
+                metrics=capabilities.context.metrics,
+            )
         )
 
     async def load_task_context(self, state: WorkflowState) -> WorkflowState:
@@ -107,7 +112,7 @@ class Nodes:
             if is_control(exc):
                 raise
             log.warning("planner_failed", error=repr(exc))
-            return {"error": f"planner failed: {masked_repr(exc)}"}
+            return {"error": f"planner failed: {self._secrets.masked_repr(exc)}"}
         update: WorkflowState = {
             "plan": plan.to_json(),
             "current_step_index": 0,
@@ -182,7 +187,8 @@ class Nodes:
             if is_control(exc):
                 raise
             log.warning("select_target_failed", step_id=step.id, error=repr(exc))
-            failed = _worker_error_result(job, exc)  # verified as a failure, then retried
+            # Verified as a failure, then retried.
+            failed = _worker_error_result(job, exc, self._secrets)
             return {
                 **previous,
                 "status": "collected",
@@ -239,7 +245,7 @@ class Nodes:
                 if is_control(outcome):
                     raise outcome
                 log.warning("worker_failed", job_id=job.job_id, error=repr(outcome))
-                outcome = _worker_error_result(job, outcome)
+                outcome = _worker_error_result(job, outcome, self._secrets)
             result = outcome.to_json()
             steps[sid] = {**steps[sid], "status": "collected", "result": result}
             update.update({"last_result": result, "last_step_id": sid})
@@ -326,7 +332,7 @@ class Nodes:
             return ""
         task = await self._caps.stored_tasks.load(state["task_id"])
         failed = "; ".join(f.detail for f in verification.findings if not f.passed)
-        reason = SECRETS.redact_part(failed, 1000)[0]  # masked before it is cut
+        reason = self._secrets.redact_part(failed, 1000)[0]  # masked before it is cut
         revisions = list(update.get("revisions", state.get("revisions", [])))
         record: JsonObject = {
             "step_id": step.id,
@@ -347,7 +353,7 @@ class Nodes:
             if is_control(exc):
                 raise
             log.warning("revision_failed", step_id=step.id, error=repr(exc))
-            record["error"] = masked_repr(exc)
+            record["error"] = self._secrets.masked_repr(exc)
             update["revisions"] = [*revisions, record]
             return ""
         plan = dict(update.get("plan", state.get("plan", {})))
@@ -378,7 +384,7 @@ class Nodes:
             why = (
                 f"failed: {exc.message}"
                 if isinstance(exc, WorkflowEngineError)
-                else f"raised {masked_repr(exc)}"
+                else f"raised {self._secrets.masked_repr(exc)}"
             )
             finding = Finding(check="verifier", passed=False, detail=f"the verifier {why}")
             return Verification(
@@ -465,9 +471,9 @@ async def _model_summary(model: ModelClient, state: WorkflowState, plain: str) -
         {"role": "system", "content": _SUMMARY_SYSTEM},
         {
             "role": "user",
-            "content": json.dumps(SECRETS.redact_json(redact_json(brief, state_secrets(state))))[
-                :20000
-            ],
+            "content": json.dumps(
+                model.secrets.redact_json(redact_json(brief, state_secrets(state)))
+            )[:20000],
         },
     ]
     try:
@@ -478,7 +484,7 @@ async def _model_summary(model: ModelClient, state: WorkflowState, plain: str) -
     except Exception as exc:  # the model's server is untrusted: its summary is optional
         if is_control(exc):
             raise
-        log.warning("model_summary_failed", error=masked_repr(exc))
+        log.warning("model_summary_failed", error=model.secrets.masked_repr(exc))
         return ""
     text = answer.get("summary") if isinstance(answer, dict) else None
     return text.strip()[:8000] if isinstance(text, str) and text.strip() else ""
@@ -591,9 +597,9 @@ def jobs_in_flight(state: WorkflowState) -> list[tuple[str, JobRequest]]:
     return jobs
 
 
-def _worker_error_result(job: JobRequest, exc: BaseException) -> JobResult:
+def _worker_error_result(job: JobRequest, exc: BaseException, secrets: Secrets) -> JobResult:
     # The engine's own errors say what happened in their message; anything else by its repr.
-    error = exc.message if isinstance(exc, WorkflowEngineError) else masked_repr(exc)
+    error = exc.message if isinstance(exc, WorkflowEngineError) else secrets.masked_repr(exc)
     now = datetime.now(UTC).isoformat()
     return JobResult(
         task_id=job.task_id,

@@ -38,7 +38,6 @@ import yaml
 from workflow_engine import secret_files
 from workflow_engine.capabilities.protocols import CapabilityConfigError
 from workflow_engine.config import ENV_PREFIX, is_loopback
-from workflow_engine.secrets import add_credentials
 
 DEFAULT_MAX_JOBS = 8
 MAX_NODES = 1000
@@ -132,7 +131,7 @@ def _node(
     return WorkerNode(
         name=name,
         url=url,
-        token=_secret(_token(entry, environ, base_dir, at)),
+        token=_token(entry, environ, base_dir, at),
         labels=_labels(entry.get("labels"), f"{at}.labels"),
         max_jobs=_max_jobs(entry.get("max_jobs", DEFAULT_MAX_JOBS), f"{at}.max_jobs"),
     )
@@ -233,8 +232,3 @@ def _max_jobs(value: Any, at: str) -> int:
 
 def _format(path: Path) -> str:
     return "JSON" if path.suffix == ".json" else "YAML"
-
-
-def _secret(token: str) -> str:
-    add_credentials([token])  # a node's token is never shown
-    return token

@@ -24,6 +24,7 @@ from workflow_engine.domain.jobs import MAX_LIMIT
 
 # The Worker API's largest job timeout: a node's own cap may be lower, never higher.
 from workflow_engine.domain.task import MAX_TIMEOUT_SECONDS
+from workflow_engine.errors import ConfigError
 
 ENV_PREFIX = "WORKFLOW_ENGINE_"
 PREPARE_MODES = ("auto", "off")
@@ -62,7 +63,7 @@ class JobLimits:
     def __post_init__(self) -> None:
         for name in ("cpu_seconds", "memory_mb", "open_files", "processes", "output_mb"):
             if not 0 <= getattr(self, name) <= MAX_LIMIT:
-                raise ValueError(f"{name.upper()}: expected 0 (none) to {MAX_LIMIT}")
+                raise ConfigError(f"{name.upper()}: expected 0 (none) to {MAX_LIMIT}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -86,7 +87,7 @@ class JobSettings:
 
     def __post_init__(self) -> None:
         if not 0 <= self.retention_seconds < math.inf:
-            raise ValueError(
+            raise ConfigError(
                 f"{ENV_PREFIX}JOB_RETENTION_SECONDS: expected 0 (keep) or more seconds"
             )
 
@@ -153,27 +154,27 @@ class NodeSettings:
     def __post_init__(self) -> None:
         prefix = f"{ENV_PREFIX}NODE_"
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
-            raise ValueError(
+            raise ConfigError(
                 f"{prefix}TLS_CERT_FILE and {prefix}TLS_KEY_FILE: give both or neither"
             )
         if not 0 < self.max_timeout_seconds <= MAX_TIMEOUT_SECONDS:
-            raise ValueError(
+            raise ConfigError(
                 f"{prefix}MAX_TIMEOUT_SECONDS: expected 1 to {MAX_TIMEOUT_SECONDS}, "
                 f"got {self.max_timeout_seconds}"
             )
         if not 0 < self.default_timeout_seconds <= MAX_TIMEOUT_SECONDS:
-            raise ValueError(
+            raise ConfigError(
                 f"{prefix}DEFAULT_TIMEOUT_SECONDS: expected 1 to {MAX_TIMEOUT_SECONDS}, "
                 f"got {self.default_timeout_seconds}"
             )
         if self.max_body_bytes <= 0:
-            raise ValueError(f"{prefix}MAX_BODY_BYTES: expected a positive number of bytes")
+            raise ConfigError(f"{prefix}MAX_BODY_BYTES: expected a positive number of bytes")
         if self.output_bytes <= 0:
-            raise ValueError(f"{prefix}OUTPUT_BYTES: expected a positive number of bytes")
+            raise ConfigError(f"{prefix}OUTPUT_BYTES: expected a positive number of bytes")
         if self.drain_seconds < 0:
-            raise ValueError(f"{prefix}DRAIN_SECONDS: expected 0 or more seconds")
+            raise ConfigError(f"{prefix}DRAIN_SECONDS: expected 0 or more seconds")
         if not 0 <= self.job_retention_seconds < math.inf:
-            raise ValueError(f"{prefix}JOB_RETENTION_SECONDS: expected 0 (keep) or more seconds")
+            raise ConfigError(f"{prefix}JOB_RETENTION_SECONDS: expected 0 (keep) or more seconds")
 
     def check_exposure(self) -> None:
         """Refuse to serve plaintext beyond this host (the bearer token and the jobs' commands,
@@ -182,7 +183,7 @@ class NodeSettings:
         prefix = f"{ENV_PREFIX}NODE_"
         if self.allow_plaintext_remote or not self.plaintext_remote:
             return
-        raise ValueError(
+        raise ConfigError(
             f"{prefix}LISTEN={self.listen} is reachable from other hosts, but there is no TLS "
             f"({prefix}TLS_CERT_FILE and {prefix}TLS_KEY_FILE): the node's bearer token and "
             "every job's command, environment and output would cross the network in clear. "
@@ -302,7 +303,7 @@ class LlmSettings:
         return own or self.max_tokens or DEFAULT_MAX_TOKENS.get(purpose, 1024)
 
     def stop_sequences(self) -> list[str]:
-        """`stop` as a list; `ValueError` naming the variable when it is not one."""
+        """`stop` as a list; `ConfigError` naming the variable when it is not one."""
         if not self.stop:
             return []
         try:
@@ -314,7 +315,7 @@ class LlmSettings:
             or not 1 <= len(sequences) <= 4
             or not all(isinstance(s, str) and 0 < len(s) <= 64 for s in sequences)
         ):
-            raise ValueError(
+            raise ConfigError(
                 f"{ENV_PREFIX}LLM_STOP: expected a JSON array of 1 to 4 non-empty strings "
                 '(at most 64 characters each), e.g. ["\\n\\n\\n"]'
             )
@@ -326,32 +327,32 @@ class LlmSettings:
         if "llm" not in (planner, verifier):
             return
         if not self.base_url.startswith(("http://", "https://")):
-            raise ValueError(
+            raise ConfigError(
                 f"{prefix}BASE_URL: required when {ENV_PREFIX}PLANNER or {ENV_PREFIX}VERIFIER "
                 f"is llm (an http(s) URL such as http://127.0.0.1:8000/v1), got {self.base_url!r}"
             )
         if not self.model:
-            raise ValueError(f"{prefix}MODEL: required when the planner or verifier is llm")
+            raise ConfigError(f"{prefix}MODEL: required when the planner or verifier is llm")
         if self.api_key and self.api_key_file:
-            raise ValueError(f"{prefix}API_KEY_FILE: set, and so is {prefix}API_KEY; set one")
+            raise ConfigError(f"{prefix}API_KEY_FILE: set, and so is {prefix}API_KEY; set one")
         if not 0 < self.timeout_seconds <= 3600:
-            raise ValueError(f"{prefix}TIMEOUT_SECONDS: expected 0 < seconds <= 3600")
+            raise ConfigError(f"{prefix}TIMEOUT_SECONDS: expected 0 < seconds <= 3600")
         for name in ("plan_attempts", "excerpt_chars"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{prefix}{name.upper()}: expected 1 or more")
+                raise ConfigError(f"{prefix}{name.upper()}: expected 1 or more")
         for name in ("max_tokens", "plan_max_tokens", "verify_max_tokens", "summary_max_tokens"):
             if not 0 <= getattr(self, name) <= 1_000_000:
-                raise ValueError(f"{prefix}{name.upper()}: expected 0 (the default) to 1000000")
+                raise ConfigError(f"{prefix}{name.upper()}: expected 0 (the default) to 1000000")
         if self.output_mode not in ("auto", *OUTPUT_MODES):
-            raise ValueError(
+            raise ConfigError(
                 f"{prefix}OUTPUT_MODE: expected auto or one of {', '.join(OUTPUT_MODES)}, "
                 f"got {self.output_mode!r}"
             )
         if self.profile not in ("full", "small"):
-            raise ValueError(f"{prefix}PROFILE: expected full or small, got {self.profile!r}")
+            raise ConfigError(f"{prefix}PROFILE: expected full or small, got {self.profile!r}")
         self.stop_sequences()
         if not 0 <= self.retries <= 20:
-            raise ValueError(f"{prefix}RETRIES: expected 0 to 20")
+            raise ConfigError(f"{prefix}RETRIES: expected 0 to 20")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -479,52 +480,54 @@ class Settings:
 
     def __post_init__(self) -> None:
         if self.database_prepare not in PREPARE_MODES:
-            raise ValueError(
+            raise ConfigError(
                 f"{ENV_PREFIX}DATABASE_PREPARE: expected one of {', '.join(PREPARE_MODES)}, "
                 f"got {self.database_prepare!r}"
             )
         if not 0 < self.watch_poll_seconds <= 60:
-            raise ValueError(f"{ENV_PREFIX}WATCH_POLL_SECONDS: expected 0 < seconds <= 60")
+            raise ConfigError(f"{ENV_PREFIX}WATCH_POLL_SECONDS: expected 0 < seconds <= 60")
         if not 0 < self.readiness_interval_seconds <= 300:
-            raise ValueError(f"{ENV_PREFIX}READINESS_INTERVAL_SECONDS: expected 0 < seconds <= 300")
+            raise ConfigError(
+                f"{ENV_PREFIX}READINESS_INTERVAL_SECONDS: expected 0 < seconds <= 300"
+            )
         if not 1 <= self.processes <= MAX_PROCESSES:
-            raise ValueError(f"{ENV_PREFIX}PROCESSES: expected 1 to {MAX_PROCESSES}")
+            raise ConfigError(f"{ENV_PREFIX}PROCESSES: expected 1 to {MAX_PROCESSES}")
         self._check_limits()
         if self.task_source == "mcp" and not self.mcp.url:
-            raise ValueError(f"{ENV_PREFIX}MCP_URL: required when {ENV_PREFIX}TASK_SOURCE is mcp")
+            raise ConfigError(f"{ENV_PREFIX}MCP_URL: required when {ENV_PREFIX}TASK_SOURCE is mcp")
         if not 0 < self.mcp.timeout_seconds <= 300:
-            raise ValueError(f"{ENV_PREFIX}MCP_TIMEOUT_SECONDS: expected 0 < seconds <= 300")
+            raise ConfigError(f"{ENV_PREFIX}MCP_TIMEOUT_SECONDS: expected 0 < seconds <= 300")
         self._check_nodes()
         self._check_tls()
         metrics_host, _, metrics_port = self.metrics_listen.rpartition(":")
         if self.metrics_listen and not (metrics_host and metrics_port.isdigit()):
-            raise ValueError(
+            raise ConfigError(
                 f"{ENV_PREFIX}METRICS_LISTEN: expected HOST:PORT, got {self.metrics_listen!r}"
             )
         self.llm.check(self.planner, self.verifier)
         if self.verifier == "job" and not self.verifier_command.strip():
-            raise ValueError(
+            raise ConfigError(
                 f"{ENV_PREFIX}VERIFIER_COMMAND: required when {ENV_PREFIX}VERIFIER is job"
             )
 
     def _check_limits(self) -> None:
         if not 1 <= self.max_running_jobs <= MAX_LIMIT:
-            raise ValueError(f"{ENV_PREFIX}MAX_RUNNING_JOBS: expected 1 to {MAX_LIMIT}")
+            raise ConfigError(f"{ENV_PREFIX}MAX_RUNNING_JOBS: expected 1 to {MAX_LIMIT}")
         for name in (
             "max_running_jobs_per_tenant",
             "max_running_workflows_per_tenant",
             "max_watches_per_caller",
         ):
             if not 0 <= getattr(self, name) <= MAX_LIMIT:
-                raise ValueError(f"{ENV_PREFIX}{name.upper()}: expected 0 (no cap) to {MAX_LIMIT}")
+                raise ConfigError(f"{ENV_PREFIX}{name.upper()}: expected 0 (no cap) to {MAX_LIMIT}")
 
     def _check_tls(self) -> None:
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
-            raise ValueError(
+            raise ConfigError(
                 f"{ENV_PREFIX}TLS_CERT_FILE and {ENV_PREFIX}TLS_KEY_FILE: give both or neither"
             )
         if self.tls_client_ca_file and not self.tls_cert_file:
-            raise ValueError(
+            raise ConfigError(
                 f"{ENV_PREFIX}TLS_CLIENT_CA_FILE: needs {ENV_PREFIX}TLS_CERT_FILE and "
                 f"{ENV_PREFIX}TLS_KEY_FILE (client certificates are checked over TLS)"
             )
@@ -546,7 +549,7 @@ class Settings:
             if not given
         ]
         if missing:
-            raise ValueError(
+            raise ConfigError(
                 f"{ENV_PREFIX}LISTEN={self.listen} is reachable from other hosts, but there is "
                 f"no {' and no '.join(missing)} ({ENV_PREFIX}TLS_CERT_FILE/_KEY_FILE, "
                 f"{ENV_PREFIX}TOKENS_FILE or {ENV_PREFIX}TLS_CLIENT_CA_FILE): anyone who can "
@@ -557,25 +560,25 @@ class Settings:
     def _check_nodes(self) -> None:
         nodes = self.nodes
         if nodes.source not in ("", *NODE_SOURCES):
-            raise ValueError(
+            raise ConfigError(
                 f"{ENV_PREFIX}NODES_SOURCE: expected {' or '.join(NODE_SOURCES)} (or empty), "
                 f"got {nodes.source!r}"
             )
         if nodes.source == "file" and not nodes.file:
-            raise ValueError(
+            raise ConfigError(
                 f"{ENV_PREFIX}NODES_FILE: required when {ENV_PREFIX}NODES_SOURCE is file"
             )
         if nodes.source == "orchestrator" and nodes.file:
-            raise ValueError(
+            raise ConfigError(
                 f"{ENV_PREFIX}NODES_FILE: set, but {ENV_PREFIX}NODES_SOURCE is orchestrator "
                 "(the orchestrator's nodes table); set only one of them"
             )
         for name in ("health_interval_seconds", "connect_timeout_seconds", "refresh_seconds"):
             if not 0 < getattr(self.nodes, name) <= 3600:
-                raise ValueError(f"{ENV_PREFIX}NODES_{name.upper()}: expected 0 < seconds <= 3600")
+                raise ConfigError(f"{ENV_PREFIX}NODES_{name.upper()}: expected 0 < seconds <= 3600")
         for name in ("wait_seconds", "retry_seconds"):
             if not 0 <= getattr(self.nodes, name) <= 86400:
-                raise ValueError(
+                raise ConfigError(
                     f"{ENV_PREFIX}NODES_{name.upper()}: expected 0 <= seconds <= 86400"
                 )
 
@@ -642,7 +645,7 @@ def _from_env(kind: type, environ: Mapping[str, str], prefix: str) -> Any:
         if str(exc).startswith(ENV_PREFIX):
             raise
         # A settings group used under several prefixes names its fields alone (`JobLimits`).
-        raise ValueError(f"{prefix}{exc}") from None
+        raise ConfigError(f"{prefix}{exc}") from None
 
 
 def _fields(kind: type) -> dict[str, Any]:
@@ -661,10 +664,10 @@ def _parse(variable: str, kind: str, raw: str) -> Any:
             return Path(raw)
         if kind == "bool":
             if raw.lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
-                raise ValueError(raw)
+                raise ValueError(raw)  # caught below: named with its variable
             return raw.lower() in ("1", "true", "yes", "on")
     except ValueError:
-        raise ValueError(f"{variable}: expected {kind}, got {raw!r}") from None
+        raise ConfigError(f"{variable}: expected {kind}, got {raw!r}") from None
     return raw
 
 

@@ -26,7 +26,7 @@ from psycopg.types.json import set_json_dumps, set_json_loads
 from psycopg_pool import AsyncConnectionPool
 
 from workflow_engine import secret_files, under_supervisor
-from workflow_engine.api.auth import AuthConfigError, Authenticator, AuthInterceptor, Callers
+from workflow_engine.api.auth import Authenticator, AuthInterceptor, Callers
 from workflow_engine.api.call_metrics import TelemetryInterceptor
 from workflow_engine.api.decoding import generic_handler
 from workflow_engine.api.health import HealthServicer
@@ -43,6 +43,7 @@ from workflow_engine.capabilities.factory import (
 from workflow_engine.capabilities.job_tracker import JobTracker
 from workflow_engine.config import Settings
 from workflow_engine.context import EngineContext
+from workflow_engine.errors import AuthConfigError
 from workflow_engine.graph.builder import build_graph
 from workflow_engine.graph.state import STATE_KEYS
 from workflow_engine.logs import mask_in_logs, unmask_in_logs

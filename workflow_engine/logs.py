@@ -25,6 +25,7 @@ from typing import Any, TextIO
 
 import structlog
 
+from workflow_engine.errors import ConfigError
 from workflow_engine.secrets import Secrets
 
 #: One line at a time, whichever thread logs it (grpcio and the default executor log too).
@@ -69,7 +70,7 @@ class LineLogger:
 def configure_logging(level: str = "info") -> None:
     numeric = logging.getLevelNamesMapping().get(level.upper())
     if numeric is None:
-        raise ValueError(f"unknown log level {level!r}")
+        raise ConfigError(f"unknown log level {level!r}")
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,

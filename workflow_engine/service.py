@@ -30,6 +30,7 @@ from workflow_engine.errors import (
     InvalidState,
     LeaseHeld,
     OutOfScope,
+    RunEnded,
     ShuttingDown,
     TaskNotFound,
     TaskNotStartable,
@@ -46,7 +47,7 @@ from workflow_engine.graph.state import WorkflowState, accepted_state, initial_s
 from workflow_engine.runtime.events import EventHub
 from workflow_engine.runtime.manager import RunManager
 from workflow_engine.runtime.quotas import Quota
-from workflow_engine.runtime.run import Run, RunEnded
+from workflow_engine.runtime.run import Run
 from workflow_engine.secrets import state_secrets, step_secrets
 from workflow_engine.storage.queries import MAX_HISTORY_EVENTS
 from workflow_engine.storage.workflows import WorkflowStore

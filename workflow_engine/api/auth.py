@@ -58,13 +58,10 @@ from workflow_engine import secret_files
 from workflow_engine.api.interceptors import Behavior, MethodInterceptor
 from workflow_engine.api.roles import ROLES, refusal
 from workflow_engine.domain.records import Scope
+from workflow_engine.errors import AuthConfigError, Unauthenticated
 from workflow_engine.secrets import EngineSecrets
 
 _ENTRY_KEYS = {"identity", "role", "token", "token_sha256", "certificate", "projects", "users"}
-
-
-class AuthConfigError(ValueError):
-    """The tokens file or the TLS files cannot be used; the message names the setting."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,10 +200,6 @@ def _scope(entry: Mapping[str, Any], at: str) -> Scope | None:
 
 def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
-
-
-class Unauthenticated(Exception):
-    """No credentials, or ones that name no caller."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,14 +24,15 @@ from typing import Any
 import structlog
 
 from workflow_engine.domain.jobs import Finding, JobResult, Verification
-from workflow_engine.domain.patterns import PatternError, compile_pattern
+from workflow_engine.domain.patterns import compile_pattern
 from workflow_engine.domain.task import (
     AcceptanceCriterion,
     Check,
     Step,
     relative_path_problem,
 )
-from workflow_engine.sandbox.beneath import LinkOut, exists_beneath
+from workflow_engine.errors import LinkOut, PatternError
+from workflow_engine.sandbox.beneath import exists_beneath
 from workflow_engine.sandbox.files import WORKER_NOTE
 from workflow_engine.secrets import Secrets
 

@@ -38,7 +38,6 @@ from workflow_engine.capabilities.nodes.http_worker import HttpWorker
 from workflow_engine.capabilities.nodes.node_table import NodeTable
 from workflow_engine.capabilities.nodes.nodes_file import load_nodes_file
 from workflow_engine.capabilities.protocols import (
-    CapabilityConfigError,
     ContextCompressor,
     Planner,
     TaskSource,
@@ -54,6 +53,7 @@ from workflow_engine.config import ENV_PREFIX, Settings
 from workflow_engine.context import EngineContext
 from workflow_engine.domain.task import TaskSpec
 from workflow_engine.domain.values import JsonObject
+from workflow_engine.errors import CapabilityConfigError, UnknownCapability
 from workflow_engine.sandbox.grant import Confinement
 
 T = TypeVar("T")
@@ -231,10 +231,6 @@ VERIFIERS: Mapping[str, Builder[Verifier]] = {
 COMPRESSORS: Mapping[str, Builder[ContextCompressor]] = {
     "truncate": lambda s, lent: TruncatingCompressor(),
 }
-
-
-class UnknownCapability(CapabilityConfigError):
-    """A setting names an implementation no registry has."""
 
 
 _REGISTRIES: Mapping[str, Mapping[str, Builder[Any]]] = {

@@ -18,11 +18,6 @@ from workflow_engine.domain.values import JsonObject
 from workflow_engine.errors import InvalidArgument
 
 
-class CapabilityConfigError(ValueError):
-    """A capability's configuration cannot work (an unknown name, a bad nodes file); it stops
-    the engine's start with the setting, and the entry, named."""
-
-
 class TaskSource(Protocol):
     """Loads a task by id from the orchestrator, for a StartWorkflow that sends none inline.
 

@@ -21,7 +21,6 @@ from pydantic import ValidationError
 from workflow_engine.capabilities.factory import Capabilities
 from workflow_engine.capabilities.job_tracker import JobTracker
 from workflow_engine.capabilities.model import answer_schemas
-from workflow_engine.capabilities.model.llm_planner import PlanRefused
 from workflow_engine.capabilities.model.model_client import Ledger, ModelClient, recording
 from workflow_engine.capabilities.protocols import RevisingPlanner
 from workflow_engine.capabilities.tasks.preferences import merge_preferences, node_preferences
@@ -34,7 +33,7 @@ from workflow_engine.domain.task import (
     loader_variables,
 )
 from workflow_engine.domain.values import JsonObject, as_invalid_argument
-from workflow_engine.errors import InvalidArgument, RunControl, WorkflowEngineError
+from workflow_engine.errors import InvalidArgument, PlanRefused, RunControl, WorkflowEngineError
 from workflow_engine.graph import routing
 from workflow_engine.graph.state import StepState, StepStatus, WorkflowState
 from workflow_engine.secrets import Secrets, redact_json, state_secrets

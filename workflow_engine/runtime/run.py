@@ -47,9 +47,9 @@ from workflow_engine.domain.status import (
 )
 from workflow_engine.errors import (
     CheckpointCorrupt,
-    InvalidState,
     LeaseLost,
     OutsideWrite,
+    RunEnded,
     RunStopped,
     WorkflowEngineError,
 )
@@ -401,12 +401,3 @@ class Run:
                 self.request_stop("lease lost", interrupt=True)
                 return
             self._metrics.lease("renewed")
-
-
-class RunEnded(InvalidState):
-    """A change reached a run that ended before applying it; nothing of it was written."""
-
-    def __init__(self, task_id: str, outcome: str) -> None:
-        super().__init__(
-            f"the run ended ({outcome}) before the change was applied", task_id=task_id
-        )

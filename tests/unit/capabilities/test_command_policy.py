@@ -13,7 +13,7 @@ from workflow_engine.capabilities.model.command_policy import (
     load_policy,
     resolve,
 )
-from workflow_engine.capabilities.protocols import CapabilityConfigError
+from workflow_engine.errors import CapabilityConfigError
 
 
 def test_deny_wins_then_approval_then_allow_then_the_default(tmp_path: Path) -> None:

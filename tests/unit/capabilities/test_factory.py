@@ -9,12 +9,7 @@ from typing import Any
 import pytest
 
 from workflow_engine.capabilities.embedded_planner import StaticPlanner
-from workflow_engine.capabilities.factory import (
-    Lent,
-    UnknownCapability,
-    build_capabilities,
-    opened,
-)
+from workflow_engine.capabilities.factory import Lent, build_capabilities, opened
 from workflow_engine.capabilities.local_worker import LocalSandboxWorker
 from workflow_engine.capabilities.simulated_worker import SimulatedWorker
 from workflow_engine.capabilities.tasks.inline_tasks import InlineTaskSource
@@ -22,6 +17,7 @@ from workflow_engine.capabilities.tasks.mcp_tasks import McpTaskSource
 from workflow_engine.capabilities.tasks.task_table import TaskTableSource
 from workflow_engine.config import McpSettings, Settings
 from workflow_engine.domain.jobs import JobRequest, JobResult
+from workflow_engine.errors import UnknownCapability
 
 
 async def no_task(task_id: str) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from workflow_engine.config import LlmSettings
 from workflow_engine.domain.jobs import JobResult, Verification
 from workflow_engine.domain.task import Plan, Step, TaskSpec
 from workflow_engine.domain.values import JsonObject, parse
-from workflow_engine.errors import InvalidArgument, WorkflowEngineError
+from workflow_engine.errors import InvalidArgument, PlanRefused
 from workflow_engine.secrets import MASK, Secrets
 
 log = structlog.get_logger(__name__)
@@ -62,10 +62,6 @@ REVISE_SYSTEM = """\
 You are the planner of a workflow engine. A step of your plan failed its verification. Answer \
 with the whole step, revised so that its next attempt passes: same `id`, a corrected \
 `command` (an argv list) and checks. Answer with JSON only, following the schema."""
-
-
-class PlanRefused(WorkflowEngineError):
-    """The model planned a command the command policy denies."""
 
 
 class LlmPlanner:

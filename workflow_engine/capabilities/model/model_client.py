@@ -38,11 +38,15 @@ from workflow_engine.capabilities.model.structured_output import (
     extract_json,
     refuses_shape,
 )
-from workflow_engine.capabilities.protocols import CapabilityConfigError
 from workflow_engine.config import ENV_PREFIX, LlmSettings
 from workflow_engine.context import EngineContext
 from workflow_engine.domain.values import JsonObject
-from workflow_engine.errors import WorkflowEngineError
+from workflow_engine.errors import (
+    AnswerProblem,
+    CapabilityConfigError,
+    ModelError,
+    WorkflowEngineError,
+)
 from workflow_engine.secrets import EngineSecrets, Secrets
 from workflow_engine.telemetry import tracing
 
@@ -53,21 +57,6 @@ MAX_RETRY_AFTER_SECONDS = 60.0
 #: How much of an unusable answer is shown to the model again when it is asked to correct it.
 MAX_REPEATED_CHARS = 8000
 _QUOTED = 300
-
-
-class ModelError(WorkflowEngineError):
-    """The model gave no usable answer (after the retries, or for a reason no retry fixes)."""
-
-
-class AnswerProblem(ModelError):
-    """The model answered, but the answer cannot be read: cut at the token limit, or no JSON.
-    Asked for again (`answer_valid`) like an answer that does not validate."""
-
-    def __init__(self, reason: str, content: str, shown: str) -> None:
-        """`shown`: `content` as the message quotes it (masked and cut: `Secrets.quoted`)."""
-        super().__init__(f"{reason}: {shown}" if content else reason)
-        self.reason = reason
-        self.content = content
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,17 +36,13 @@ from urllib.parse import urlsplit
 import yaml
 
 from workflow_engine import secret_files
-from workflow_engine.capabilities.protocols import CapabilityConfigError
 from workflow_engine.config import ENV_PREFIX, is_loopback
+from workflow_engine.errors import NodesFileError
 
 DEFAULT_MAX_JOBS = 8
 MAX_NODES = 1000
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _FIELDS = frozenset({"name", "url", "token_env", "token_file", "labels", "max_jobs"})
-
-
-class NodesFileError(CapabilityConfigError):
-    """The nodes file cannot be read, or a node in it is not valid (named with its field)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,6 @@ from typing import Any
 
 import structlog
 
-from workflow_engine.capabilities.protocols import CapabilityConfigError
 from workflow_engine.client import subcommands as client_commands
 from workflow_engine.config import ENV_PREFIX, Settings, settings_from_env
 from workflow_engine.engine import (
@@ -28,8 +27,9 @@ from workflow_engine.engine import (
     serve,
     server_credentials,
 )
+from workflow_engine.errors import ConfigError, NodeInUse
 from workflow_engine.logs import configure_logging
-from workflow_engine.node import NodeInUse, node_tls_context, serve_node
+from workflow_engine.node import node_tls_context, serve_node
 from workflow_engine.supervisor import supervise
 from workflow_engine.under_supervisor import supervised
 
@@ -101,7 +101,7 @@ def settings_from_args(args: argparse.Namespace, base: Settings) -> Settings:
             ),
         )
         if not node.token:
-            raise ValueError(f"{ENV_PREFIX}NODE_TOKEN: required by worker-node (its bearer token)")
+            raise ConfigError(f"{ENV_PREFIX}NODE_TOKEN: required by worker-node (its bearer token)")
         return base.with_overrides(node=node, log_level=args.log_level)
     return base.with_overrides(
         database_url=args.database_url,
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             asyncio.run(supervise(settings))
         else:
             asyncio.run(serve(settings))
-    except (CapabilityConfigError, NodeInUse) as exc:  # an unknown capability, a bad nodes file
+    except (ConfigError, NodeInUse) as exc:  # an unknown capability, a bad nodes file
         print(f"workflow-engine: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -26,7 +26,7 @@ from psycopg.types.json import set_json_dumps, set_json_loads
 from psycopg_pool import AsyncConnectionPool
 
 from workflow_engine import secret_files, under_supervisor
-from workflow_engine.api.auth import AuthConfigError, Authenticator, AuthInterceptor, Callers
+from workflow_engine.api.auth import Authenticator, AuthInterceptor, Callers
 from workflow_engine.api.call_metrics import TelemetryInterceptor
 from workflow_engine.api.decoding import generic_handler
 from workflow_engine.api.health import HealthServicer
@@ -42,15 +42,17 @@ from workflow_engine.capabilities.factory import (
 )
 from workflow_engine.capabilities.job_tracker import JobTracker
 from workflow_engine.config import Settings
-from workflow_engine.faults import FaultPlan
+from workflow_engine.context import EngineContext
+from workflow_engine.errors import AuthConfigError
 from workflow_engine.graph.builder import build_graph
 from workflow_engine.graph.state import STATE_KEYS
+from workflow_engine.logs import mask_in_logs, unmask_in_logs
 from workflow_engine.runtime.collector import Collector
 from workflow_engine.runtime.events import EventHub
 from workflow_engine.runtime.manager import RunManager
 from workflow_engine.runtime.readiness import Readiness
 from workflow_engine.runtime.recovery import Recoverer
-from workflow_engine.secrets import add_credentials
+from workflow_engine.secrets import EngineSecrets
 from workflow_engine.service import WorkflowService
 from workflow_engine.storage import orchestrator_nodes, orchestrator_tasks
 from workflow_engine.storage.checkpointer import RowCheckpointer
@@ -58,7 +60,7 @@ from workflow_engine.storage.embedded import EmbeddedPostgres, start_embedded_po
 from workflow_engine.storage.migrations import migrate
 from workflow_engine.storage.workflows import WorkflowStore
 from workflow_engine.telemetry import tracing
-from workflow_engine.telemetry.metrics import METRICS, serve_metrics
+from workflow_engine.telemetry.metrics import Metrics, serve_metrics
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 log = structlog.get_logger(__name__)
@@ -132,6 +134,8 @@ class Engine:
     checkpoints: RowCheckpointer
     #: The capabilities' resources (HTTP and model clients), closed with the engine.
     resources: AsyncExitStack
+    #: What this engine owns and hands down: its secrets, metrics and fault plan.
+    context: EngineContext
     #: The embedded server, when no database URL is configured; closed with the engine.
     embedded: EmbeddedPostgres | None = None
     #: Keeps full garbage collections short (`runtime.collector`); uninstalled at close.
@@ -139,12 +143,22 @@ class Engine:
 
     @classmethod
     async def start(cls, settings: Settings, *, capabilities: Capabilities | None = None) -> Engine:
+        """Start an engine of `settings`. It builds its `EngineContext`; given `capabilities`,
+        it adopts theirs (build them with a `Lent` holding `EngineContext.for_settings`)."""
         if capabilities is None:
             check_choices(settings)  # a bad setting is refused before anything starts
-        url, embedded = open_database(settings)
+            context = EngineContext.for_settings(settings)
+        else:
+            context = capabilities.context
+        if settings.metrics_listen:
+            context.metrics.enable()  # from the start: recovery may adopt runs at once
+        mask_in_logs(context.secrets)
+        embedded = None
         try:
-            return await cls._start(settings, url, embedded, capabilities)
+            url, embedded = open_database(settings)
+            return await cls._start(settings, url, embedded, capabilities, context)
         except BaseException:
+            unmask_in_logs(context.secrets)
             if embedded is not None:
                 embedded.close()  # a server this process started stops with it
             raise
@@ -156,8 +170,8 @@ class Engine:
         url: str,
         embedded: EmbeddedPostgres | None,
         capabilities: Capabilities | None,
+        context: EngineContext,
     ) -> Engine:
-        add_credentials([settings.mcp.bearer_token, settings.node.token])
         pool = await open_pool(url, settings)
         store = WorkflowStore(pool, process=settings.process)
         try:
@@ -170,6 +184,7 @@ class Engine:
                     orchestrator_task=partial(orchestrator_tasks.read_task, pool),
                     has_orchestrator_tasks=partial(orchestrator_tasks.table_exists, pool),
                     orchestrator_nodes=partial(orchestrator_nodes.read_nodes, pool),
+                    context=context,
                 ),
             )
             resources = AsyncExitStack()
@@ -179,18 +194,19 @@ class Engine:
             # ends the start cleanly.
             await pool.close()
             raise
-        faults = FaultPlan.parse(settings.faults)
-        if faults:
+        if context.faults:
             log.warning("fault_injection_enabled", faults=settings.faults)
-        checkpoints = RowCheckpointer(pool, state_keys=STATE_KEYS, faults=faults)
-        jobs = caps.jobs or JobTracker(caps.worker, max_running=caps.max_running_jobs)
+        checkpoints = RowCheckpointer(pool, state_keys=STATE_KEYS, context=context)
+        jobs = caps.jobs or JobTracker(
+            caps.worker, max_running=caps.max_running_jobs, metrics=context.metrics
+        )
         graph = build_graph(caps, jobs=jobs)
         runs = RunManager(
             graph=graph,
             checkpoints=checkpoints,
             store=store,
             jobs=jobs,
-            faults=faults,
+            context=context,
             max_runs_per_tenant=settings.max_running_workflows_per_tenant,
         )
         events = EventHub(settings.listen_url(url), on_control=runs.cancel)
@@ -206,6 +222,7 @@ class Engine:
             on_task_stored=caps.stored_tasks.stored,
             task_source=caps.task_source,
             check_startable=caps.check_startable,
+            context=context,
         )
         recoverer = None
         if settings.recovery_enabled:
@@ -232,6 +249,7 @@ class Engine:
             recoverer,
             checkpoints,
             resources,
+            context,
             embedded,
             collector,
         )
@@ -250,6 +268,7 @@ class Engine:
             await asyncio.to_thread(self.embedded.close)
         if self.collector is not None:
             self.collector.uninstall()
+        unmask_in_logs(self.context.secrets)
 
 
 class GrpcServer:
@@ -260,12 +279,13 @@ class GrpcServer:
         settings = engine.settings
         settings.check_exposure()
         limit = settings.max_message_bytes
-        authenticator = auth_of(settings)
+        authenticator = auth_of(settings, engine.context.secrets)
         # Only the engines of one supervisor share their ports (see `supervisor`).
         shared = [("grpc.so_reuseport", int(reuse_port))]
         interceptors: list[grpc.aio.ServerInterceptor] = []  # type: ignore[type-arg]
-        if METRICS.enabled or tracing.enabled():  # outermost: it sees refused calls too
-            interceptors.append(TelemetryInterceptor(SERVICE_NAME))
+        metrics = engine.context.metrics
+        if metrics.enabled or tracing.enabled():  # outermost: it sees refused calls too
+            interceptors.append(TelemetryInterceptor(SERVICE_NAME, metrics))
         self.reader = reader = RequestReader()
         if authenticator:
             interceptors.append(AuthInterceptor(authenticator, SERVICE_NAME, reader.read))
@@ -278,7 +298,11 @@ class GrpcServer:
             interceptors=interceptors,
         )
         self.server.add_generic_rpc_handlers(
-            (generic_handler(SERVICE, WorkflowEngineServicer(engine.service, reader)),)
+            (
+                generic_handler(
+                    SERVICE, WorkflowEngineServicer(engine.service, reader, engine.context.secrets)
+                ),
+            )
         )
         self.health = HealthServicer()
         self.readiness: Readiness | None = None
@@ -383,11 +407,12 @@ def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
     )
 
 
-def auth_of(settings: Settings) -> Authenticator | None:
-    """Who may call, from the settings (None: everyone who reaches the port)."""
+def auth_of(settings: Settings, secrets: EngineSecrets | None = None) -> Authenticator | None:
+    """Who may call, from the settings (None: everyone who reaches the port); the callers'
+    plaintext tokens become credentials of `secrets` (the serving engine's)."""
     if not settings.authenticates:
         return None
-    callers = Callers.load(settings.tokens_file) if settings.tokens_file else None
+    callers = Callers.load(settings.tokens_file, secrets) if settings.tokens_file else None
     return Authenticator(callers, client_certificates=bool(settings.tls_client_ca_file))
 
 
@@ -419,14 +444,15 @@ async def serve(settings: Settings) -> None:
         loop.add_signal_handler(sig, stop.set)
     if under_supervisor.supervised():
         under_supervisor.die_with_parent()
-    metrics_server = start_metrics(settings)
     tracing.enable_tracing()
+    metrics_server = None
     try:
         engine = await unless_stopped(stop, Engine.start(settings))
         if engine is None:
             log.info("stopped", during="start-up")
             return
         try:
+            metrics_server = start_metrics(settings, engine.context.metrics)
             server = GrpcServer(engine, reuse_port=under_supervisor.supervised())
             await server.start()
         except BaseException:
@@ -443,15 +469,16 @@ async def serve(settings: Settings) -> None:
             metrics_server.shutdown()
 
 
-def start_metrics(settings: Settings) -> Any:
-    """Turn metrics on when `metrics_listen` is set, and serve them (its server, or None).
+def start_metrics(settings: Settings, metrics: Metrics) -> Any:
+    """Turn the engine's `metrics` on when `metrics_listen` is set, and serve them (its
+    server, or None).
 
     An engine under a supervisor only records them (into the supervisor's multiprocess
     directory): the supervisor serves every process's sum on the one address.
     """
     if not settings.metrics_listen:
         return None
-    registry = METRICS.enable()
+    registry = metrics.enable()
     if under_supervisor.supervised():
         return None
     server, port = serve_metrics(settings.metrics_listen, registry)

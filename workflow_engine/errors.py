@@ -1,8 +1,13 @@
-"""The engine's one exception hierarchy.
+"""The engine's one exception hierarchy: every error class of the package is here.
 
 Callers match on type, never on message text. Each class carries the structured fields an
 operator needs (task, holder, field); `workflow_engine.api.status_codes` maps them to gRPC
-status codes in one place.
+status codes in one place. Every configuration error is a `ConfigError` (a bad setting, a file
+a setting names, an unknown capability): refused before anything serves.
+
+Not here: the private control-flow exceptions a module raises and catches itself (`_Retry`,
+`_Enough`, `_Refused`), and the fault suite's `faults.InjectedDatabaseError`, which must be a
+psycopg error to be taken for a dropped connection.
 """
 
 from __future__ import annotations
@@ -116,6 +121,15 @@ class InvalidState(WorkflowEngineError):
     """The request is well formed but the workflow is not in a state that allows it."""
 
 
+class RunEnded(InvalidState):
+    """A change reached a run that ended before applying it; nothing of it was written."""
+
+    def __init__(self, task_id: str, outcome: str) -> None:
+        super().__init__(
+            f"the run ended ({outcome}) before the change was applied", task_id=task_id
+        )
+
+
 class ResourceExhausted(WorkflowEngineError):
     """A caller or tenant holds as much of something as a setting allows (running workflows,
     open watches); `setting` names that setting's variable. Nothing was stored: retry later."""
@@ -131,6 +145,117 @@ class ShuttingDown(WorkflowEngineError):
 
 class CheckpointCorrupt(WorkflowEngineError):
     """A stored checkpoint cannot be read back; nothing is executed from it."""
+
+
+# -- Configuration: refused before the engine (or a worker node) serves anything -------------
+
+
+class ConfigError(WorkflowEngineError, ValueError):
+    """A setting, or a file a setting names, cannot be used; the message names the setting
+    (its environment variable, or the file and the entry) and what is wrong with it.
+
+    Every configuration error is one of these. It is also a `ValueError`, as the settings'
+    errors always were, so code that catches `ValueError` around a setting (a dataclass's
+    validation, the command line's arguments) keeps working."""
+
+
+class CapabilityConfigError(ConfigError):
+    """A capability's configuration cannot work (an unknown name, a bad nodes file); it stops
+    the engine's start with the setting, and the entry, named."""
+
+
+class UnknownCapability(CapabilityConfigError):
+    """A setting names an implementation no registry has."""
+
+
+class NodesFileError(CapabilityConfigError):
+    """The nodes file cannot be read, or a node in it is not valid (named with its field)."""
+
+
+class NodesTableMissing(CapabilityConfigError):
+    """The ``orchestrator`` node source was chosen, and the database has no such tables."""
+
+
+class AuthConfigError(ConfigError):
+    """The tokens file or the TLS files cannot be used; the message names the setting."""
+
+
+# -- Callers -----------------------------------------------------------------------------------
+
+
+class Unauthenticated(WorkflowEngineError):
+    """No credentials, or ones that name no caller (answered UNAUTHENTICATED by the API's
+    interceptor)."""
+
+
+class UsageError(WorkflowEngineError, ValueError):
+    """A flag or file the command-line client cannot use; its message says which and why."""
+
+
+# -- Tasks and their checks --------------------------------------------------------------------
+
+
+class PatternError(WorkflowEngineError, ValueError):
+    """A pattern RE2 will not run: its syntax, or its size."""
+
+
+class LinkOut(WorkflowEngineError):
+    """A path goes through a symbolic link that leads out of the directory it must stay in."""
+
+
+# -- The model ---------------------------------------------------------------------------------
+
+
+class ModelError(WorkflowEngineError):
+    """The model gave no usable answer (after the retries, or for a reason no retry fixes)."""
+
+
+class AnswerProblem(ModelError):
+    """The model answered, but the answer cannot be read: cut at the token limit, or no JSON.
+    Asked for again (`answer_valid`) like an answer that does not validate."""
+
+    def __init__(self, reason: str, content: str, shown: str) -> None:
+        """`shown`: `content` as the message quotes it (masked and cut: `Secrets.quoted`)."""
+        super().__init__(f"{reason}: {shown}" if content else reason)
+        self.reason = reason
+        self.content = content
+
+
+class PlanRefused(WorkflowEngineError):
+    """The model planned a command the command policy denies."""
+
+
+# -- Worker nodes ------------------------------------------------------------------------------
+
+
+class UnreadableAnswer(WorkflowEngineError, ValueError):
+    """A node answered 200 with something that is not a Worker API result for this job."""
+
+
+class NodeInUse(WorkflowEngineError):
+    """Another process serves a worker node from the same data directory."""
+
+
+class Unauthorized(WorkflowEngineError):
+    """A request to a worker node carries no bearer token, or another one than the node's."""
+
+
+class BodyTooLarge(WorkflowEngineError):
+    """A request body is larger than the worker node accepts."""
+
+
+class Draining(WorkflowEngineError):
+    """The worker node is shutting down and takes no new job."""
+
+
+class JobOfAnotherTask(WorkflowEngineError):
+    """The request names a job_id that this worker node holds for another task."""
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(
+            f"job {job_id} belongs to another task: a job_id is answered only for the task "
+            "that first sent it (nothing was run or changed)"
+        )
 
 
 class RunControl(BaseException):

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 import psycopg
 import structlog
 
+from workflow_engine.errors import ConfigError
+
 log = structlog.get_logger(__name__)
 
 ACTIONS = ("kill", "dberror")
@@ -57,9 +59,9 @@ class FaultPlan:
                 node, _, nth = target.partition("#")
                 fault = Fault(action, point, node, int(nth or 1))
             except ValueError:
-                raise ValueError(f"WORKFLOW_ENGINE_FAULTS: cannot parse {item!r}") from None
+                raise ConfigError(f"WORKFLOW_ENGINE_FAULTS: cannot parse {item!r}") from None
             if action not in ACTIONS or point not in POINTS:
-                raise ValueError(f"WORKFLOW_ENGINE_FAULTS: unknown action or point in {item!r}")
+                raise ConfigError(f"WORKFLOW_ENGINE_FAULTS: unknown action or point in {item!r}")
             faults.append(fault)
         return cls(tuple(faults))
 

@@ -1,6 +1,8 @@
 """structlog set-up: JSON lines on stderr, with task_id/run_id/node bound through contextvars.
 
-Configured once, by the entry point. Below the configured level, log calls return at once
+Configured once, by the entry point. Every line masks the secrets of each engine of the process
+(`mask_in_logs`, which an engine calls when it starts): the log is the process's, the secrets
+are each engine's own. Below the configured level, log calls return at once
 without formatting anything (`make_filtering_bound_logger`), so debug lines on the hot path
 cost nothing when nobody reads them.
 
@@ -17,14 +19,36 @@ import contextlib
 import logging
 import sys
 import threading
-from typing import TextIO
+import weakref
+from collections.abc import Mapping, MutableMapping
+from typing import Any, TextIO
 
 import structlog
 
-from workflow_engine.secrets import SECRETS
+from workflow_engine.errors import ConfigError
+from workflow_engine.secrets import Secrets
 
 #: One line at a time, whichever thread logs it (grpcio and the default executor log too).
 _WRITING = threading.Lock()
+#: The secrets of every engine of this process that writes to the log (see `mask_in_logs`).
+_MASKED: weakref.WeakSet[Secrets] = weakref.WeakSet()
+
+
+def mask_in_logs(secrets: Secrets) -> None:
+    """Mask `secrets` (an engine's, as it starts) in every log line of this process."""
+    _MASKED.add(secrets)
+
+
+def unmask_in_logs(secrets: Secrets) -> None:
+    """Stop masking `secrets` (an engine's, once it is closed)."""
+    _MASKED.discard(secrets)
+
+
+def _masked(logger: Any, name: str, event: MutableMapping[str, Any]) -> Mapping[str, Any]:
+    """A structlog processor: the line with every engine's secrets masked in every value."""
+    for secrets in list(_MASKED):
+        event = dict(secrets.redact_event(logger, name, event))
+    return event
 
 
 class LineLogger:
@@ -46,14 +70,14 @@ class LineLogger:
 def configure_logging(level: str = "info") -> None:
     numeric = logging.getLevelNamesMapping().get(level.upper())
     if numeric is None:
-        raise ValueError(f"unknown log level {level!r}")
+        raise ConfigError(f"unknown log level {level!r}")
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.dict_tracebacks,
-            SECRETS.redact_event,  # last before rendering: sees every value as it is written
+            _masked,  # last before rendering: sees every value as it is written
             structlog.processors.JSONRenderer(),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),

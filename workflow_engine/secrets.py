@@ -5,21 +5,26 @@ A secret is a value the engine must use but never show: a step's env value named
 Where a secret could surface, it is replaced by `MASK`:
 
 - answers (`GetWorkflow`, `ResumeWorkflow`, `UpdateWorkflow`, `CancelWorkflow`, the watch's
-  events, `ListWorkflows`): a workflow's own secrets, from its stored state, and the process's
-  own credentials (`CREDENTIALS`) everywhere; in summaries, errors and events also every secret
-  the process knows (`SECRETS`). A workflow's secrets only accumulate: the state field
-  `secrets` keeps every secret value its plans ever had (a plan the planner revised or an
-  operator edited may lose one; what it printed before stays masked), and `state_secrets` adds
-  the current plan's, so a row written before that field existed reads as it did;
-- logs and error messages: the process-wide `SECRETS`, which learns a workflow's secrets when a
-  run starts from its task or its checkpoint, and the configured credentials at start-up.
+  events, `ListWorkflows`): a workflow's own secrets, from its stored state, and the engine's
+  own credentials (`EngineSecrets.credentials`) everywhere; in summaries, errors and events
+  also every secret the engine knows (its `EngineSecrets`). A workflow's secrets only
+  accumulate: the state field `secrets` keeps every secret value its plans ever had (a plan the
+  planner revised or an operator edited may lose one; what it printed before stays masked), and
+  `state_secrets` adds the current plan's, so a row written before that field existed reads as
+  it did;
+- logs and error messages: the engine's `EngineSecrets`, which learns a workflow's secrets when
+  a run starts from its task or its checkpoint, and the configured credentials at start-up. The
+  engine instance owns it (`workflow_engine.context`) and hands it down: two engines in one
+  process know each their own. The process's log masks those of every engine that writes to it
+  (`logs.mask_in_logs`).
 
-Masking works on raw text, before anything quotes, escapes or cuts it (`quoted`,
+Masking works on raw text, before anything quotes, escapes or cuts it (`Secrets.quoted`,
 `Secrets.redact_part`). Text escaped elsewhere (a job that prints its secret as JSON, a
 verifier's own quoting) is masked too: each secret is also looked for as a JSON string and a
 Python literal write it (`forms`). A text that ends with the start of a workflow's secret, or
 starts with its end (output the worker or the engine cut), has that piece masked when it is at
-least `MIN_MASKED_CHARS` long; a shorter piece is shown. `SECRETS` (many) are masked whole only.
+least `MIN_MASKED_CHARS` long; a shorter piece is shown. An engine's `Secrets` (many) are
+masked whole only.
 
 The database keeps the values themselves (the job needs them, and whoever can read the
 database is trusted: see README, "Security"). So does a job's environment.
@@ -167,7 +172,7 @@ def redact_json(value: Any, secrets: set[str]) -> Any:
 
 
 class Secrets:
-    """The secrets this process knows of, for its logs and error messages."""
+    """The secrets one engine knows of, for its logs and error messages."""
 
     def __init__(self) -> None:
         self._values: dict[str, None] = {}  # insertion-ordered: the oldest is forgotten first
@@ -219,7 +224,7 @@ class Secrets:
             size += need - len(masked)
 
     def redact_json(self, value: Any) -> Any:
-        """`value` (JSON) with the process's secrets masked in every string."""
+        """`value` (JSON) with these secrets masked in every string."""
         return self._redact_value(value) if self._values else value
 
     def redact_event(
@@ -241,35 +246,35 @@ class Secrets:
             return value
         return self.redact(repr(value))  # an exception, a path: shown as its text anyway
 
+    def quoted(self, text: str, limit: int, *, keep: str = "head") -> str:
+        """`text` as a finding or an error quotes it: these secrets masked first, then cut to
+        its first (`keep="head"`) or last (`"tail"`) `limit` characters, then `repr`."""
+        part, cut = self.redact_part(text, limit, keep)
+        if not cut:
+            return repr(part)
+        if keep == "tail":
+            return f"...{part!r} ({len(text)} chars)"
+        return f"{part!r}... ({len(text)} chars)"
 
-#: The process's secrets (see the module docstring): for its logs, errors and short texts.
-SECRETS = Secrets()
-#: The process's own credentials (callers' tokens, the model's key, nodes' and the MCP server's
-#: tokens): few, so every answer masks them everywhere, a workflow's whole state included.
-CREDENTIALS = Secrets()
-
-
-def add_credentials(values: Iterable[str]) -> None:
-    """Remember the process's own credentials `values` (empty ones are ignored)."""
-    values = [v for v in values if v]
-    CREDENTIALS.add(values)
-    SECRETS.add(values)
-
-
-def quoted(text: str, limit: int, *, keep: str = "head") -> str:
-    """`text` as a finding or an error quotes it: the process's secrets masked first, then cut
-    to its first (`keep="head"`) or last (`"tail"`) `limit` characters, then `repr`."""
-    part, cut = SECRETS.redact_part(text, limit, keep)
-    if not cut:
-        return repr(part)
-    if keep == "tail":
-        return f"...{part!r} ({len(text)} chars)"
-    return f"{part!r}... ({len(text)} chars)"
+    def masked_repr(self, exc: BaseException) -> str:
+        """An exception as `repr` writes it, its text arguments masked before they are quoted."""
+        args = ", ".join(
+            repr(self.redact(a)) if isinstance(a, str) else self.redact(repr(a)) for a in exc.args
+        )
+        return f"{type(exc).__name__}({args})"
 
 
-def masked_repr(exc: BaseException) -> str:
-    """An exception as `repr` writes it, its text arguments masked before they are quoted."""
-    args = ", ".join(
-        repr(SECRETS.redact(a)) if isinstance(a, str) else SECRETS.redact(repr(a)) for a in exc.args
-    )
-    return f"{type(exc).__name__}({args})"
+class EngineSecrets(Secrets):
+    """An engine's secrets (see the module docstring), and among them its own `credentials`
+    (callers' tokens, the model's key, nodes' and the MCP server's tokens): few, so every
+    answer masks them everywhere, a workflow's whole state included."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.credentials = Secrets()
+
+    def add_credentials(self, values: Iterable[str]) -> None:
+        """Remember the engine's own credentials `values` (empty ones are ignored)."""
+        values = [v for v in values if v]
+        self.credentials.add(values)
+        self.add(values)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from workflow_engine.capabilities.protocols import TaskSource
 from workflow_engine.config import ENV_PREFIX, Settings
+from workflow_engine.context import EngineContext
 from workflow_engine.domain.records import (
     Fence,
     Lease,
@@ -29,6 +30,7 @@ from workflow_engine.errors import (
     InvalidState,
     LeaseHeld,
     OutOfScope,
+    RunEnded,
     ShuttingDown,
     TaskNotFound,
     TaskNotStartable,
@@ -50,11 +52,10 @@ from workflow_engine.graph.state import (
 from workflow_engine.runtime.events import EventHub
 from workflow_engine.runtime.manager import RunManager
 from workflow_engine.runtime.quotas import Quota
-from workflow_engine.runtime.run import Run, RunEnded
-from workflow_engine.secrets import SECRETS, state_secrets, step_secrets
+from workflow_engine.runtime.run import Run
+from workflow_engine.secrets import state_secrets, step_secrets
 from workflow_engine.storage.queries import MAX_HISTORY_EVENTS
 from workflow_engine.storage.workflows import WorkflowStore
-from workflow_engine.telemetry.metrics import METRICS
 
 #: How long a change waits for a closing run of its workflow (one that wrote its last
 #: checkpoint, or was told to stop) to end before claiming the workflow itself. Such a run has
@@ -98,7 +99,11 @@ class WorkflowService:
         task_source: TaskSource,
         watch_poll_seconds: float = 1.0,
         on_task_stored: Callable[[str, TaskSpec], None] | None = None,
+        context: EngineContext | None = None,
     ) -> None:
+        context = EngineContext() if context is None else context
+        self._secrets = context.secrets
+        self._metrics = context.metrics
         self._settings = settings
         self._store = store
         self._runs = runs
@@ -151,7 +156,7 @@ class WorkflowService:
                 task_id=task_id,
             )
         self._check_startable(task)
-        SECRETS.add(step_secrets(task.steps))
+        self._secrets.add(step_secrets(task.steps))
         ttl = self._ttl(lease_ttl_seconds)
         self._check_accepting()
         holder = holder_id or self._settings.holder_id
@@ -179,7 +184,7 @@ class WorkflowService:
                 1, "status", None, WorkflowStatus.RUNNING, outcome.started_at, outcome.run_id
             )
             self._events.started(task_id, first)
-            METRICS.workflow_started()
+            self._metrics.workflow_started()
             if self._on_task_stored is not None:
                 self._on_task_stored(task_id, task)
             self._runs.launch(
@@ -405,7 +410,7 @@ class WorkflowService:
         if claim.lease is None:
             return False
         self._launch_resumed(claim.record, holder, claim.lease, ttl)
-        METRICS.recovery_adopted()
+        self._metrics.recovery_adopted()
         return True
 
     def _launch_resumed(
@@ -464,7 +469,9 @@ class WorkflowService:
         await self._check_scope(task_id, scope)  # a workflow's owner never changes
         record, cancelled = await self._store.cancel(task_id, reason, actor)
         if cancelled:
-            METRICS.workflow_finished(WorkflowStatus.CANCELLED, record.state.get("started_at"))
+            self._metrics.workflow_finished(
+                WorkflowStatus.CANCELLED, record.state.get("started_at")
+            )
             self._runs.cancel(task_id, jobs_in_flight(_state_of(record)))
             # An abandoned run ends within milliseconds; this bound is for one stuck on an
             # unreachable database, which the answer does not wait for.
@@ -494,7 +501,7 @@ class WorkflowService:
                 if not self._feed_holds_the_end(task_id, next_seq):
                     # NOT_FOUND before anything is streamed; the table may be ahead of the feed.
                     record = await self._store.get(task_id)
-                    SECRETS.add(state_secrets(record.state))  # it may run elsewhere
+                    self._secrets.add(state_secrets(record.state))  # it may run elsewhere
                     news.stale = True
                 while True:
                     news.woken.clear()  # before reading: a wake-up during the read is kept

@@ -55,8 +55,7 @@ async def run_once(settings: Settings, faults: str) -> tuple[dict[str, Any], int
         wf = await wait_for_status(replica.stub, task_id)
         # The last fault fires after the final commit, which the watch may see first.
         assert await replica.engine.runs.wait(task_id, 30)
-        plan = replica.engine.runs.faults
-        return outcome(wf, events), plan.fired if plan else 0
+        return outcome(wf, events), replica.engine.context.faults.fired
     finally:
         await stop_engine(replica)
 

@@ -26,12 +26,13 @@ from tests.support.certificates import Authority
 from tests.support.database import engine_env
 from tests.support.engine_process import ENGINE, EngineProcess, processes_fixture  # noqa: F401
 from tests.support.helpers import open_to_jobs
-from workflow_engine.api.auth import AuthConfigError, Callers
+from workflow_engine.api.auth import Callers
 from workflow_engine.capabilities.model.model_client import read_api_key
-from workflow_engine.capabilities.nodes.nodes_file import NodesFileError, load_nodes_file
-from workflow_engine.capabilities.protocols import CapabilityConfigError
+from workflow_engine.capabilities.nodes.nodes_file import load_nodes_file
 from workflow_engine.config import LlmSettings, Settings
 from workflow_engine.engine import auth_of, server_credentials
+from workflow_engine.errors import AuthConfigError, CapabilityConfigError, NodesFileError
+from workflow_engine.secrets import MASK, EngineSecrets
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
 
@@ -172,10 +173,12 @@ def test_the_model_key_and_node_token_files_others_may_read_are_refused(tmp_path
     key.write_text("sk-the-models-key\n")
     key.chmod(0o644)
     with pytest.raises(CapabilityConfigError, match=f"chmod 600 {key}") as err:
-        read_api_key(LlmSettings(api_key_file=str(key)))
+        read_api_key(LlmSettings(api_key_file=str(key)), EngineSecrets())
     assert f"WORKFLOW_ENGINE_LLM_API_KEY_FILE ({key})" in str(err.value)
     key.chmod(0o600)
-    assert read_api_key(LlmSettings(api_key_file=str(key))) == "sk-the-models-key"
+    secrets = EngineSecrets()
+    assert read_api_key(LlmSettings(api_key_file=str(key)), secrets) == "sk-the-models-key"
+    assert secrets.credentials.redact("sk-the-models-key") == MASK
 
     token = tmp_path / "gpu-1.token"
     token.write_text("the-nodes-token\n")

@@ -43,8 +43,8 @@ from tests.e2e.node.bodies import new_id, run_body
 from tests.support.certificates import Authority
 from tests.support.helpers import check, new_task_id, step, task, wait_for_status, write_secret
 from tests.support.node_process import NodeProcess
-from workflow_engine.capabilities.protocols import CapabilityConfigError
 from workflow_engine.config import NodesSettings, Settings
+from workflow_engine.errors import CapabilityConfigError
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]

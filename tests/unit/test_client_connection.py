@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from workflow_engine.client.connection import Connection, UsageError, default_address
+from workflow_engine.client.connection import Connection, default_address
+from workflow_engine.errors import UsageError
 
 
 @pytest.mark.parametrize(

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 
+from workflow_engine import logs
+from workflow_engine.context import EngineContext
+from workflow_engine.logs import mask_in_logs, unmask_in_logs
 from workflow_engine.secrets import (
     MASK,
-    SECRETS,
     Secrets,
     accumulated,
-    masked_repr,
     redact,
     redact_json,
     state_secrets,
@@ -108,5 +109,33 @@ def test_a_part_of_a_text_is_masked_before_it_is_cut() -> None:
 
 def test_an_exception_is_quoted_with_its_secrets_masked_first() -> None:
     secret = "it's-a-secret\\value"
-    SECRETS.add([secret])
-    assert masked_repr(ValueError(f"bad {secret}", 3)) == f"ValueError('bad {MASK}', 3)"
+    secrets = Secrets()
+    secrets.add([secret])
+    assert secrets.masked_repr(ValueError(f"bad {secret}", 3)) == f"ValueError('bad {MASK}', 3)"
+
+
+def test_two_engines_contexts_share_no_secret_and_no_metric() -> None:
+    first, second = EngineContext(), EngineContext()
+    first.secrets.add_credentials([SECRET])
+    assert first.secrets.redact(SECRET) == first.secrets.credentials.redact(SECRET) == MASK
+    assert second.secrets.redact(SECRET) == SECRET and not second.secrets.credentials
+    registry, other = first.metrics.enable(), second.metrics.enable()
+    first.metrics.workflow_started()
+    assert registry.get_sample_value("workflow_engine_workflows_started_total") == 1
+    assert other.get_sample_value("workflow_engine_workflows_started_total") == 0
+
+
+def test_the_log_masks_every_live_engines_secrets_and_no_closed_ones() -> None:
+    first, second = Secrets(), Secrets()
+    first.add([SECRET])
+    second.add(["another-engines-secret"])
+    mask_in_logs(first)
+    mask_in_logs(second)
+    try:
+        line = {"event": "x", "a": SECRET, "b": "another-engines-secret"}
+        assert logs._masked(None, "info", dict(line)) == {"event": "x", "a": MASK, "b": MASK}
+        unmask_in_logs(second)
+        assert logs._masked(None, "info", dict(line))["b"] == "another-engines-secret"
+    finally:
+        unmask_in_logs(first)
+        unmask_in_logs(second)

@@ -58,13 +58,10 @@ from workflow_engine import secret_files
 from workflow_engine.api.interceptors import Behavior, MethodInterceptor
 from workflow_engine.api.roles import ROLES, refusal
 from workflow_engine.domain.records import Scope
-from workflow_engine.secrets import add_credentials
+from workflow_engine.errors import AuthConfigError, Unauthenticated
+from workflow_engine.secrets import EngineSecrets
 
 _ENTRY_KEYS = {"identity", "role", "token", "token_sha256", "certificate", "projects", "users"}
-
-
-class AuthConfigError(ValueError):
-    """The tokens file or the TLS files cannot be used; the message names the setting."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,8 +111,9 @@ class Callers:
         self._certificates = dict(certificates)
 
     @classmethod
-    def load(cls, path: str) -> Callers:
-        """Read the tokens file; refuse it, naming the entry and field, when malformed."""
+    def load(cls, path: str, secrets: EngineSecrets | None = None) -> Callers:
+        """Read the tokens file; refuse it, naming the entry and field, when malformed. Its
+        plaintext tokens become credentials of `secrets` (the engine's, when it serves)."""
         where = f"WORKFLOW_ENGINE_TOKENS_FILE ({path})"
         try:
             content, mode = secret_files.read(path)
@@ -150,7 +148,8 @@ class Callers:
                 if len(value) < 16:
                     raise AuthConfigError(f"{at}.token: use at least 16 characters")
                 tokens.append((_digest(value), identity))
-                add_credentials([value])
+                if secrets is not None:
+                    secrets.add_credentials([value])
             elif given[0] == "token_sha256":
                 try:
                     digest = bytes.fromhex(value)
@@ -201,10 +200,6 @@ def _scope(entry: Mapping[str, Any], at: str) -> Scope | None:
 
 def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
-
-
-class Unauthenticated(Exception):
-    """No credentials, or ones that name no caller."""
 
 
 @dataclass(frozen=True, slots=True)

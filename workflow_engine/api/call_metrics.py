@@ -17,13 +17,14 @@ from opentelemetry import trace
 
 from workflow_engine.api.interceptors import Behavior, MethodInterceptor
 from workflow_engine.telemetry import tracing
-from workflow_engine.telemetry.metrics import METRICS
+from workflow_engine.telemetry.metrics import Metrics
 
 
 class TelemetryInterceptor(MethodInterceptor):
-    def __init__(self, service: str) -> None:
+    def __init__(self, service: str, metrics: Metrics) -> None:
         super().__init__(service)
         self._service = service
+        self._metrics = metrics  # the engine's
 
     def _span(self, method: str) -> Any:
         return tracing.span(
@@ -39,9 +40,9 @@ class TelemetryInterceptor(MethodInterceptor):
                 try:
                     answer = await inner(request, context)
                 except BaseException as exc:
-                    _ended(method, context, span, started, exc)
+                    _ended(self._metrics, method, context, span, started, exc)
                     raise
-                _ended(method, context, span, started, None)
+                _ended(self._metrics, method, context, span, started, None)
                 return answer
 
         return behavior
@@ -54,15 +55,20 @@ class TelemetryInterceptor(MethodInterceptor):
                     async for item in inner(request, context):
                         yield item
                 except BaseException as exc:
-                    _ended(method, context, span, started, exc)
+                    _ended(self._metrics, method, context, span, started, exc)
                     raise
-                _ended(method, context, span, started, None)
+                _ended(self._metrics, method, context, span, started, None)
 
         return behavior
 
 
 def _ended(
-    method: str, context: Any, span: Any, started: float, error: BaseException | None
+    metrics: Metrics,
+    method: str,
+    context: Any,
+    span: Any,
+    started: float,
+    error: BaseException | None,
 ) -> None:
     """Record the call's duration and code: the one the servicer set or aborted with, else OK,
     CANCELLED when the client went away, UNKNOWN for anything else that ended it."""
@@ -74,7 +80,7 @@ def _ended(
             code = grpc.StatusCode.OK if error is None else grpc.StatusCode.UNKNOWN
     elif not isinstance(code, grpc.StatusCode):
         code = next((c for c in grpc.StatusCode if c.value[0] == code), grpc.StatusCode.UNKNOWN)
-    METRICS.rpc(method, code.value[0], time.perf_counter() - started)
+    metrics.rpc(method, code.value[0], time.perf_counter() - started)
     span.set_attribute("rpc.grpc.status_code", code.value[0])
     if code != grpc.StatusCode.OK:
         span.set_status(trace.Status(trace.StatusCode.ERROR, code.name))

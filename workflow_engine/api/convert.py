@@ -14,9 +14,8 @@ from google.protobuf import json_format, struct_pb2, timestamp_pb2
 from workflow_engine.domain.records import WorkflowEventRecord, WorkflowRecord
 from workflow_engine.domain.values import JsonObject
 from workflow_engine.secrets import (
-    CREDENTIALS,
-    SECRETS,
     STATE_FIELD,
+    EngineSecrets,
     redact,
     redact_json,
     state_secrets,
@@ -49,12 +48,15 @@ def status_to_proto(name: str) -> pb.WorkflowStatus.ValueType:
 
 
 def workflow_to_proto(
-    record: WorkflowRecord, history: Iterable[WorkflowEventRecord] = ()
+    record: WorkflowRecord,
+    history: Iterable[WorkflowEventRecord] = (),
+    *,
+    engine_secrets: EngineSecrets,
 ) -> pb.Workflow:
-    """The workflow (with `history`) as answers show it: its secrets masked (`shown_state`,
-    `shown_text`)."""
+    """The workflow (with `history`) as answers show it: its secrets and the engine's masked
+    (`shown_state`, `shown_text`)."""
     secrets = state_secrets(record.state)
-    state = shown_state(record.state, secrets)
+    state = shown_state(record.state, secrets, engine_secrets=engine_secrets)
     return pb.Workflow(
         task_id=record.task_id,
         run_id=record.run_id or "",
@@ -64,30 +66,37 @@ def workflow_to_proto(
         updated_at=to_timestamp(record.updated_at),
         lease_holder_id=record.lease_holder_id or "",
         lease_expires_at=to_timestamp(record.lease_expires_at),
-        summary=shown_text(record.summary, secrets),
-        error=shown_text(record.error, secrets),
+        summary=shown_text(record.summary, secrets, engine_secrets),
+        error=shown_text(record.error, secrets, engine_secrets),
         pending_approval=approval_to_proto(state),
         blocked_reason=record.blocked_reason,
         stopped_reason=record.stopped_reason,
-        history=[event_to_proto(record.task_id, event, secrets) for event in history],
+        history=[
+            event_to_proto(record.task_id, event, secrets, engine_secrets=engine_secrets)
+            for event in history
+        ],
     )
 
 
-def shown_state(state: JsonObject, secrets: set[str] | None = None) -> JsonObject:
+def shown_state(
+    state: JsonObject, secrets: set[str] | None = None, *, engine_secrets: EngineSecrets
+) -> JsonObject:
     """A workflow's state as answers show it: without the values of its secrets (the state's
-    `secrets` field), and with them and the process's own credentials masked (see
+    `secrets` field), and with them and the engine's own credentials masked (see
     `workflow_engine.secrets`)."""
     found = state_secrets(state) if secrets is None else secrets
     if isinstance(state, dict) and STATE_FIELD in state:
         state = {k: v for k, v in state.items() if k != STATE_FIELD}
-    shown: JsonObject = CREDENTIALS.redact_json(redact_json(state, found) if found else state)
+    shown: JsonObject = engine_secrets.credentials.redact_json(
+        redact_json(state, found) if found else state
+    )
     return shown
 
 
-def shown_text(text: str, secrets: set[str]) -> str:
+def shown_text(text: str, secrets: set[str], engine_secrets: EngineSecrets) -> str:
     """A workflow's text (summary, error, an event's detail) with its `secrets` and the
-    process's masked."""
-    return SECRETS.redact(redact(text, secrets) if secrets else text)
+    engine's masked."""
+    return engine_secrets.redact(redact(text, secrets) if secrets else text)
 
 
 # `workflow_events.kind` as stored -> the EventKind clients see; the one place that maps them.
@@ -103,10 +112,14 @@ EVENT_KINDS: dict[str, pb.EventKind.ValueType] = {
 
 
 def event_to_proto(
-    task_id: str, event: WorkflowEventRecord, secrets: set[str] | None = None
+    task_id: str,
+    event: WorkflowEventRecord,
+    secrets: set[str] | None = None,
+    *,
+    engine_secrets: EngineSecrets,
 ) -> pb.WorkflowEvent:
     """A stored event as WatchWorkflow and GetWorkflow's history send it, with the workflow's
-    `secrets` (when the caller has its state) and the process's masked.
+    `secrets` (when the caller has its state) and the engine's masked.
 
     A kind not in `EVENT_KINDS` (a hand-edited row) is EVENT_KIND_UNSPECIFIED.
     """
@@ -118,7 +131,7 @@ def event_to_proto(
         status=status_to_proto(event.status),
         time=to_timestamp(event.created_at),
         run_id=event.run_id or "",
-        detail=shown_text(event.detail, secrets or set()),
+        detail=shown_text(event.detail, secrets or set(), engine_secrets),
         actor=event.actor,
     )
 

@@ -24,7 +24,7 @@ from google.protobuf import timestamp_pb2
 from workflow_engine.api import convert, requests
 from workflow_engine.domain.records import WorkflowListItem, WorkflowPage, WorkflowQuery
 from workflow_engine.errors import InvalidArgument
-from workflow_engine.secrets import SECRETS
+from workflow_engine.secrets import Secrets
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 DEFAULT_PAGE_SIZE = 50
@@ -85,13 +85,16 @@ def parse_list_request(msg: pb.ListWorkflowsRequest) -> WorkflowQuery:
     return replace(query, after=_decode_token(msg.page_token, query))
 
 
-def list_response(page: WorkflowPage, query: WorkflowQuery) -> pb.ListWorkflowsResponse:
-    """The page as a response; cut short (with a token) when it would grow too large."""
+def list_response(
+    page: WorkflowPage, query: WorkflowQuery, engine_secrets: Secrets
+) -> pb.ListWorkflowsResponse:
+    """The page as a response, `engine_secrets` masked; cut short (with a token) when it would
+    grow too large."""
     response = pb.ListWorkflowsResponse()
     size = 0
     last: WorkflowListItem | None = None
     for item in page.items:
-        workflow = list_item_to_proto(item)
+        workflow = list_item_to_proto(item, engine_secrets)
         size += workflow.ByteSize()
         if last is not None and size > MAX_PAGE_BYTES:
             response.next_page_token = _encode_token((last.updated_at, last.task_id), query)
@@ -103,7 +106,7 @@ def list_response(page: WorkflowPage, query: WorkflowQuery) -> pb.ListWorkflowsR
     return response
 
 
-def list_item_to_proto(item: WorkflowListItem) -> pb.Workflow:
+def list_item_to_proto(item: WorkflowListItem, engine_secrets: Secrets) -> pb.Workflow:
     """A listed workflow: everything but its state, history and pending approval."""
     return pb.Workflow(
         task_id=item.task_id,
@@ -113,8 +116,8 @@ def list_item_to_proto(item: WorkflowListItem) -> pb.Workflow:
         updated_at=convert.to_timestamp(item.updated_at),
         lease_holder_id=item.lease_holder_id or "",
         lease_expires_at=convert.to_timestamp(item.lease_expires_at),
-        summary=SECRETS.redact(item.summary),
-        error=SECRETS.redact(item.error),
+        summary=engine_secrets.redact(item.summary),
+        error=engine_secrets.redact(item.error),
         stopped_reason=item.stopped_reason,
     )
 

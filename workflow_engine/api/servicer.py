@@ -22,6 +22,7 @@ from workflow_engine.api.decoding import RefusedRequest
 from workflow_engine.api.reading import RequestReader
 from workflow_engine.api.status_codes import status_for
 from workflow_engine.errors import RunControl
+from workflow_engine.secrets import EngineSecrets
 from workflow_engine.service import WorkflowService
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
@@ -42,7 +43,7 @@ def _unary(
                 raise request.error()
             return await method(self, request, context)
         except (Exception, RunControl) as exc:
-            code, message = status_for(exc)
+            code, message = status_for(exc, self.secrets)
             await context.abort(code, message)
             raise AssertionError("unreachable: abort raises") from exc
 
@@ -52,9 +53,13 @@ def _unary(
 class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
     """gRPC front end of a `WorkflowService`."""
 
-    def __init__(self, service: WorkflowService, reader: RequestReader) -> None:
+    def __init__(
+        self, service: WorkflowService, reader: RequestReader, secrets: EngineSecrets
+    ) -> None:
         self._service = service
         self.reader = reader
+        #: The engine's: masked in every answer and error message.
+        self.secrets = secrets
 
     @_unary
     async def StartWorkflow(
@@ -110,7 +115,7 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
         return pb.ResumeWorkflowResponse(
             task_id=record.task_id,
             run_id=record.run_id or "",
-            state=convert.to_struct(convert.shown_state(record.state)),
+            state=convert.to_struct(convert.shown_state(record.state, engine_secrets=self.secrets)),
             last_node_id=record.last_node_id or "",
             updated_at=convert.to_timestamp(record.updated_at),
             status=convert.status_to_proto(outcome.status),
@@ -124,7 +129,7 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
         `MAX_HISTORY_EVENTS` (1000) of them; WatchWorkflow from sequence 1 has them all."""
         task_id = requests.parse_task_id(request.task_id)
         record, history = await self._service.get_with_history(task_id, scope())
-        return convert.workflow_to_proto(record, history)
+        return convert.workflow_to_proto(record, history, engine_secrets=self.secrets)
 
     @_unary
     async def CancelWorkflow(
@@ -134,7 +139,7 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
         reason = requests.parse_reason(request.reason)
         actor = recorded_actor("")
         cancelled = await self._service.cancel(task_id, reason, actor, scope())
-        return convert.workflow_to_proto(cancelled)
+        return convert.workflow_to_proto(cancelled, engine_secrets=self.secrets)
 
     async def WatchWorkflow(
         self, request: pb.WatchWorkflowRequest, context: Context
@@ -153,9 +158,9 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
                 kinds,
                 caller=identity.name if identity is not None else "",
             ):
-                yield convert.event_to_proto(task_id, event)
+                yield convert.event_to_proto(task_id, event, engine_secrets=self.secrets)
         except (Exception, RunControl) as exc:
-            code, message = status_for(exc)
+            code, message = status_for(exc, self.secrets)
             await context.abort(code, message)
 
     @_unary
@@ -164,7 +169,8 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
     ) -> pb.ListWorkflowsResponse:
         """Workflows newest update first, without state or history; see `api.listing`."""
         query = replace(listing.parse_list_request(request), scope=scope())
-        return listing.list_response(await self._service.list_workflows(query), query)
+        page = await self._service.list_workflows(query)
+        return listing.list_response(page, query, self.secrets)
 
     @_unary
     async def UpdateWorkflow(
@@ -173,6 +179,6 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
         task_id = requests.parse_task_id(request.task_id)
         override = await self.reader.convert(requests.update_from_proto, request)
         applied = await self._service.update(task_id, override, scope())
-        workflow = convert.workflow_to_proto(applied.record)
+        workflow = convert.workflow_to_proto(applied.record, engine_secrets=self.secrets)
         workflow.status = convert.status_to_proto(applied.status)
         return workflow

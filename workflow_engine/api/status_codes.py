@@ -28,7 +28,7 @@ from workflow_engine.errors import (
     WorkflowExists,
     WorkflowNotFound,
 )
-from workflow_engine.secrets import SECRETS
+from workflow_engine.secrets import Secrets
 from workflow_engine.storage.retry import is_transient
 
 log = structlog.get_logger(__name__)
@@ -50,11 +50,11 @@ _CODES: list[tuple[type[WorkflowEngineError | RunControl], grpc.StatusCode]] = [
 ]
 
 
-def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
-    """The status code and message a client sees for `exc`."""
+def status_for(exc: BaseException, engine_secrets: Secrets) -> tuple[grpc.StatusCode, str]:
+    """The status code and message a client sees for `exc` (`engine_secrets` masked)."""
     for kind, code in _CODES:
         if isinstance(exc, kind):
-            return code, SECRETS.redact(exc.message)
+            return code, engine_secrets.redact(exc.message)
     if is_transient(exc):
         return grpc.StatusCode.UNAVAILABLE, "database unavailable; retry"
     if isinstance(exc, psycopg.Error):

@@ -24,16 +24,17 @@ from typing import Any
 import structlog
 
 from workflow_engine.domain.jobs import Finding, JobResult, Verification
-from workflow_engine.domain.patterns import PatternError, compile_pattern
+from workflow_engine.domain.patterns import compile_pattern
 from workflow_engine.domain.task import (
     AcceptanceCriterion,
     Check,
     Step,
     relative_path_problem,
 )
-from workflow_engine.sandbox.beneath import LinkOut, exists_beneath
+from workflow_engine.errors import LinkOut, PatternError
+from workflow_engine.sandbox.beneath import exists_beneath
 from workflow_engine.sandbox.files import WORKER_NOTE
-from workflow_engine.secrets import SECRETS, quoted
+from workflow_engine.secrets import Secrets
 
 log = structlog.get_logger(__name__)
 
@@ -64,8 +65,11 @@ class MachineVerifier:
         *,
         timeout_seconds: float = CHECKS_TIMEOUT_SECONDS,
         threads: int = CHECK_THREADS,
+        secrets: Secrets | None = None,
     ) -> None:
         self._timeout = timeout_seconds
+        #: The engine's secrets, masked in every finding (before it is quoted or cut).
+        self._secrets = Secrets() if secrets is None else secrets  # an empty one is falsy
         # Threads of its own, not the loop's default executor: costly checks then wait for each
         # other, never for (or in front of) the engine's other work. Idle, they end with it.
         self._threads = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="checks")
@@ -81,13 +85,14 @@ class MachineVerifier:
         findings: list[Finding] = []
         actions: list[str] = []
         if result.status == "timeout":
-            detail = f"expected the job to finish, but it timed out; stderr {_shown(result.stderr)}"
+            stderr = _shown(result.stderr, self._secrets)
+            detail = f"expected the job to finish, but it timed out; stderr {stderr}"
             findings.append(Finding(check="status", passed=False, detail=detail))
             actions.append(f"status: {detail}; {_ADVICE['timeout']}")
         elif result.status == "failed" and result.exit_code is None:
             # No exit code: the command never ended by itself (lost, refused by a worker node,
             # a worker error). Its stderr is the worker's reason, which the record must show.
-            detail = f"the job did not run to its end: {_shown(result.stderr)}"
+            detail = f"the job did not run to its end: {_shown(result.stderr, self._secrets)}"
             findings.append(Finding(check="status", passed=False, detail=detail))
             actions.append(f"status: {detail}; {_ADVICE['not_run']}")
         checks = step.expect
@@ -128,7 +133,7 @@ class MachineVerifier:
         interrupted); its size is bounded (`domain.patterns`), so the thread comes back.
         """
         loop = asyncio.get_running_loop()
-        judged = loop.run_in_executor(self._threads, _evaluate, name, check, result)
+        judged = loop.run_in_executor(self._threads, _evaluate, name, check, result, self._secrets)
         try:
             return await asyncio.wait_for(judged, max(0.0, deadline - loop.time()))
         except TimeoutError:
@@ -144,15 +149,15 @@ def _worker_note(stderr: str) -> str:
     return ""
 
 
-def _evaluate(name: str, check: Check, result: JobResult) -> Finding:
+def _evaluate(name: str, check: Check, result: JobResult, secrets: Secrets) -> Finding:
     try:
-        passed, detail = _run_check(check, result)
+        passed, detail = _run_check(check, result, secrets)
     except Exception as exc:  # a broken check is a failed finding, never a crash
         return Finding(check=name, passed=False, detail=f"check could not run: {exc}")
     return Finding(check=name, passed=passed, detail=detail)
 
 
-def _run_check(check: Check, result: JobResult) -> tuple[bool, str]:
+def _run_check(check: Check, result: JobResult, secrets: Secrets) -> tuple[bool, str]:
     kind = check.kind
     if kind == "exit_code":
         expected = 0 if check.equals is None else int(check.equals)
@@ -164,19 +169,21 @@ def _run_check(check: Check, result: JobResult) -> tuple[bool, str]:
         text = result.stdout if stream == "stdout" else result.stderr
         return (
             check.value in text,
-            f"expected {stream} to contain {_shown(check.value)}, got {_shown(text)}",
+            f"expected {stream} to contain {_shown(check.value, secrets)}, "
+            f"got {_shown(text, secrets)}",
         )
     if kind == "stdout_matches":
         try:
             pattern = compile_pattern(check.value)
         except PatternError as exc:  # stored by an older engine, which took Python's syntax
-            return False, f"pattern /{_clipped(check.value)}/ cannot be judged: {exc}"
+            return False, f"pattern /{_clipped(check.value, secrets)}/ cannot be judged: {exc}"
         return (
             pattern.search(result.stdout),
-            f"expected stdout to match /{_clipped(check.value)}/, got {_shown(result.stdout)}",
+            f"expected stdout to match /{_clipped(check.value, secrets)}/, "
+            f"got {_shown(result.stdout, secrets)}",
         )
     if kind == "file_exists":
-        return _file_exists(check.value, result.work_dir)
+        return _file_exists(check.value, result.work_dir, secrets)
     if kind == "json_field_equals":
         if result.truncated.stdout:
             return False, "stdout was truncated by the worker, so it cannot be read as JSON"
@@ -184,18 +191,18 @@ def _run_check(check: Check, result: JobResult) -> tuple[bool, str]:
         return (
             _json_equal(actual, check.equals),
             f"expected stdout JSON field {check.field!r} to equal "
-            f"{_json_shown(check.equals)}, got {_json_shown(actual)}",
+            f"{_json_shown(check.equals, secrets)}, got {_json_shown(actual, secrets)}",
         )
     return False, f"unknown check kind {kind!r}"
 
 
-def _file_exists(value: str, work_dir: str | None) -> tuple[bool, str]:
+def _file_exists(value: str, work_dir: str | None, secrets: Secrets) -> tuple[bool, str]:
     """Whether `value` names a file in the job's work dir (`beneath`: no link out of it).
 
     The detail names the file as the check gave it: a client reads it (findings, the error, the
     next attempt's remediation), and the work dir's absolute path is the server's business.
     """
-    named = _shown(value)
+    named = _shown(value, secrets)
     problem = relative_path_problem(value)
     if problem:  # stored by an older engine, which took absolute paths
         return False, f"refused path {named}: {problem}"
@@ -252,20 +259,20 @@ def _json_equal(actual: Any, expected: Any) -> bool:
     return bool(actual == expected)
 
 
-def _clipped(text: str) -> str:
+def _clipped(text: str, secrets: Secrets) -> str:
     """`text` unquoted (a pattern between slashes), masked, then cut to its head when long."""
-    part, cut = SECRETS.redact_part(text, _MAX_SHOWN, "head")
+    part, cut = secrets.redact_part(text, _MAX_SHOWN, "head")
     return f"{part}... ({len(text)} chars)" if cut else part
 
 
-def _shown(text: str) -> str:
+def _shown(text: str, secrets: Secrets) -> str:
     """`text` quoted for a finding's detail, cut to its head when long."""
-    return quoted(text, _MAX_SHOWN)
+    return secrets.quoted(text, _MAX_SHOWN)
 
 
-def _json_shown(value: Any) -> str:
+def _json_shown(value: Any, secrets: Secrets) -> str:
     """`value` as JSON for a finding's detail, cut to its head when long. The secrets are
     masked as JSON writes them (`secrets.forms`), before the text is cut."""
     text = json.dumps(value)
-    part, cut = SECRETS.redact_part(text, _MAX_SHOWN)
+    part, cut = secrets.redact_part(text, _MAX_SHOWN)
     return f"{part}... ({len(text)} chars)" if cut else part

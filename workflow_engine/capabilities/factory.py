@@ -3,7 +3,8 @@
 Each kind (task source, planner, worker, verifier, context compressor) has a setting that names
 its implementation and a registry below mapping that name to a builder. A builder gets the
 settings and what the engine lends capabilities (`Lent`: how to read a stored task, the
-orchestrator's tasks table and its nodes table), and returns the implementation. Adding one,
+orchestrator's tasks table and its nodes table, and the engine's `EngineContext`: its secrets
+and metrics), and returns the implementation. Adding one,
 say an LLM planner, is one new module and one line here:
 
     PLANNERS = {"static": ..., "llm": lambda s, lent: LlmPlanner(s.llm)}
@@ -37,7 +38,6 @@ from workflow_engine.capabilities.nodes.http_worker import HttpWorker
 from workflow_engine.capabilities.nodes.node_table import NodeTable
 from workflow_engine.capabilities.nodes.nodes_file import load_nodes_file
 from workflow_engine.capabilities.protocols import (
-    CapabilityConfigError,
     ContextCompressor,
     Planner,
     TaskSource,
@@ -50,8 +50,10 @@ from workflow_engine.capabilities.tasks.inline_tasks import InlineTaskSource
 from workflow_engine.capabilities.tasks.stored_tasks import StoredTasks
 from workflow_engine.capabilities.tasks.task_table import TaskTableSource
 from workflow_engine.config import ENV_PREFIX, Settings
+from workflow_engine.context import EngineContext
 from workflow_engine.domain.task import TaskSpec
 from workflow_engine.domain.values import JsonObject
+from workflow_engine.errors import CapabilityConfigError, UnknownCapability
 from workflow_engine.sandbox.grant import Confinement
 
 T = TypeVar("T")
@@ -83,6 +85,9 @@ class Capabilities:
     #: The engine's one job tracker over `worker` (built with it): the steps' jobs and the
     #: `job` verifier's share its admission, its slots and its cancel.
     jobs: JobTracker | None = None
+    #: What the engine running these capabilities owns (the one their `Lent` carried): the
+    #: nodes mask its secrets; an engine given these capabilities adopts it.
+    context: EngineContext = field(default_factory=EngineContext)
 
     def check_startable(self, task: TaskSpec) -> None:
         """Raise `InvalidArgument` naming the field when `task` certainly cannot run: the
@@ -110,6 +115,8 @@ class Lent:
     worker: Worker | None = None
     #: The engine's job tracker over that worker (set by the factory).
     jobs: JobTracker | None = None
+    #: The engine's secrets and metrics (its fault plan too, which no capability uses).
+    context: EngineContext = field(default_factory=EngineContext)
 
 
 Builder = Callable[[Settings, Lent], T]
@@ -148,6 +155,7 @@ def _worker_nodes(settings: Settings, lent: Lent) -> Worker:
         os.environ,
         allow_plaintext_remote=settings.nodes.allow_plaintext_remote,
     )
+    lent.context.secrets.add_credentials(node.token for node in nodes)  # never shown
     return HttpWorker(nodes, settings.nodes, default_timeout_seconds=timeout)
 
 
@@ -196,6 +204,7 @@ def _job_verifier(settings: Settings, lent: Lent) -> Verifier:
         shlex.split(settings.verifier_command),
         timeout_seconds=min(settings.job.timeout_seconds, 600),
         excerpt_chars=settings.llm.excerpt_chars,
+        secrets=lent.context.secrets,
     )
 
 
@@ -215,17 +224,13 @@ WORKERS: Mapping[str, Builder[Worker]] = {
     "simulated": lambda s, lent: SimulatedWorker(),
 }
 VERIFIERS: Mapping[str, Builder[Verifier]] = {
-    "checks": lambda s, lent: MachineVerifier(),
+    "checks": lambda s, lent: MachineVerifier(secrets=lent.context.secrets),
     "llm": lambda s, lent: LlmVerifier(_model(s, lent), s.llm),
     "job": _job_verifier,
 }
 COMPRESSORS: Mapping[str, Builder[ContextCompressor]] = {
     "truncate": lambda s, lent: TruncatingCompressor(),
 }
-
-
-class UnknownCapability(CapabilityConfigError):
-    """A setting names an implementation no registry has."""
 
 
 _REGISTRIES: Mapping[str, Mapping[str, Builder[Any]]] = {
@@ -260,12 +265,13 @@ def build_capabilities(settings: Settings, lent: Lent) -> Capabilities:
     check_choices(settings)
     uses_model = "llm" in (settings.planner, settings.verifier)
     if uses_model and lent.model is None:
-        lent = replace(lent, model=ModelClient(settings.llm))
+        lent = replace(lent, model=ModelClient(settings.llm, context=lent.context))
     worker = _build(WORKERS, "worker", settings, lent)
     jobs = JobTracker(
         worker,
         max_running=settings.max_running_jobs,
         max_running_per_tenant=settings.max_running_jobs_per_tenant,
+        metrics=lent.context.metrics,
     )
     lent = replace(lent, worker=worker, jobs=jobs)
     return Capabilities(
@@ -281,6 +287,7 @@ def build_capabilities(settings: Settings, lent: Lent) -> Capabilities:
         revise_steps=settings.planner == "llm" and settings.llm.revise,
         model_summary=uses_model and settings.llm.summary,
         jobs=jobs,
+        context=lent.context,
     )
 
 

@@ -33,7 +33,7 @@ from workflow_engine.domain.jobs import JobRequest, JobResult
 from workflow_engine.domain.task import LOADER_PROBLEM, loader_variables
 from workflow_engine.errors import InvalidArgument
 from workflow_engine.telemetry import tracing
-from workflow_engine.telemetry.metrics import METRICS
+from workflow_engine.telemetry.metrics import Metrics
 
 log = structlog.get_logger(__name__)
 
@@ -54,9 +54,15 @@ class JobTracker:
     """The jobs of this process, by job id; see the module docstring."""
 
     def __init__(
-        self, worker: Worker, *, max_running: int, max_running_per_tenant: int = 0
+        self,
+        worker: Worker,
+        *,
+        max_running: int,
+        max_running_per_tenant: int = 0,
+        metrics: Metrics | None = None,
     ) -> None:
         self._worker = worker
+        self._metrics = Metrics() if metrics is None else metrics  # the engine's
         self.slots = FairSlots(max_running, per_tenant=max_running_per_tenant)
         self._tasks: dict[str, asyncio.Task[JobResult]] = {}
         # Every job this process waits on, by its workflow's task id (job id -> target, job).
@@ -146,7 +152,7 @@ class JobTracker:
                     "workflow_engine.worker": target,
                 },
             ) as span:
-                METRICS.job_started(target)
+                self._metrics.job_started(target)
                 started = time.perf_counter()
                 status = "error"
                 try:
@@ -155,4 +161,4 @@ class JobTracker:
                     span.set_attribute("workflow_engine.job_status", status)
                     return result
                 finally:
-                    METRICS.job_ended(target, status, time.perf_counter() - started)
+                    self._metrics.job_ended(target, status, time.perf_counter() - started)

@@ -27,7 +27,7 @@ from workflow_engine.domain.jobs import Finding, JobRequest, JobResult, Sandbox,
 from workflow_engine.domain.task import AcceptanceCriterion, Step
 from workflow_engine.domain.values import parse
 from workflow_engine.errors import InvalidArgument
-from workflow_engine.secrets import quoted
+from workflow_engine.secrets import Secrets
 
 #: Namespace of verification job ids: uuid5(VERIFY_NAMESPACE, "<judged job id>/verify").
 VERIFY_NAMESPACE = uuid.UUID("0f6b1f6e-61a4-4c55-9d0e-3f1a3c2d9e70")
@@ -45,13 +45,16 @@ class JobVerifier:
         *,
         timeout_seconds: int = 600,
         excerpt_chars: int = 4000,
+        secrets: Secrets | None = None,
     ) -> None:
         self._worker = worker
         self._jobs = jobs
         self._command = tuple(command)
         self._timeout = timeout_seconds
         self._excerpt_chars = excerpt_chars
-        self._machine = MachineVerifier()
+        #: The engine's secrets, masked in what the job is shown and in the findings.
+        self._secrets = Secrets() if secrets is None else secrets  # an empty one is falsy
+        self._machine = MachineVerifier(secrets=self._secrets)
 
     async def verify(
         self,
@@ -62,7 +65,7 @@ class JobVerifier:
     ) -> Verification:
         checked = await self._machine.verify(step, result, criteria)
         brief = verification_brief(
-            step, result, checked, criteria, preferences, self._excerpt_chars
+            step, result, checked, criteria, preferences, self._excerpt_chars, self._secrets
         )
         job = JobRequest(
             task_id=result.task_id,
@@ -81,13 +84,14 @@ class JobVerifier:
         outcome = (await self._jobs.wait_any([(target, job)]))[job.job_id]
         if isinstance(outcome, BaseException):
             raise outcome
-        return combine(checked, read_verdict(outcome), judge="analyst")
+        return combine(checked, read_verdict(outcome, self._secrets), judge="analyst")
 
 
-def read_verdict(ran: JobResult) -> Verification:
-    """The verdict a verification job printed, or a failed finding saying why there is none."""
+def read_verdict(ran: JobResult, secrets: Secrets) -> Verification:
+    """The verdict a verification job printed, or a failed finding saying why there is none
+    (quoting its output with `secrets` masked)."""
     if ran.status != "completed" or ran.exit_code != 0:
-        stderr = quoted(ran.stderr, 300, keep="tail")
+        stderr = secrets.quoted(ran.stderr, 300, keep="tail")
         why = f"status {ran.status}, exit code {ran.exit_code}; stderr {stderr}"
         return _no_verdict(f"the verification job did not succeed ({why})")
     for line in reversed(ran.stdout.strip().splitlines()):
@@ -102,7 +106,7 @@ def read_verdict(ran: JobResult) -> Verification:
         except InvalidArgument as exc:
             return _no_verdict(f"the verification job's verdict is invalid: {exc.message}")
     return _no_verdict(
-        f"the verification job printed no verdict: {quoted(ran.stdout, 300, keep='tail')}"
+        f"the verification job printed no verdict: {secrets.quoted(ran.stdout, 300, keep='tail')}"
     )
 
 

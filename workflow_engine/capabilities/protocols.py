@@ -21,11 +21,6 @@ if TYPE_CHECKING:  # the policy's module needs this one's `CapabilityConfigError
     from workflow_engine.capabilities.model.command_policy import Decision
 
 
-class CapabilityConfigError(ValueError):
-    """A capability's configuration cannot work (an unknown name, a bad nodes file); it stops
-    the engine's start with the setting, and the entry, named."""
-
-
 class TaskSource(Protocol):
     """Loads a task by id from the orchestrator, for a StartWorkflow that sends none inline.
 

@@ -15,14 +15,11 @@ from pathlib import Path
 import grpc
 
 from workflow_engine.config import ENV_PREFIX, Settings
+from workflow_engine.errors import UsageError
 
 TOKEN_ENV = f"{ENV_PREFIX}CLIENT_TOKEN"
 #: A listen address's wildcard host, and the host a client on this machine calls instead.
 _WILDCARDS = {"0.0.0.0": "127.0.0.1", "[::]": "[::1]", "": "127.0.0.1"}  # noqa: S104
-
-
-class UsageError(ValueError):
-    """A flag or file the command cannot use; its message says which and why."""
 
 
 def default_address(environ: dict[str, str] | None = None) -> str:

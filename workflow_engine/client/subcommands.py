@@ -33,8 +33,9 @@ from google.protobuf import struct_pb2
 from rich.console import Console
 
 from workflow_engine.client import render
-from workflow_engine.client.connection import TOKEN_ENV, Connection, UsageError
+from workflow_engine.client.connection import TOKEN_ENV, Connection
 from workflow_engine.client.taskfile import read_task
+from workflow_engine.errors import UsageError
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
 

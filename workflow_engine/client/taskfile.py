@@ -18,7 +18,7 @@ from pathlib import Path
 import yaml
 from google.protobuf import json_format
 
-from workflow_engine.client.connection import UsageError
+from workflow_engine.errors import UsageError
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 

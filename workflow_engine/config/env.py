@@ -11,6 +11,7 @@ from typing import Any, get_type_hints
 
 from workflow_engine.config.sections import ENV_PREFIX
 from workflow_engine.config.settings import Settings
+from workflow_engine.errors import ConfigError
 
 
 def settings_from_env(environ: Mapping[str, str] | None = None) -> Settings:
@@ -47,7 +48,7 @@ def _from_env(kind: type, environ: Mapping[str, str], prefix: str) -> Any:
         if str(exc).startswith(ENV_PREFIX):
             raise
         # A settings group used under several prefixes names its fields alone (`JobLimits`).
-        raise ValueError(f"{prefix}{exc}") from None
+        raise ConfigError(f"{prefix}{exc}") from None
 
 
 def _fields(kind: type) -> dict[str, Any]:
@@ -69,5 +70,5 @@ def _parse(variable: str, kind: str, raw: str) -> Any:
                 raise ValueError(raw)
             return raw.lower() in ("1", "true", "yes", "on")
     except ValueError:
-        raise ValueError(f"{variable}: expected {kind}, got {raw!r}") from None
+        raise ConfigError(f"{variable}: expected {kind}, got {raw!r}") from None
     return raw

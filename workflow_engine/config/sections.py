@@ -15,6 +15,7 @@ from workflow_engine.domain.jobs import MAX_LIMIT
 
 # The Worker API's largest job timeout: a node's own cap may be lower, never higher.
 from workflow_engine.domain.task import MAX_TIMEOUT_SECONDS
+from workflow_engine.errors import ConfigError
 
 ENV_PREFIX = "WORKFLOW_ENGINE_"
 #: Where the ``nodes`` worker finds its nodes (`NodesSettings.source`).
@@ -42,7 +43,7 @@ class JobLimits:
     def __post_init__(self) -> None:
         for name in ("cpu_seconds", "memory_mb", "open_files", "processes", "output_mb"):
             if not 0 <= getattr(self, name) <= MAX_LIMIT:
-                raise ValueError(f"{name.upper()}: expected 0 (none) to {MAX_LIMIT}")
+                raise ConfigError(f"{name.upper()}: expected 0 (none) to {MAX_LIMIT}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -66,7 +67,7 @@ class JobSettings:
 
     def __post_init__(self) -> None:
         if not 0 <= self.retention_seconds < math.inf:
-            raise ValueError(
+            raise ConfigError(
                 f"{ENV_PREFIX}JOB_RETENTION_SECONDS: expected 0 (keep) or more seconds"
             )
 
@@ -133,27 +134,27 @@ class NodeSettings:
     def __post_init__(self) -> None:
         prefix = f"{ENV_PREFIX}NODE_"
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
-            raise ValueError(
+            raise ConfigError(
                 f"{prefix}TLS_CERT_FILE and {prefix}TLS_KEY_FILE: give both or neither"
             )
         if not 0 < self.max_timeout_seconds <= MAX_TIMEOUT_SECONDS:
-            raise ValueError(
+            raise ConfigError(
                 f"{prefix}MAX_TIMEOUT_SECONDS: expected 1 to {MAX_TIMEOUT_SECONDS}, "
                 f"got {self.max_timeout_seconds}"
             )
         if not 0 < self.default_timeout_seconds <= MAX_TIMEOUT_SECONDS:
-            raise ValueError(
+            raise ConfigError(
                 f"{prefix}DEFAULT_TIMEOUT_SECONDS: expected 1 to {MAX_TIMEOUT_SECONDS}, "
                 f"got {self.default_timeout_seconds}"
             )
         if self.max_body_bytes <= 0:
-            raise ValueError(f"{prefix}MAX_BODY_BYTES: expected a positive number of bytes")
+            raise ConfigError(f"{prefix}MAX_BODY_BYTES: expected a positive number of bytes")
         if self.output_bytes <= 0:
-            raise ValueError(f"{prefix}OUTPUT_BYTES: expected a positive number of bytes")
+            raise ConfigError(f"{prefix}OUTPUT_BYTES: expected a positive number of bytes")
         if self.drain_seconds < 0:
-            raise ValueError(f"{prefix}DRAIN_SECONDS: expected 0 or more seconds")
+            raise ConfigError(f"{prefix}DRAIN_SECONDS: expected 0 or more seconds")
         if not 0 <= self.job_retention_seconds < math.inf:
-            raise ValueError(f"{prefix}JOB_RETENTION_SECONDS: expected 0 (keep) or more seconds")
+            raise ConfigError(f"{prefix}JOB_RETENTION_SECONDS: expected 0 (keep) or more seconds")
 
     def check_exposure(self) -> None:
         """Refuse to serve plaintext beyond this host (the bearer token and the jobs' commands,
@@ -162,7 +163,7 @@ class NodeSettings:
         prefix = f"{ENV_PREFIX}NODE_"
         if self.allow_plaintext_remote or not self.plaintext_remote:
             return
-        raise ValueError(
+        raise ConfigError(
             f"{prefix}LISTEN={self.listen} is reachable from other hosts, but there is no TLS "
             f"({prefix}TLS_CERT_FILE and {prefix}TLS_KEY_FILE): the node's bearer token and "
             "every job's command, environment and output would cross the network in clear. "
@@ -282,7 +283,7 @@ class LlmSettings:
         return own or self.max_tokens or DEFAULT_MAX_TOKENS.get(purpose, 1024)
 
     def stop_sequences(self) -> list[str]:
-        """`stop` as a list; `ValueError` naming the variable when it is not one."""
+        """`stop` as a list; `ConfigError` naming the variable when it is not one."""
         if not self.stop:
             return []
         try:
@@ -294,7 +295,7 @@ class LlmSettings:
             or not 1 <= len(sequences) <= 4
             or not all(isinstance(s, str) and 0 < len(s) <= 64 for s in sequences)
         ):
-            raise ValueError(
+            raise ConfigError(
                 f"{ENV_PREFIX}LLM_STOP: expected a JSON array of 1 to 4 non-empty strings "
                 '(at most 64 characters each), e.g. ["\\n\\n\\n"]'
             )
@@ -306,32 +307,32 @@ class LlmSettings:
         if "llm" not in (planner, verifier):
             return
         if not self.base_url.startswith(("http://", "https://")):
-            raise ValueError(
+            raise ConfigError(
                 f"{prefix}BASE_URL: required when {ENV_PREFIX}PLANNER or {ENV_PREFIX}VERIFIER "
                 f"is llm (an http(s) URL such as http://127.0.0.1:8000/v1), got {self.base_url!r}"
             )
         if not self.model:
-            raise ValueError(f"{prefix}MODEL: required when the planner or verifier is llm")
+            raise ConfigError(f"{prefix}MODEL: required when the planner or verifier is llm")
         if self.api_key and self.api_key_file:
-            raise ValueError(f"{prefix}API_KEY_FILE: set, and so is {prefix}API_KEY; set one")
+            raise ConfigError(f"{prefix}API_KEY_FILE: set, and so is {prefix}API_KEY; set one")
         if not 0 < self.timeout_seconds <= 3600:
-            raise ValueError(f"{prefix}TIMEOUT_SECONDS: expected 0 < seconds <= 3600")
+            raise ConfigError(f"{prefix}TIMEOUT_SECONDS: expected 0 < seconds <= 3600")
         for name in ("plan_attempts", "excerpt_chars"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{prefix}{name.upper()}: expected 1 or more")
+                raise ConfigError(f"{prefix}{name.upper()}: expected 1 or more")
         for name in ("max_tokens", "plan_max_tokens", "verify_max_tokens", "summary_max_tokens"):
             if not 0 <= getattr(self, name) <= 1_000_000:
-                raise ValueError(f"{prefix}{name.upper()}: expected 0 (the default) to 1000000")
+                raise ConfigError(f"{prefix}{name.upper()}: expected 0 (the default) to 1000000")
         if self.output_mode not in ("auto", *OUTPUT_MODES):
-            raise ValueError(
+            raise ConfigError(
                 f"{prefix}OUTPUT_MODE: expected auto or one of {', '.join(OUTPUT_MODES)}, "
                 f"got {self.output_mode!r}"
             )
         if self.profile not in ("full", "small"):
-            raise ValueError(f"{prefix}PROFILE: expected full or small, got {self.profile!r}")
+            raise ConfigError(f"{prefix}PROFILE: expected full or small, got {self.profile!r}")
         self.stop_sequences()
         if not 0 <= self.retries <= 20:
-            raise ValueError(f"{prefix}RETRIES: expected 0 to 20")
+            raise ConfigError(f"{prefix}RETRIES: expected 0 to 20")
 
 
 def is_loopback(host: str) -> bool:

@@ -20,6 +20,7 @@ from workflow_engine.config.sections import (
     is_loopback,
 )
 from workflow_engine.domain.jobs import MAX_LIMIT
+from workflow_engine.errors import ConfigError
 
 PREPARE_MODES = ("auto", "off")
 #: Most engine processes one `serve` runs.
@@ -159,52 +160,54 @@ class Settings:
 
     def __post_init__(self) -> None:
         if self.database_prepare not in PREPARE_MODES:
-            raise ValueError(
+            raise ConfigError(
                 f"{ENV_PREFIX}DATABASE_PREPARE: expected one of {', '.join(PREPARE_MODES)}, "
                 f"got {self.database_prepare!r}"
             )
         if not 0 < self.watch_poll_seconds <= 60:
-            raise ValueError(f"{ENV_PREFIX}WATCH_POLL_SECONDS: expected 0 < seconds <= 60")
+            raise ConfigError(f"{ENV_PREFIX}WATCH_POLL_SECONDS: expected 0 < seconds <= 60")
         if not 0 < self.readiness_interval_seconds <= 300:
-            raise ValueError(f"{ENV_PREFIX}READINESS_INTERVAL_SECONDS: expected 0 < seconds <= 300")
+            raise ConfigError(
+                f"{ENV_PREFIX}READINESS_INTERVAL_SECONDS: expected 0 < seconds <= 300"
+            )
         if not 1 <= self.processes <= MAX_PROCESSES:
-            raise ValueError(f"{ENV_PREFIX}PROCESSES: expected 1 to {MAX_PROCESSES}")
+            raise ConfigError(f"{ENV_PREFIX}PROCESSES: expected 1 to {MAX_PROCESSES}")
         self._check_limits()
         if self.task_source == "mcp" and not self.mcp.url:
-            raise ValueError(f"{ENV_PREFIX}MCP_URL: required when {ENV_PREFIX}TASK_SOURCE is mcp")
+            raise ConfigError(f"{ENV_PREFIX}MCP_URL: required when {ENV_PREFIX}TASK_SOURCE is mcp")
         if not 0 < self.mcp.timeout_seconds <= 300:
-            raise ValueError(f"{ENV_PREFIX}MCP_TIMEOUT_SECONDS: expected 0 < seconds <= 300")
+            raise ConfigError(f"{ENV_PREFIX}MCP_TIMEOUT_SECONDS: expected 0 < seconds <= 300")
         self._check_nodes()
         self._check_tls()
         metrics_host, _, metrics_port = self.metrics_listen.rpartition(":")
         if self.metrics_listen and not (metrics_host and metrics_port.isdigit()):
-            raise ValueError(
+            raise ConfigError(
                 f"{ENV_PREFIX}METRICS_LISTEN: expected HOST:PORT, got {self.metrics_listen!r}"
             )
         self.llm.check(self.planner, self.verifier)
         if self.verifier == "job" and not self.verifier_command.strip():
-            raise ValueError(
+            raise ConfigError(
                 f"{ENV_PREFIX}VERIFIER_COMMAND: required when {ENV_PREFIX}VERIFIER is job"
             )
 
     def _check_limits(self) -> None:
         if not 1 <= self.max_running_jobs <= MAX_LIMIT:
-            raise ValueError(f"{ENV_PREFIX}MAX_RUNNING_JOBS: expected 1 to {MAX_LIMIT}")
+            raise ConfigError(f"{ENV_PREFIX}MAX_RUNNING_JOBS: expected 1 to {MAX_LIMIT}")
         for name in (
             "max_running_jobs_per_tenant",
             "max_running_workflows_per_tenant",
             "max_watches_per_caller",
         ):
             if not 0 <= getattr(self, name) <= MAX_LIMIT:
-                raise ValueError(f"{ENV_PREFIX}{name.upper()}: expected 0 (no cap) to {MAX_LIMIT}")
+                raise ConfigError(f"{ENV_PREFIX}{name.upper()}: expected 0 (no cap) to {MAX_LIMIT}")
 
     def _check_tls(self) -> None:
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
-            raise ValueError(
+            raise ConfigError(
                 f"{ENV_PREFIX}TLS_CERT_FILE and {ENV_PREFIX}TLS_KEY_FILE: give both or neither"
             )
         if self.tls_client_ca_file and not self.tls_cert_file:
-            raise ValueError(
+            raise ConfigError(
                 f"{ENV_PREFIX}TLS_CLIENT_CA_FILE: needs {ENV_PREFIX}TLS_CERT_FILE and "
                 f"{ENV_PREFIX}TLS_KEY_FILE (client certificates are checked over TLS)"
             )
@@ -226,7 +229,7 @@ class Settings:
             if not given
         ]
         if missing:
-            raise ValueError(
+            raise ConfigError(
                 f"{ENV_PREFIX}LISTEN={self.listen} is reachable from other hosts, but there is "
                 f"no {' and no '.join(missing)} ({ENV_PREFIX}TLS_CERT_FILE/_KEY_FILE, "
                 f"{ENV_PREFIX}TOKENS_FILE or {ENV_PREFIX}TLS_CLIENT_CA_FILE): anyone who can "
@@ -237,25 +240,25 @@ class Settings:
     def _check_nodes(self) -> None:
         nodes = self.nodes
         if nodes.source not in ("", *NODE_SOURCES):
-            raise ValueError(
+            raise ConfigError(
                 f"{ENV_PREFIX}NODES_SOURCE: expected {' or '.join(NODE_SOURCES)} (or empty), "
                 f"got {nodes.source!r}"
             )
         if nodes.source == "file" and not nodes.file:
-            raise ValueError(
+            raise ConfigError(
                 f"{ENV_PREFIX}NODES_FILE: required when {ENV_PREFIX}NODES_SOURCE is file"
             )
         if nodes.source == "orchestrator" and nodes.file:
-            raise ValueError(
+            raise ConfigError(
                 f"{ENV_PREFIX}NODES_FILE: set, but {ENV_PREFIX}NODES_SOURCE is orchestrator "
                 "(the orchestrator's nodes table); set only one of them"
             )
         for name in ("health_interval_seconds", "connect_timeout_seconds", "refresh_seconds"):
             if not 0 < getattr(self.nodes, name) <= 3600:
-                raise ValueError(f"{ENV_PREFIX}NODES_{name.upper()}: expected 0 < seconds <= 3600")
+                raise ConfigError(f"{ENV_PREFIX}NODES_{name.upper()}: expected 0 < seconds <= 3600")
         for name in ("wait_seconds", "retry_seconds"):
             if not 0 <= getattr(self.nodes, name) <= 86400:
-                raise ValueError(
+                raise ConfigError(
                     f"{ENV_PREFIX}NODES_{name.upper()}: expected 0 <= seconds <= 86400"
                 )
 

@@ -23,6 +23,8 @@ from typing import Any
 
 import re2
 
+from workflow_engine.errors import PatternError
+
 #: The longest pattern.
 MAX_PATTERN_CHARS = 1024
 #: Unicode property classes (``\pL``, ``\P{Greek}``) one pattern may name.
@@ -45,10 +47,6 @@ MAX_PROGRAM_SIZE = 2000
 _MAX_MEM = 64 << 10
 _UNICODE_CLASS = re.compile(r"\\[pP]")
 _COUNTED = re.compile(r"\{(\d+)(?:,(\d*))?\}")
-
-
-class PatternError(ValueError):
-    """A pattern RE2 will not run: its syntax, or its size."""
 
 
 @dataclass(frozen=True, slots=True)

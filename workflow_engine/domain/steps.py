@@ -23,8 +23,9 @@ from pydantic import (
 )
 
 from workflow_engine.domain.jobs import Limits
-from workflow_engine.domain.patterns import PatternError, check_together, compile_pattern
+from workflow_engine.domain.patterns import check_together, compile_pattern
 from workflow_engine.domain.values import DomainModel, input_rules, invalid
+from workflow_engine.errors import PatternError
 
 CHECK_KINDS = frozenset(
     {

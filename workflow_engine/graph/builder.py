@@ -40,7 +40,7 @@ from workflow_engine.domain.values import JsonObject
 from workflow_engine.graph import routing
 from workflow_engine.graph.nodes import Nodes, is_control, node_functions
 from workflow_engine.graph.state import WorkflowState
-from workflow_engine.secrets import SECRETS, masked_repr
+from workflow_engine.secrets import Secrets
 
 log = structlog.get_logger(__name__)
 
@@ -83,7 +83,7 @@ class WrappedNode(Protocol):
     ) -> Awaitable[GraphState]: ...
 
 
-def _wrap(name: str, fn: NodeFn) -> WrappedNode:
+def _wrap(name: str, fn: NodeFn, secrets: Secrets) -> WrappedNode:
     async def node(state: WorkflowState, *, runtime: Runtime[NodeContext | None]) -> GraphState:
         hooks = runtime.context.hooks if runtime.context is not None else None
         started = time.perf_counter()
@@ -95,21 +95,23 @@ def _wrap(name: str, fn: NodeFn) -> WrappedNode:
                     raise
                 log.exception("node_raised")
                 update = {
-                    "error": f"node {name} raised {masked_repr(exc)}",
+                    "error": f"node {name} raised {secrets.masked_repr(exc)}",
                     "forced_next": "mark_failed",
                 }
             log.debug("node_completed", seconds=round(time.perf_counter() - started, 4))
-        kind, detail = describe(name, update, state)
+        kind, detail = describe(name, update, state, secrets)
         return {**update, NODE_EVENT: {"node": name, "kind": kind, "detail": detail}}
 
     node.__name__ = name
     return node
 
 
-def describe(node: str, update: WorkflowState, before: WorkflowState) -> tuple[str, str]:
+def describe(
+    node: str, update: WorkflowState, before: WorkflowState, secrets: Secrets
+) -> tuple[str, str]:
     """The event kind and the one-line outcome a node's update is recorded with, followed by
-    the steps it revised and the model calls it made, when it did."""
-    kind, detail = _outcome(node, update, before)
+    the steps it revised and the model calls it made, when it did; `secrets` masked."""
+    kind, detail = _outcome(node, update, before, secrets)
     revised = update.get("revisions", [])[len(before.get("revisions", [])) :]
     for r in revised:
         change = (
@@ -126,10 +128,12 @@ def describe(node: str, update: WorkflowState, before: WorkflowState) -> tuple[s
             f"{sum(p for p, _ in tokens)} prompt + {sum(c for _, c in tokens)} completion "
             f"tokens, {sum(c['latency_ms'] for c in calls)} ms]"
         )
-    return kind, SECRETS.redact(detail)[:2000]  # masked before it is cut
+    return kind, secrets.redact(detail)[:2000]  # masked before it is cut
 
 
-def _outcome(node: str, update: WorkflowState, before: WorkflowState) -> tuple[str, str]:
+def _outcome(
+    node: str, update: WorkflowState, before: WorkflowState, secrets: Secrets
+) -> tuple[str, str]:
     request = update.get("pending_approval")
     if node == "dispatch_step" and request:
         return "approval_requested", str(request.get("reason", ""))
@@ -147,7 +151,7 @@ def _outcome(node: str, update: WorkflowState, before: WorkflowState) -> tuple[s
         verdicts = [f"{sid}: {s['status']}" for sid, s in steps.items() if sid in judged]
         return "node", "; ".join(verdicts)
     if update.get("error"):
-        return "node", SECRETS.redact(str(update["error"]))[:500]
+        return "node", secrets.redact(str(update["error"]))[:500]
     if node == "plan_steps" and update.get("plan"):
         ids = [str(s.get("id")) for s in update["plan"].get("steps", [])]
         return "node", f"planned {len(ids)} step(s): {', '.join(ids)}"[:500]
@@ -216,9 +220,9 @@ def build_graph(capabilities: Capabilities, *, jobs: JobTracker | None = None) -
 
     `jobs` runs the dispatched jobs; pass it to let the run manager forget a stopped run's jobs.
     """
-    nodes = {
-        name: _wrap(name, fn) for name, fn in node_functions(Nodes(capabilities, jobs)).items()
-    }
+    secrets = capabilities.context.secrets
+    functions = node_functions(Nodes(capabilities, jobs))
+    nodes = {name: _wrap(name, fn, secrets) for name, fn in functions.items()}
     builder: StateGraph[Any, Any, Any, Any] = StateGraph(GraphState)
     for name, node in nodes.items():
         builder.add_node(name, node)

@@ -7,6 +7,7 @@ whole system, and the engine can send jobs to other machines. `server` is the pr
 running jobs, `problems` the error documents.
 """
 
-from workflow_engine.node.server import NodeInUse, node_tls_context, serve_node
+from workflow_engine.errors import NodeInUse
+from workflow_engine.node.server import node_tls_context, serve_node
 
 __all__ = ["NodeInUse", "node_tls_context", "serve_node"]

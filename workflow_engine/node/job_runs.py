@@ -27,28 +27,13 @@ import structlog
 
 from workflow_engine.capabilities.local_worker import LocalSandboxWorker
 from workflow_engine.domain.jobs import JobRequest, JobResult, Sandbox
-from workflow_engine.errors import WorkflowEngineError
+from workflow_engine.errors import Draining, JobOfAnotherTask
 
 log = structlog.get_logger(__name__)
 
 TARGET = "local"
 #: The task id recorded for a job cancelled before it started when the cancel did not say.
 NIL_TASK_ID = "00000000-0000-0000-0000-000000000000"
-
-
-class Draining(WorkflowEngineError):
-    """The node is shutting down and takes no new job."""
-
-
-class JobOfAnotherTask(WorkflowEngineError):
-    """The request names a job_id that this node holds for another task."""
-
-    def __init__(self, job_id: str) -> None:
-        super().__init__(
-            f"job {job_id} belongs to another task: a job_id is answered only for the task "
-            "that first sent it (nothing was run or changed)"
-        )
-        self.job_id = job_id
 
 
 class NodeJobs:

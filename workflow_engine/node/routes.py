@@ -28,8 +28,14 @@ from starlette.routing import Route
 
 from workflow_engine.config import NodeSettings
 from workflow_engine.domain.jobs import WORKER_API_VERSION
-from workflow_engine.errors import InvalidArgument, WorkflowEngineError
-from workflow_engine.node.job_runs import Draining, JobOfAnotherTask, NodeJobs
+from workflow_engine.errors import (
+    BodyTooLarge,
+    Draining,
+    InvalidArgument,
+    JobOfAnotherTask,
+    Unauthorized,
+)
+from workflow_engine.node.job_runs import NodeJobs
 from workflow_engine.node.problems import problem
 from workflow_engine.node.run_request import (
     check_job_id,
@@ -43,14 +49,6 @@ RUN_PATH = "/v1/worker/jobs:run"
 CANCEL_PATH = "/v1/worker/jobs/{job_id}:cancel"
 #: How much of an oversized body is read and dropped so that its client sees the 413.
 _DISCARD_BYTES = 64 * 1024 * 1024
-
-
-class Unauthorized(WorkflowEngineError):
-    """The request carries no bearer token, or another one than the node's."""
-
-
-class BodyTooLarge(WorkflowEngineError):
-    """The request body is larger than the node accepts."""
 
 
 def create_app(settings: NodeSettings, jobs: NodeJobs) -> Starlette:

@@ -32,6 +32,7 @@ import uvicorn
 from workflow_engine import pid_file
 from workflow_engine.capabilities.local_worker import LocalSandboxWorker
 from workflow_engine.config import ENV_PREFIX, NodeSettings
+from workflow_engine.errors import ConfigError, NodeInUse
 from workflow_engine.node.job_runs import NodeJobs
 from workflow_engine.node.routes import create_app
 from workflow_engine.sandbox.grant import Confinement
@@ -41,10 +42,6 @@ log = structlog.get_logger(__name__)
 LOCK_FILE = "node.lock"
 #: How long uvicorn waits, after the drain, for requests still open (jobs that outlive it).
 _CLOSE_SECONDS = 1
-
-
-class NodeInUse(Exception):
-    """Another process serves a node from the same data directory."""
 
 
 class _NodeServer(uvicorn.Server):
@@ -118,7 +115,7 @@ def bind(listen: str) -> socket.socket:
     """A listening TCP socket on `listen` (``host:port``, ``[v6]:port``; port 0 picks one)."""
     host, sep, port = listen.rpartition(":")
     if not sep or not port.isdigit():
-        raise ValueError(f"--listen: expected HOST:PORT, got {listen!r}")
+        raise ConfigError(f"--listen: expected HOST:PORT, got {listen!r}")
     host = host.strip("[]") or "0.0.0.0"  # noqa: S104 (":8090" means every interface, as asked)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # IPPROTO_TCP named, not 0: asyncio sets TCP_NODELAY only on sockets that say so, and
@@ -136,7 +133,7 @@ def bind(listen: str) -> socket.socket:
 
 def node_tls_context(settings: NodeSettings) -> ssl.SSLContext | None:
     """The node port's TLS context, from its certificate and key; None: plaintext. Raises
-    `ValueError` naming the settings when they cannot be used."""
+    `ConfigError` naming the settings when they cannot be used."""
     if not settings.tls_cert_file:
         return None
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -145,7 +142,7 @@ def node_tls_context(settings: NodeSettings) -> ssl.SSLContext | None:
     try:
         context.load_cert_chain(settings.tls_cert_file, settings.tls_key_file)
     except (OSError, ssl.SSLError) as exc:
-        raise ValueError(
+        raise ConfigError(
             f"{ENV_PREFIX}NODE_TLS_CERT_FILE={settings.tls_cert_file} and "
             f"{ENV_PREFIX}NODE_TLS_KEY_FILE={settings.tls_key_file}: cannot load them as a "
             f"certificate chain and its key ({exc})"

@@ -29,11 +29,11 @@ import structlog
 
 from workflow_engine.capabilities.job_tracker import JobTracker
 from workflow_engine.config import ENV_PREFIX
+from workflow_engine.context import EngineContext
 from workflow_engine.domain.jobs import JobRequest
 from workflow_engine.domain.records import Fence, WorkflowEventRecord
 from workflow_engine.domain.status import TERMINAL_STATUSES, WorkflowStatus
 from workflow_engine.errors import LeaseLost, RunStopped, WorkflowEngineError
-from workflow_engine.faults import FaultPlan
 from workflow_engine.graph.builder import WorkflowGraph
 from workflow_engine.graph.changes import Change
 from workflow_engine.graph.state import WorkflowState
@@ -41,7 +41,6 @@ from workflow_engine.runtime.quotas import Quota
 from workflow_engine.runtime.run import Run
 from workflow_engine.storage.checkpointer import RowCheckpointer
 from workflow_engine.storage.workflows import WorkflowStore
-from workflow_engine.telemetry.metrics import METRICS
 
 log = structlog.get_logger(__name__)
 
@@ -60,14 +59,14 @@ class RunManager:
         checkpoints: RowCheckpointer,
         store: WorkflowStore,
         jobs: JobTracker,
-        faults: FaultPlan | None = None,
+        context: EngineContext | None = None,
         max_runs_per_tenant: int = 0,
     ) -> None:
         self._graph = graph
         self._checkpoints = checkpoints
         self._store = store
         self._jobs = jobs
-        self._faults = faults
+        self._context = EngineContext() if context is None else context
         self._runs: dict[str, tuple[Run, asyncio.Task[str]]] = {}
         self._background: set[asyncio.Task[None]] = set()
         self._accepting = True
@@ -111,10 +110,6 @@ class RunManager:
             yield
 
     @property
-    def faults(self) -> FaultPlan | None:
-        return self._faults
-
-    @property
     def accepting(self) -> bool:
         return self._accepting
 
@@ -140,14 +135,14 @@ class RunManager:
             checkpoints=self._checkpoints,
             store=self._store,
             initial_input=initial_input,
-            faults=self._faults,
+            context=self._context,
             changes=changes,
         )
         task = asyncio.create_task(self._execute(run), name=f"run-{fence.task_id}")
         self._runs[fence.task_id] = (run, task)
         self._tenants[fence.task_id] = tenant
         self._tenant_runs.add(tenant)
-        METRICS.lease("acquired")
+        self._context.metrics.lease("acquired")
         log.info("run_launched", task_id=fence.task_id, run_id=fence.run_id, epoch=fence.epoch)
         return run
 

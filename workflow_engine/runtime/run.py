@@ -38,6 +38,7 @@ from langgraph.runtime import Runtime
 from opentelemetry import trace
 from pydantic import ValidationError
 
+from workflow_engine.context import EngineContext
 from workflow_engine.domain.records import Fence
 from workflow_engine.domain.status import (
     FINAL_STATUSES,
@@ -48,27 +49,19 @@ from workflow_engine.domain.status import (
 from workflow_engine.domain.values import JsonObject, as_invalid_argument
 from workflow_engine.errors import (
     CheckpointCorrupt,
-    InvalidState,
     LeaseLost,
     OutsideWrite,
+    RunEnded,
     RunStopped,
     WorkflowEngineError,
 )
-from workflow_engine.faults import FaultPlan
 from workflow_engine.graph.builder import FIRST, NODE_EVENT, NodeContext, WorkflowGraph
 from workflow_engine.graph.changes import CONTINUE_FROM, Change, apply_all
 from workflow_engine.graph.state import WorkflowState, read_state
-from workflow_engine.secrets import (
-    SECRETS,
-    STATE_FIELD,
-    accumulated,
-    masked_repr,
-    state_secrets,
-)
+from workflow_engine.secrets import STATE_FIELD, accumulated, state_secrets
 from workflow_engine.storage.checkpointer import Checkpoint, RowCheckpointer
 from workflow_engine.storage.workflows import WorkflowStore
 from workflow_engine.telemetry import tracing
-from workflow_engine.telemetry.metrics import METRICS
 
 log = structlog.get_logger(__name__)
 
@@ -91,10 +84,13 @@ class Run:
         checkpoints: RowCheckpointer,
         store: WorkflowStore,
         initial_input: WorkflowState | None,
-        faults: FaultPlan | None = None,
+        context: EngineContext | None = None,
         changes: Sequence[Change] = (),
     ) -> None:
-        self._faults = faults or FaultPlan()
+        context = EngineContext() if context is None else context
+        self._faults = context.faults
+        self._secrets = context.secrets
+        self._metrics = context.metrics
         self._lease_lost_counted = False  # the heartbeat and a write may both find it lost
         self._fence = fence
         self._ttl = ttl_seconds
@@ -170,9 +166,9 @@ class Run:
         self._has_checkpoint = True
         if self._status in FINAL_STATUSES:  # that write released the lease; nothing follows
             self._closing = self._released = True
-            METRICS.lease("released")
+            self._metrics.lease("released")
             if self._status in TERMINAL_STATUSES:
-                METRICS.workflow_finished(self._status, checkpoint.state.get("started_at"))
+                self._metrics.workflow_finished(self._status, checkpoint.state.get("started_at"))
 
     def _check_boundary(self) -> None:
         if self._stop_reason is not None:
@@ -251,7 +247,7 @@ class Run:
             self.outcome = "failed: corrupt checkpoint"
             log.error("run_checkpoint_corrupt", error=exc.message)
             await self._store.set_status(self._fence, WorkflowStatus.FAILED, exc.message)
-            METRICS.workflow_finished(WorkflowStatus.FAILED, None)
+            self._metrics.workflow_finished(WorkflowStatus.FAILED, None)
         except psycopg.Error as exc:
             # The database stayed unreachable beyond the retry budget. The workflow is not
             # failed: its checkpoint is intact and a resume continues from it.
@@ -267,9 +263,9 @@ class Run:
             await self._store.set_status(
                 self._fence,
                 WorkflowStatus.FAILED,
-                f"internal error after {self.last_node}: {masked_repr(exc)}",
+                f"internal error after {self.last_node}: {self._secrets.masked_repr(exc)}",
             )
-            METRICS.workflow_finished(WorkflowStatus.FAILED, None)
+            self._metrics.workflow_finished(WorkflowStatus.FAILED, None)
         finally:
             span.set_attribute("workflow_engine.outcome", self.outcome or "")
             span.end()
@@ -296,7 +292,7 @@ class Run:
                     task_id=self._fence.task_id,
                 )
             checkpoint = self._typed(found)
-            SECRETS.add(state_secrets(checkpoint.state))
+            self._secrets.add(state_secrets(checkpoint.state))
         runtime: Runtime[NodeContext | None] = Runtime(context=NodeContext(self))
         while True:
             if self._batches and self._has_checkpoint:
@@ -317,7 +313,7 @@ class Run:
                 event = update.pop(NODE_EVENT)
                 checkpoint = self._advance(checkpoint, node, update)
                 await self._checkpoints.write(self._fence, checkpoint, event)
-            METRICS.node_completed(node, time.perf_counter() - started)
+            self._metrics.node_completed(node, time.perf_counter() - started)
             self._written(checkpoint, node)
 
     def _typed(self, found: Checkpoint[JsonObject]) -> Checkpoint[WorkflowState]:
@@ -344,7 +340,7 @@ class Run:
                 state["secrets"] = secrets
                 update = {**update, "secrets": secrets}
         if "plan" in update:  # its logs and errors must not show the plan's secrets
-            SECRETS.add(state_secrets(state))
+            self._secrets.add(state_secrets(state))
         return checkpoint.after(node, state, update, self._graph.next_node(node, state))
 
     async def _apply_changes(
@@ -393,7 +389,7 @@ class Run:
     async def _release(self) -> None:
         try:
             await self._store.release_lease(self._fence)
-            METRICS.lease("released")
+            self._metrics.lease("released")
         except psycopg.Error as exc:  # it expires on its own; nothing else to do
             log.warning("lease_release_failed", error=repr(exc))
 
@@ -401,7 +397,7 @@ class Run:
         """Count this run's lease as lost in the metrics, once."""
         if not self._lease_lost_counted:
             self._lease_lost_counted = True
-            METRICS.lease("lost")
+            self._metrics.lease("lost")
 
     async def _heartbeat(self) -> None:
         interval = self._ttl / 3
@@ -417,13 +413,4 @@ class Run:
                 self._count_lease_lost()
                 self.request_stop("lease lost", interrupt=True)
                 return
-            METRICS.lease("renewed")
-
-
-class RunEnded(InvalidState):
-    """A change reached a run that ended before applying it; nothing of it was written."""
-
-    def __init__(self, task_id: str, outcome: str) -> None:
-        super().__init__(
-            f"the run ended ({outcome}) before the change was applied", task_id=task_id
-        )
+            self._metrics.lease("renewed")

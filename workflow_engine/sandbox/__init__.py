@@ -9,11 +9,12 @@ Internal (used only inside this package): `runner` starts and re-attaches jobs; 
 the wrapper each job runs under (``jobwrap.c``, or a shell script) and its spawn; `processes`
 waits on, reaps and signals a wrapper; `retention` is what `JobRunner.prune` removes; `grant`
 decides a job's user, limits and confinement (or refuses it); `users` allocates the job users;
-`namespaces` keeps a task's network namespace; `files` is a job directory's layout; `beneath`
-walks a path inside a job's directory without following it out.
+`namespaces` keeps a task's network namespace; `files` is a job directory's layout; `at_fork`
+closes the engine's ends in a forked child; `beneath` walks a path inside a job's directory
+without following it out.
 """
 
-from workflow_engine.sandbox.beneath import LinkOut, exists_beneath
+from workflow_engine.sandbox.beneath import exists_beneath
 from workflow_engine.sandbox.files import SAFE_PATH, TARGET, WORKER_NOTE
 from workflow_engine.sandbox.grant import Confinement, Grant, step_unfit
 from workflow_engine.sandbox.runner import JobRunner
@@ -25,7 +26,6 @@ __all__ = [
     "Confinement",
     "Grant",
     "JobRunner",
-    "LinkOut",
     "exists_beneath",
     "step_unfit",
 ]

@@ -16,13 +16,11 @@ import errno
 import os
 import stat
 
+from workflow_engine.errors import LinkOut
+
 #: How many symbolic links one lookup follows at most, as the kernel's own limit.
 MAX_LINKS = 40
 _DIRECTORY = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-class LinkOut(Exception):
-    """The path goes through a symbolic link that leads out of the directory."""
 
 
 def exists_beneath(root: str, path: str) -> bool:

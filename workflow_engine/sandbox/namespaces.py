@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from workflow_engine.sandbox.at_fork import ClosedInChild
+
 log = structlog.get_logger(__name__)
 
 #: A received descriptor is moved to this number or above, clear of the 3 to 6 a wrapper
@@ -39,17 +41,7 @@ log = structlog.get_logger(__name__)
 _LOWEST_FD = 10
 #: The engine's ends of every helper's socket in this process: a forked child closes them, so
 #: that a helper still reads end of file once the engine that started it is gone.
-_helper_sockets: set[socket.socket] = set()
-
-
-def _close_helper_sockets() -> None:
-    for sock in _helper_sockets:
-        with contextlib.suppress(OSError):
-            sock.close()
-    _helper_sockets.clear()
-
-
-os.register_at_fork(after_in_child=_close_helper_sockets)
+_helper_sockets: ClosedInChild[socket.socket] = ClosedInChild(socket.socket.close)
 
 
 @dataclass

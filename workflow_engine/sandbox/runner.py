@@ -76,6 +76,7 @@ from workflow_engine.domain.task import MAX_TIMEOUT_SECONDS
 from workflow_engine.sandbox import files as files
 from workflow_engine.sandbox import processes, retention
 from workflow_engine.sandbox import wrapper as job_wrapper
+from workflow_engine.sandbox.at_fork import ClosedInChild
 from workflow_engine.sandbox.grant import Confinement, Grant
 from workflow_engine.sandbox.namespaces import TaskNamespaces
 
@@ -85,17 +86,7 @@ _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:=@+-]{0,127}$")
 _MIN_PRUNE_INTERVAL = 0.25
 #: The write ends of every runner's pipe in this process: a forked child (which is not the
 #: engine) closes them, or the wrappers would take it for their engine.
-_engine_pipes: set[int] = set()
-
-
-def _close_engine_pipes() -> None:
-    for fd in _engine_pipes:
-        with contextlib.suppress(OSError):
-            os.close(fd)
-    _engine_pipes.clear()
-
-
-os.register_at_fork(after_in_child=_close_engine_pipes)
+_engine_pipes: ClosedInChild[int] = ClosedInChild(os.close)
 
 
 class JobRunner:

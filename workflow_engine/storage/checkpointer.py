@@ -28,12 +28,12 @@ from typing import Any, Generic, Protocol, TypeVar
 from langgraph.checkpoint.base.id import uuid6
 from psycopg_pool import AsyncConnectionPool
 
+from workflow_engine.context import EngineContext
 from workflow_engine.domain.records import Fence, WorkflowEventRecord
 from workflow_engine.domain.status import FINAL_STATUSES, WorkflowStatus
 from workflow_engine.domain.values import JsonObject
 from workflow_engine.errors import CheckpointCorrupt, LeaseLost, OutsideWrite
-from workflow_engine.faults import FaultPlan
-from workflow_engine.secrets import SECRETS, redact, state_secrets
+from workflow_engine.secrets import redact, state_secrets
 from workflow_engine.storage.group_commit import CheckpointRow, GroupCommitter, WriteOutcome
 from workflow_engine.storage.retry import with_retry
 
@@ -143,13 +143,15 @@ class RowCheckpointer:
         pool: AsyncConnectionPool[Any],
         *,
         state_keys: frozenset[str],
-        faults: FaultPlan | None = None,
+        context: EngineContext | None = None,
     ) -> None:
         self._pool = pool
         self._state_keys = state_keys
-        self._faults = faults or FaultPlan()
+        context = EngineContext() if context is None else context
+        self._faults = context.faults
+        self._secrets = context.secrets
         self._observers: list[WriteObserver] = []
-        self._committer = GroupCommitter(pool)
+        self._committer = GroupCommitter(pool, metrics=context.metrics)
 
     def observe(self, observer: WriteObserver) -> None:
         """Tell `observer` about every node's write from now on."""
@@ -193,7 +195,7 @@ class RowCheckpointer:
         secrets = state_secrets(state)
 
         def masked(text: Any) -> str:  # the columns ListWorkflows and the watch show
-            return SECRETS.redact(redact(str(text or ""), secrets))
+            return self._secrets.redact(redact(str(text or ""), secrets))
 
         node = str(event.get("node") or "")
         status = row_status(state)

@@ -25,7 +25,7 @@ from psycopg_pool import AsyncConnectionPool
 from workflow_engine.domain.records import WorkflowEventRecord
 from workflow_engine.storage import leases
 from workflow_engine.storage.retry import is_transient
-from workflow_engine.telemetry.metrics import METRICS
+from workflow_engine.telemetry.metrics import Metrics
 
 log = structlog.get_logger(__name__)
 
@@ -188,9 +188,15 @@ class GroupCommitter:
     """Batches `CheckpointRow` writes; `write` says how each went (`WriteOutcome`)."""
 
     def __init__(
-        self, pool: AsyncConnectionPool[Any], *, max_batch: int = 256, flushers: int = 2
+        self,
+        pool: AsyncConnectionPool[Any],
+        *,
+        max_batch: int = 256,
+        flushers: int = 2,
+        metrics: Metrics | None = None,
     ) -> None:
         self._pool = pool
+        self._metrics = Metrics() if metrics is None else metrics
         self._max_batch = max_batch
         self._flushers = flushers
         self._queue: asyncio.Queue[_Pending] | None = None
@@ -242,7 +248,7 @@ class GroupCommitter:
             for p in batch:  # isolate the row at fault
                 await self._flush([p])
             return
-        METRICS.checkpoints_committed(len(batch), time.perf_counter() - started)
+        self._metrics.checkpoints_committed(len(batch), time.perf_counter() - started)
         for p in batch:
             if not p.done.done():
                 p.done.set_result(outcomes.get(p.row.task_id, _LOST))

@@ -1,6 +1,6 @@
 """What the engine tells the outside about itself while it runs: metrics and traces.
 
-`metrics.METRICS` counts and times what operators watch (Prometheus, on
+An engine's `metrics.Metrics` counts and times what operators watch (Prometheus, on
 ``WORKFLOW_ENGINE_METRICS_LISTEN``); `tracing` follows one workflow run through its nodes, jobs
 and model calls (OpenTelemetry, when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set). Both are off
 until the process that serves turns them on, and cost a no-op call each while off. Every other

@@ -1,16 +1,20 @@
 """The engine's Prometheus metrics: what operators graph and alert on.
 
-One process-wide `METRICS` (like `secrets.SECRETS`): off until `serve` (or the supervisor)
-calls `enable`, and while off every call is a no-op on a stand-in, so the hot path pays
-nothing measurable. Names follow the OpenTelemetry semantic conventions where they define the
-thing (``rpc.server.call.duration``, ``gen_ai.client.token.usage``,
-``gen_ai.client.operation.duration``, ``gen_ai.workflow.duration``), as Prometheus spells
-them (dots to underscores, the unit as a suffix); the engine's own are
-``workflow_engine_*``, counters ending in ``_total``.
+Each engine owns one `Metrics` (`workflow_engine.context`) and hands it to what reports: off
+unless its settings ask for them (``WORKFLOW_ENGINE_METRICS_LISTEN``; the engine calls `enable`
+as it starts, `serve` serves them), and while off every call is a no-op on a stand-in, so the
+hot path pays nothing measurable. An enabled `Metrics` has a registry of its own (nothing is
+registered in prometheus_client's default one), so two engines in one process count apart.
+Names follow the OpenTelemetry semantic conventions where they define the thing
+(``rpc.server.call.duration``, ``gen_ai.client.token.usage``,
+``gen_ai.client.operation.duration``, ``gen_ai.workflow.duration``), as Prometheus spells them
+(dots to underscores, the unit as a suffix); the engine's own are ``workflow_engine_*``,
+counters ending in ``_total``.
 
 With several engine processes (`supervisor`), each writes its values to files in
 ``PROMETHEUS_MULTIPROC_DIR`` (prometheus_client's multiprocess mode, set up by the
-supervisor before the processes start) and the supervisor serves their sum.
+supervisor before the processes start) and the supervisor serves their sum; each of those
+processes runs one engine.
 """
 
 from __future__ import annotations
@@ -219,10 +223,6 @@ _DEFINITIONS: dict[str, Any] = {
         TOKEN_BUCKETS,
     ),
 }
-
-#: The process's metrics; see the module docstring.
-METRICS = Metrics()
-
 
 #: prometheus_client's own variable: where each process of several records its values.
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"

@@ -31,8 +31,8 @@ from tests.support.helpers import (
     write_secret,
 )
 from tests.support.their_worker_node import TheirWorkerNode, nodes_file_entry
-from workflow_engine.capabilities.protocols import CapabilityConfigError
 from workflow_engine.config import NodesSettings, Settings
+from workflow_engine.errors import CapabilityConfigError
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 TOKEN = "node-token"

@@ -26,8 +26,8 @@ from tests.support.helpers import new_task_id, step, task, wait_for_status
 from tests.support.model_server import API_KEY, MODEL, ModelServer
 from tests.support.orchestrator_schema import insert_node, insert_snapshot
 from tests.support.their_worker_node import TheirWorkerNode
-from workflow_engine.capabilities.nodes.node_table import NodesTableMissing
 from workflow_engine.config import LlmSettings, NodesSettings, Settings
+from workflow_engine.errors import NodesTableMissing
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 TOKEN = "token-from-the-nodes-table"

@@ -17,9 +17,7 @@ from workflow_engine.domain.records import Fence, StartOutcome
 from workflow_engine.errors import LeaseLost
 from workflow_engine.graph.state import STATE_KEYS, initial_state
 from workflow_engine.runtime import Run
-from workflow_engine.runtime import run as run_module
 from workflow_engine.storage import Checkpoint, RowCheckpointer, WorkflowStore
-from workflow_engine.telemetry.metrics import Metrics
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 EXPIRE = "UPDATE task_workflow_leases SET expires_at = now() - interval '1 second'"
@@ -131,14 +129,10 @@ async def started_mid_step(running: RunningEngine) -> tuple[str, Run]:
     return task_id, run
 
 
-async def test_running_zombie_stops_without_writing(
-    running: RunningEngine, db_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_running_zombie_stops_without_writing(running: RunningEngine, db_url: str) -> None:
     """A live run loses its lease mid-step: its next checkpoint is refused and it stops, and
     the loss is counted once (the heartbeat and the refused write may both find it)."""
-    metrics = Metrics()
-    registry = metrics.enable()
-    monkeypatch.setattr(run_module, "METRICS", metrics)
+    registry = running.engine.context.metrics.enable()  # the engine's own, off until now
     task_id, run = await started_mid_step(running)
     async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
         await conn.execute(EXPIRE)

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from workflow_engine.api.auth import AuthConfigError, Callers
+from workflow_engine.api.auth import Callers
+from workflow_engine.errors import AuthConfigError
 
 TOKEN = "a-token-of-enough-length"
 

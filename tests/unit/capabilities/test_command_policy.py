@@ -15,8 +15,8 @@ from workflow_engine.capabilities.model.command_policy import (
     resolve,
 )
 from workflow_engine.capabilities.model.llm_planner import PolicedPlan, policy_note
-from workflow_engine.capabilities.protocols import CapabilityConfigError
 from workflow_engine.domain.task import Plan, Step
+from workflow_engine.errors import CapabilityConfigError
 
 
 def test_deny_wins_then_approval_then_allow_then_the_default(tmp_path: Path) -> None:

@@ -10,16 +10,12 @@ import pytest
 
 from workflow_engine.capabilities import LocalSandboxWorker
 from workflow_engine.capabilities.embedded_planner import StaticPlanner
-from workflow_engine.capabilities.factory import (
-    Lent,
-    UnknownCapability,
-    build_capabilities,
-    opened,
-)
+from workflow_engine.capabilities.factory import Lent, build_capabilities, opened
 from workflow_engine.capabilities.simulated_worker import SimulatedWorker
 from workflow_engine.capabilities.tasks import InlineTaskSource, McpTaskSource, TaskTableSource
 from workflow_engine.config import McpSettings, Settings
-from workflow_engine.domain import JobRequest, JobResult
+from workflow_engine.domain.jobs import JobRequest, JobResult
+from workflow_engine.errors import UnknownCapability
 
 
 async def no_task(task_id: str) -> dict[str, Any]:

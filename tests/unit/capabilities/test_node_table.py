@@ -8,12 +8,12 @@ from typing import Any
 import pytest
 
 from workflow_engine.capabilities.nodes.node_table import (
-    NodesTableMissing,
     NodeTable,
     nodes_from_rows,
     snapshot_labels,
 )
 from workflow_engine.capabilities.nodes.nodes_file import DEFAULT_MAX_JOBS
+from workflow_engine.errors import NodesTableMissing
 
 #: A capability snapshot as their node reports it (`nodepayloads.CapabilityReport`), trimmed.
 THEIR_SNAPSHOT: dict[str, Any] = {

@@ -10,10 +10,10 @@ import pytest
 
 from workflow_engine.capabilities.nodes.nodes_file import (
     DEFAULT_MAX_JOBS,
-    NodesFileError,
     WorkerNode,
     load_nodes_file,
 )
+from workflow_engine.errors import NodesFileError
 
 YAML = """
 - name: gpu-1

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from workflow_engine.capabilities.nodes import worker_api
-from workflow_engine.capabilities.nodes.worker_api import UnreadableAnswer
-from workflow_engine.domain import JobRequest, Sandbox
+from workflow_engine.domain.jobs import JobRequest, Sandbox
+from workflow_engine.errors import UnreadableAnswer
 
 JOB = JobRequest(
     task_id="11111111-1111-4111-8111-111111111111",

@@ -52,8 +52,8 @@ from typing import Any, Literal
 
 import yaml
 
-from workflow_engine.capabilities.protocols import CapabilityConfigError
 from workflow_engine.config import ENV_PREFIX
+from workflow_engine.errors import CapabilityConfigError
 from workflow_engine.sandbox.files import SAFE_PATH
 
 Verdict = Literal["allow", "approve", "deny"]

@@ -37,8 +37,8 @@ from workflow_engine.config import LlmSettings
 from workflow_engine.domain.jobs import JobResult, Verification
 from workflow_engine.domain.task import Plan, Step, TaskSpec
 from workflow_engine.domain.values import JsonObject, parse
-from workflow_engine.errors import InvalidArgument, WorkflowEngineError
-from workflow_engine.secrets import MASK, SECRETS
+from workflow_engine.errors import InvalidArgument, PlanRefused
+from workflow_engine.secrets import MASK, Secrets
 
 log = structlog.get_logger(__name__)
 
@@ -67,10 +67,6 @@ REVISE_SYSTEM = """\
 You are the planner of a workflow engine. A step of your plan failed its verification. Answer \
 with the whole step, revised so that its next attempt passes: same `id`, a corrected \
 `command` (an argv list) and checks. Answer with JSON only, following the schema."""
-
-
-class PlanRefused(WorkflowEngineError):
-    """The model planned a command the command policy denies."""
 
 
 class PolicedPlan(Plan):
@@ -178,7 +174,7 @@ class LlmPlanner:
         brief = {
             "task": self._task_brief(task),
             "step": shown_to_model(step),
-            "result": excerpt(result, self._settings.excerpt_chars),
+            "result": excerpt(result, self._settings.excerpt_chars, self.client.secrets),
             "verification": verification.to_json(),
         }
         messages = [
@@ -243,14 +239,14 @@ def shown_to_model(step: Step) -> JsonObject:
     return shown
 
 
-def excerpt(result: JobResult, chars: int) -> JsonObject:
-    """What a model is shown of a result: status, exit code, the ends of its streams (their
-    secrets masked before they are cut)."""
+def excerpt(result: JobResult, chars: int, secrets: Secrets) -> JsonObject:
+    """What a model is shown of a result: status, exit code, the ends of its streams (the
+    engine's `secrets` masked before they are cut)."""
     return {
         "status": result.status,
         "exit_code": result.exit_code,
-        "stdout": _tail(result.stdout, chars),
-        "stderr": _tail(result.stderr, chars),
+        "stdout": _tail(result.stdout, chars, secrets),
+        "stderr": _tail(result.stderr, chars, secrets),
         "artifacts": [
             {k: a.get(k) for k in ("name", "content_type", "size_bytes")}
             for a in result.artifacts[:20]
@@ -258,8 +254,8 @@ def excerpt(result: JobResult, chars: int) -> JsonObject:
     }
 
 
-def _tail(text: str, chars: int) -> str:
-    part, cut = SECRETS.redact_part(text, chars, "tail")
+def _tail(text: str, chars: int, secrets: Secrets) -> str:
+    part, cut = secrets.redact_part(text, chars, "tail")
     return f"[{len(text) - chars} chars cut]" + part if cut else part
 
 

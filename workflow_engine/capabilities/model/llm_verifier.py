@@ -22,6 +22,7 @@ from workflow_engine.config import LlmSettings
 from workflow_engine.domain.jobs import Finding, JobResult, Verification
 from workflow_engine.domain.task import AcceptanceCriterion, Step
 from workflow_engine.domain.values import JsonObject, parse
+from workflow_engine.secrets import Secrets
 
 VERIFY_SYSTEM = """\
 You verify one step of a workflow (you are the Project Manager Agent's judge). Decide from the \
@@ -48,7 +49,7 @@ class LlmVerifier:
     ) -> None:
         self.client = client
         self._settings = settings
-        self._machine = machine or MachineVerifier()
+        self._machine = machine or MachineVerifier(secrets=client.secrets)
         profile = settings.answer_profile()
         self._schema = verification_schema(profile)
         self._system = VERIFY_SYSTEM_SMALL if profile == "small" else VERIFY_SYSTEM
@@ -62,7 +63,13 @@ class LlmVerifier:
     ) -> Verification:
         checked = await self._machine.verify(step, result, criteria)
         brief = verification_brief(
-            step, result, checked, criteria, preferences, self._settings.excerpt_chars
+            step,
+            result,
+            checked,
+            criteria,
+            preferences,
+            self._settings.excerpt_chars,
+            self.client.secrets,
         )
         messages = [
             {"role": "system", "content": self._system},
@@ -87,9 +94,11 @@ def verification_brief(
     criteria: Sequence[AcceptanceCriterion],
     preferences: Mapping[str, Any] | None,
     excerpt_chars: int,
+    secrets: Secrets,
 ) -> JsonObject:
     """What a judge (the model, or the analyst's job) is shown: the step, bounded excerpts of
-    its result, the machine checks' verdict, the criteria and the preferences."""
+    its result (the engine's `secrets` masked), the machine checks' verdict, the criteria and
+    the preferences."""
     return {
         "step": {
             "id": step.id,
@@ -97,7 +106,7 @@ def verification_brief(
             "command": list(step.command),
             "expect": [c.to_json() for c in step.expect],
         },
-        "result": excerpt(result, excerpt_chars),
+        "result": excerpt(result, excerpt_chars, secrets),
         "machine_checks": checked.to_json(),
         "acceptance_criteria": [c.to_json() for c in criteria],
         "preferences": dict(preferences or {}),

@@ -38,13 +38,17 @@ from workflow_engine.capabilities.model.structured_output import (
     extract_json,
     refuses_shape,
 )
-from workflow_engine.capabilities.protocols import CapabilityConfigError
 from workflow_engine.config import ENV_PREFIX, LlmSettings
+from workflow_engine.context import EngineContext
 from workflow_engine.domain.values import JsonObject
-from workflow_engine.errors import WorkflowEngineError
-from workflow_engine.secrets import add_credentials, quoted
+from workflow_engine.errors import (
+    AnswerProblem,
+    CapabilityConfigError,
+    ModelError,
+    WorkflowEngineError,
+)
+from workflow_engine.secrets import EngineSecrets, Secrets
 from workflow_engine.telemetry import tracing
-from workflow_engine.telemetry.metrics import METRICS
 
 log = structlog.get_logger(__name__)
 
@@ -53,20 +57,6 @@ MAX_RETRY_AFTER_SECONDS = 60.0
 #: How much of an unusable answer is shown to the model again when it is asked to correct it.
 MAX_REPEATED_CHARS = 8000
 _QUOTED = 300
-
-
-class ModelError(WorkflowEngineError):
-    """The model gave no usable answer (after the retries, or for a reason no retry fixes)."""
-
-
-class AnswerProblem(ModelError):
-    """The model answered, but the answer cannot be read: cut at the token limit, or no JSON.
-    Asked for again (`answer_valid`) like an answer that does not validate."""
-
-    def __init__(self, reason: str, content: str) -> None:
-        super().__init__(f"{reason}: {_quote(content)}" if content else reason)
-        self.reason = reason
-        self.content = content
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,10 +116,11 @@ def recording() -> Iterator[Ledger]:
         _LEDGER.reset(token)
 
 
-def read_api_key(settings: LlmSettings) -> str:
-    """The API key, from the setting or the file it names; empty when neither is set."""
+def read_api_key(settings: LlmSettings, secrets: EngineSecrets) -> str:
+    """The API key, from the setting or the file it names (one of `secrets`' credentials
+    from now on); empty when neither is set."""
     if settings.api_key:
-        add_credentials([settings.api_key])  # never in a log line or an error
+        secrets.add_credentials([settings.api_key])  # never in a log line or an error
         return settings.api_key
     if not settings.api_key_file:
         return ""
@@ -141,7 +132,7 @@ def read_api_key(settings: LlmSettings) -> str:
             f"{ENV_PREFIX}LLM_API_KEY_FILE: cannot read {path}: {exc.strerror}"
         ) from None
     key = content.decode("utf-8").strip()
-    add_credentials([key])
+    secrets.add_credentials([key])
     problem = secret_files.exposed(
         f"{ENV_PREFIX}LLM_API_KEY_FILE ({path})", path, mode, holds="the model's API key"
     )
@@ -153,9 +144,19 @@ def read_api_key(settings: LlmSettings) -> str:
 class ModelClient:
     """Structured answers from one model; an async context manager opened with the engine."""
 
-    def __init__(self, settings: LlmSettings, *, sleep: Any = asyncio.sleep) -> None:
+    def __init__(
+        self,
+        settings: LlmSettings,
+        *,
+        context: EngineContext | None = None,
+        sleep: Any = asyncio.sleep,
+    ) -> None:
+        context = EngineContext() if context is None else context
         self._settings = settings
-        self._api_key = read_api_key(settings)
+        #: The engine's secrets: its key among them; what the model echoes is quoted masked.
+        self.secrets = context.secrets
+        self._metrics = context.metrics
+        self._api_key = read_api_key(settings, self.secrets)
         self._sleep = sleep
         self._client: openai.AsyncOpenAI | None = None
         self._stop = settings.stop_sequences()
@@ -216,7 +217,7 @@ class ModelClient:
                     f"the model server's answer cannot be read ({type(exc).__name__})"
                 ) from None
             except openai.APIError as exc:
-                METRICS.model_call(
+                self._metrics.model_call(
                     purpose=purpose,
                     model=self._settings.model,
                     seconds=time.monotonic() - started,
@@ -225,21 +226,21 @@ class ModelClient:
                     error=type(exc).__name__,
                 )
                 if refuses_shape(exc):
-                    if self._modes.step_down(mode, _describe_error(exc, 1)):
+                    if self._modes.step_down(mode, _describe_error(exc, 1, self.secrets)):
                         continue  # the same question in the next shape: not a retry
                     raise ModelError(
-                        f"{_describe_error(exc, attempt)}: the server does not take the "
-                        f"{mode} request shape ({ENV_PREFIX}LLM_OUTPUT_MODE)"
+                        f"{_describe_error(exc, attempt, self.secrets)}: the server does not "
+                        f"take the {mode} request shape ({ENV_PREFIX}LLM_OUTPUT_MODE)"
                     ) from None
                 delay = _retryable(exc, attempt, self._settings.retry_max_seconds)
                 if delay is None or attempt == attempts:
-                    raise ModelError(_describe_error(exc, attempt)) from None
+                    raise ModelError(_describe_error(exc, attempt, self.secrets)) from None
                 log.warning(
                     "model_call_retried",
                     purpose=purpose,
                     attempt=attempt,
                     delay=round(delay, 3),
-                    error=_describe_error(exc, attempt),
+                    error=_describe_error(exc, attempt, self.secrets),
                 )
                 await self._sleep(delay)
                 attempt += 1
@@ -294,7 +295,7 @@ class ModelClient:
         ledger = _LEDGER.get()
         if ledger is not None:
             ledger.calls.append(call)
-        METRICS.model_call(
+        self._metrics.model_call(
             purpose=purpose,
             model=call.model,
             seconds=call.latency_ms / 1000,
@@ -309,21 +310,26 @@ class ModelClient:
         message = getattr(choice, "message", None)
         refusal = getattr(message, "refusal", None)
         if refusal:
-            raise ModelError(f"the model refused: {_quote(str(refusal))}")
+            raise ModelError(f"the model refused: {_quote(str(refusal), self.secrets)}")
         content = getattr(message, "content", None) or ""
         if not isinstance(content, str):
-            raise AnswerProblem("the answer's content is not text", str(content)[:_QUOTED])
+            shown = str(content)[:_QUOTED]
+            raise AnswerProblem(
+                "the answer's content is not text", shown, _quote(shown, self.secrets)
+            )
         if getattr(choice, "finish_reason", None) == "length":
             limit = self._settings.tokens_for(purpose)
             raise AnswerProblem(
                 f"the model's answer was cut at {call.completion_tokens or limit} tokens "
                 f"(the limit is {limit}: {_TOKEN_SETTING.get(purpose, 'MAX_TOKENS')})",
                 content,
+                _quote(content, self.secrets),
             )
         try:
             return extract_json(content)
         except ValueError as exc:
-            raise AnswerProblem(f"the answer is not JSON ({exc})", content) from None
+            shown = _quote(content, self.secrets)
+            raise AnswerProblem(f"the answer is not JSON ({exc})", content, shown) from None
 
 
 _TOKEN_SETTING = {
@@ -382,19 +388,20 @@ def _retry_after(value: str | None) -> float | None:
     return min(seconds, MAX_RETRY_AFTER_SECONDS)
 
 
-def _describe_error(exc: openai.APIError, attempt: int) -> str:
+def _describe_error(exc: openai.APIError, attempt: int, secrets: Secrets) -> str:
     tries = f" (after {attempt} attempt(s))" if attempt > 1 else ""
     if isinstance(exc, openai.APITimeoutError):
         return f"the model did not answer in time{tries}"
     if isinstance(exc, openai.APIConnectionError):
         return f"the model server cannot be reached{tries}: {exc.__cause__ or exc}"
     if isinstance(exc, openai.APIStatusError):
-        return f"the model server answered HTTP {exc.status_code}{tries}: {_quote(exc.message)}"
-    return f"the model's answer cannot be read: {_quote(str(exc))}"
+        said = _quote(exc.message, secrets)
+        return f"the model server answered HTTP {exc.status_code}{tries}: {said}"
+    return f"the model's answer cannot be read: {_quote(str(exc), secrets)}"
 
 
-def _quote(text: str) -> str:
-    return quoted(str(text), _QUOTED)
+def _quote(text: str, secrets: Secrets) -> str:
+    return secrets.quoted(str(text), _QUOTED)
 
 
 async def answer_valid(

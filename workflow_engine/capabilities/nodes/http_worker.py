@@ -59,11 +59,10 @@ from workflow_engine.capabilities.nodes import worker_api
 from workflow_engine.capabilities.nodes.node_registry import NodeRegistry
 from workflow_engine.capabilities.nodes.node_table import NodeList
 from workflow_engine.capabilities.nodes.nodes_file import WorkerNode
-from workflow_engine.capabilities.protocols import CapabilityConfigError
 from workflow_engine.config import ENV_PREFIX, NodesSettings
 from workflow_engine.domain.jobs import JobRequest, JobResult, JobStatus
 from workflow_engine.domain.task import Step
-from workflow_engine.errors import NoEligibleNode
+from workflow_engine.errors import CapabilityConfigError, NoEligibleNode
 
 log = structlog.get_logger(__name__)
 

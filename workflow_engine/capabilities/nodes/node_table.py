@@ -35,14 +35,13 @@ from typing import Any
 
 from workflow_engine.capabilities.nodes.nodes_file import (
     DEFAULT_MAX_JOBS,
-    NodesFileError,
     WorkerNode,
     base_url,
     plaintext_refusal,
 )
-from workflow_engine.capabilities.protocols import CapabilityConfigError
 from workflow_engine.config import ENV_PREFIX
 from workflow_engine.domain.values import JsonObject
+from workflow_engine.errors import NodesFileError, NodesTableMissing
 
 WHERE = "the orchestrator's nodes table"
 #: Their node status that takes jobs (`models.NodeStatusActive`).
@@ -65,10 +64,6 @@ MISSING_TABLE = (
     f"{ENV_PREFIX}NODES_FILE, or run against the orchestrator's database "
     f"({ENV_PREFIX}NODES_SOURCE=orchestrator)"
 )
-
-
-class NodesTableMissing(CapabilityConfigError):
-    """The ``orchestrator`` node source was chosen, and the database has no such tables."""
 
 
 @dataclass(frozen=True, slots=True)

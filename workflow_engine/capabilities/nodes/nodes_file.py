@@ -36,18 +36,13 @@ from urllib.parse import urlsplit
 import yaml
 
 from workflow_engine import secret_files
-from workflow_engine.capabilities.protocols import CapabilityConfigError
 from workflow_engine.config import ENV_PREFIX, is_loopback
-from workflow_engine.secrets import add_credentials
+from workflow_engine.errors import NodesFileError
 
 DEFAULT_MAX_JOBS = 8
 MAX_NODES = 1000
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _FIELDS = frozenset({"name", "url", "token_env", "token_file", "labels", "max_jobs"})
-
-
-class NodesFileError(CapabilityConfigError):
-    """The nodes file cannot be read, or a node in it is not valid (named with its field)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +127,7 @@ def _node(
     return WorkerNode(
         name=name,
         url=url,
-        token=_secret(_token(entry, environ, base_dir, at)),
+        token=_token(entry, environ, base_dir, at),
         labels=_labels(entry.get("labels"), f"{at}.labels"),
         max_jobs=_max_jobs(entry.get("max_jobs", DEFAULT_MAX_JOBS), f"{at}.max_jobs"),
     )
@@ -233,8 +228,3 @@ def _max_jobs(value: Any, at: str) -> int:
 
 def _format(path: Path) -> str:
     return "JSON" if path.suffix == ".json" else "YAML"
-
-
-def _secret(token: str) -> str:
-    add_credentials([token])  # a node's token is never shown
-    return token

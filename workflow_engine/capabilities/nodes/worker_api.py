@@ -26,6 +26,7 @@ from workflow_engine.domain.jobs import (
     Truncated,
 )
 from workflow_engine.domain.values import JsonObject
+from workflow_engine.errors import UnreadableAnswer
 
 RUN_PATH = "/v1/worker/jobs:run"
 READY_PATH = "/readyz"
@@ -36,10 +37,6 @@ MAX_ARTIFACTS = 100
 _INLINE_CONTENT = frozenset({"content", "content_base64", "data", "body"})
 _STATUSES: frozenset[str] = frozenset(get_args(JobStatus))
 _MAX_MESSAGE = 300
-
-
-class UnreadableAnswer(ValueError):
-    """A node answered 200 with something that is not a Worker API result for this job."""
 
 
 def cancel_path(job_id: str) -> str:

@@ -21,7 +21,7 @@ from workflow_engine.domain.task import Step
 from workflow_engine.errors import RunControl, WorkflowEngineError
 from workflow_engine.graph import routing
 from workflow_engine.graph.state import ModelCallRecord, StepState, WorkflowState
-from workflow_engine.secrets import masked_repr
+from workflow_engine.secrets import Secrets
 
 #: Namespace of job ids: uuid5(JOB_NAMESPACE, "<task_id>/<step_id>/<attempt>").
 JOB_NAMESPACE = uuid.UUID("5b0d7d0e-8f3c-4f7e-9a57-0e1f6c8a2b11")
@@ -44,10 +44,15 @@ class NodeBase:
 
     def __init__(self, capabilities: Capabilities, jobs: JobTracker | None = None) -> None:
         self._caps = capabilities
+        self._secrets = capabilities.context.secrets
         self.jobs = (
             jobs
             or capabilities.jobs
-            or JobTracker(capabilities.worker, max_running=capabilities.max_running_jobs)
+            or JobTracker(
+                capabilities.worker,
+                max_running=capabilities.max_running_jobs,
+                metrics=capabilities.context.metrics,
+            )
         )
 
 
@@ -91,9 +96,9 @@ def approval_policy(decision: Decision | None) -> StepState:
     return {}
 
 
-def worker_error_result(job: JobRequest, exc: BaseException) -> JobResult:
+def worker_error_result(job: JobRequest, exc: BaseException, secrets: Secrets) -> JobResult:
     # The engine's own errors say what happened in their message; anything else by its repr.
-    error = exc.message if isinstance(exc, WorkflowEngineError) else masked_repr(exc)
+    error = exc.message if isinstance(exc, WorkflowEngineError) else secrets.masked_repr(exc)
     now = datetime.now(UTC).isoformat()
     return JobResult(
         task_id=job.task_id,

@@ -100,7 +100,8 @@ class Dispatching(NodeBase):
             if is_control(exc):
                 raise
             log.warning("select_target_failed", step_id=step.id, error=repr(exc))
-            failed = worker_error_result(job, exc)  # verified as a failure, then retried
+            # Verified as a failure, then retried.
+            failed = worker_error_result(job, exc, self._secrets)
             return {
                 **previous,
                 "status": "collected",

@@ -17,7 +17,7 @@ from workflow_engine.errors import WorkflowEngineError
 from workflow_engine.graph import routing
 from workflow_engine.graph.nodes.base import NodeBase, accounted, is_control
 from workflow_engine.graph.state import VerificationRecord, WorkflowState
-from workflow_engine.secrets import SECRETS, masked_repr, redact_json, state_secrets
+from workflow_engine.secrets import redact_json, state_secrets
 
 log = structlog.get_logger(__name__)
 
@@ -104,9 +104,9 @@ async def _model_summary(model: ModelClient, state: WorkflowState, plain: str) -
         {"role": "system", "content": _SUMMARY_SYSTEM},
         {
             "role": "user",
-            "content": json.dumps(SECRETS.redact_json(redact_json(brief, state_secrets(state))))[
-                :20000
-            ],
+            "content": json.dumps(
+                model.secrets.redact_json(redact_json(brief, state_secrets(state)))
+            )[:20000],
         },
     ]
     try:
@@ -117,7 +117,7 @@ async def _model_summary(model: ModelClient, state: WorkflowState, plain: str) -
     except Exception as exc:  # the model's server is untrusted: its summary is optional
         if is_control(exc):
             raise
-        log.warning("model_summary_failed", error=masked_repr(exc))
+        log.warning("model_summary_failed", error=model.secrets.masked_repr(exc))
         return ""
     text = answer.get("summary") if isinstance(answer, dict) else None
     return text.strip()[:8000] if isinstance(text, str) and text.strip() else ""

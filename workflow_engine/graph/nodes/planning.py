@@ -22,7 +22,6 @@ from workflow_engine.graph.state import (
     WorkflowState,
     as_record,
 )
-from workflow_engine.secrets import masked_repr
 
 log = structlog.get_logger(__name__)
 
@@ -72,7 +71,7 @@ class Planning(NodeBase):
             if is_control(exc):
                 raise
             log.warning("planner_failed", error=repr(exc))
-            return {"error": f"planner failed: {masked_repr(exc)}"}
+            return {"error": f"planner failed: {self._secrets.masked_repr(exc)}"}
         policy = plan.policy if isinstance(plan, PolicedPlan) else {}
         update: WorkflowState = {
             "plan": as_record(PlanRecord, plan),

@@ -7,13 +7,13 @@ from __future__ import annotations
 import structlog
 
 from workflow_engine.capabilities.model.command_policy import Decision
-from workflow_engine.capabilities.model.llm_planner import PlanRefused, policy_note
+from workflow_engine.capabilities.model.llm_planner import policy_note
 from workflow_engine.capabilities.model.model_client import recording
 from workflow_engine.capabilities.protocols import RevisingPlanner
 from workflow_engine.domain.jobs import Finding, JobResult, Verification
 from workflow_engine.domain.task import AcceptanceCriterion, Step
 from workflow_engine.domain.values import JsonObject
-from workflow_engine.errors import WorkflowEngineError
+from workflow_engine.errors import PlanRefused, WorkflowEngineError
 from workflow_engine.graph import routing
 from workflow_engine.graph.nodes.base import (
     NodeBase,
@@ -32,7 +32,6 @@ from workflow_engine.graph.state import (
     WorkflowState,
     as_record,
 )
-from workflow_engine.secrets import SECRETS, masked_repr
 
 log = structlog.get_logger(__name__)
 
@@ -127,7 +126,7 @@ class Verifying(NodeBase):
             return "", None
         task = await self._caps.stored_tasks.load(state["task_id"])
         failed = "; ".join(f.detail for f in verification.findings if not f.passed)
-        reason = SECRETS.redact_part(failed, 1000)[0]  # masked before it is cut
+        reason = self._secrets.redact_part(failed, 1000)[0]  # masked before it is cut
         revisions = list(update.get("revisions", state.get("revisions", [])))
         record: RevisionRecord = {
             "step_id": step.id,
@@ -148,7 +147,7 @@ class Verifying(NodeBase):
             if is_control(exc):
                 raise
             log.warning("revision_failed", step_id=step.id, error=repr(exc))
-            record["error"] = masked_repr(exc)
+            record["error"] = self._secrets.masked_repr(exc)
             update["revisions"] = [*revisions, record]
             return "", None
         plan: PlanRecord = {**update.get("plan", state.get("plan", {}))}
@@ -181,7 +180,7 @@ class Verifying(NodeBase):
             why = (
                 f"failed: {exc.message}"
                 if isinstance(exc, WorkflowEngineError)
-                else f"raised {masked_repr(exc)}"
+                else f"raised {self._secrets.masked_repr(exc)}"
             )
             finding = Finding(check="verifier", passed=False, detail=f"the verifier {why}")
             return Verification(

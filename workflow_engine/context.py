@@ -1,0 +1,36 @@
+"""What one engine instance owns and hands down: its secrets, its metrics, its fault plan.
+
+The `Engine` builds one `EngineContext` (`for_settings`) and gives it to what it builds: the
+capabilities (through `Lent`), the runs, the checkpointer, the service and the API. Nothing of
+it is a module global, so two engines in one process share no secret, no counter and no
+fault; a test builds a context of its own the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from workflow_engine.config import Settings
+from workflow_engine.faults import FaultPlan
+from workflow_engine.secrets import EngineSecrets
+from workflow_engine.telemetry.metrics import Metrics
+
+
+@dataclass(frozen=True, slots=True)
+class EngineContext:
+    """One engine's secrets (for its logs, errors and answers), metrics and injected faults."""
+
+    secrets: EngineSecrets = field(default_factory=EngineSecrets)
+    #: Off unless `Settings.metrics_listen` is set (the engine enables them as it starts).
+    metrics: Metrics = field(default_factory=Metrics)
+    #: Empty unless `Settings.faults` names some (the fault suite only).
+    faults: FaultPlan = field(default_factory=FaultPlan)
+
+    @classmethod
+    def for_settings(cls, settings: Settings) -> EngineContext:
+        """A new context for an engine of `settings`: its fault plan parsed, the credentials
+        the settings hold remembered (others are, as they are read: the model's key, the
+        callers' tokens, the nodes')."""
+        context = cls(faults=FaultPlan.parse(settings.faults))
+        context.secrets.add_credentials([settings.mcp.bearer_token, settings.node.token])
+        return context

@@ -27,7 +27,7 @@ least `MIN_MASKED_CHARS` long; a shorter piece is shown. An engine's `Secrets` (
 masked whole only.
 
 The database keeps the values themselves (the job needs them, and whoever can read the
-database is trusted: see README, "Security"). So does a job's environment.
+database is trusted: see docs/security.md, "Secrets"). So does a job's environment.
 """
 
 from __future__ import annotations

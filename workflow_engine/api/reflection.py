@@ -74,7 +74,7 @@ class CommentedPool:
 def _as_served_before(messages: Any) -> None:
     """Drop the `json_name` protoc writes into a descriptor set: the generated code's files
     have none, and grpcurl then shows JSON with the .proto's own field names (`run_id`, as the
-    README's examples), where with it it would switch to lowerCamelCase (`runId`)."""
+    the docs' examples), where with it it would switch to lowerCamelCase (`runId`)."""
     for message in messages:
         for field in message.field:
             field.ClearField("json_name")

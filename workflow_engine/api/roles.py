@@ -2,9 +2,9 @@
 
 This table is the one definition of the roles. The interceptor (`api.auth`) refuses a request
 that sets a field its caller's role may not set, with PERMISSION_DENIED naming the field,
-before the service sees it, so a refused request changes nothing. README's table of roles is
-`markdown_table()` (``python -m workflow_engine.api.roles`` prints it; a test checks that the
-README has it).
+before the service sees it, so a refused request changes nothing. The table of roles in
+docs/security.md is `markdown_table()` (``python -m workflow_engine.api.roles`` prints it; a
+test checks that the page has it).
 
 An orchestrator may set everything. An operator decides approvals (ResumeWorkflow with a
 decision, which is all it may send there), overrides (UpdateWorkflow) and cancels; budgets,
@@ -126,7 +126,7 @@ def refusal(role: str, method: str, request: Any) -> str | None:
 
 
 def markdown_table() -> str:
-    """The README's table of roles: every field of every changing request, per role."""
+    """docs/security.md's table of roles: every field of every changing request, per role."""
     lines = [
         "| request | field | " + " | ".join(f"`{r}`" for r in ROLE_NAMES) + " |",
         "| --- | --- |" + " --- |" * len(ROLE_NAMES),

@@ -7,7 +7,7 @@ because a broken check must fail the step rather than the workflow.
 
 Checks do work that grows with what a tenant wrote and a job printed (a pattern searched through
 the output, the output parsed as JSON, the work directory walked), so they run off the event
-loop, on threads of the verifier's own, within a time limit per step (README, "The task").
+loop, on threads of the verifier's own, within a time limit per step (docs/task.md).
 
 A finding quotes output and values with their secrets masked before they are quoted, escaped
 or cut (`workflow_engine.secrets`).

@@ -254,6 +254,7 @@ class LlmSettings:
     #: What the prompts and schemas ask for: ``full``, or ``small`` for sub-billion models
     #: (id, command and checks only; shorter instructions).
     profile: str = "full"
+    #: Sampling temperature of every call: 0 asks for the model's most likely answer.
     temperature: float = 0.0
     #: Tries after the first for a timeout, a connection error, 429 or 5xx; backoff between
     #: them doubles from 0.5 s up to `retry_max_seconds` (a 429's Retry-After wins).

@@ -1,7 +1,7 @@
 """The orchestrator's worker-node tables, ``nodes`` and ``node_capabilities``, read (never
 written) so that the ``nodes`` worker can send jobs to the orchestrator's own worker nodes.
 
-Their ORM creates the tables (see the contracts in the README); the engine's migrations do not.
+Their ORM creates the tables (see docs/orchestrator.md); the engine's migrations do not.
 Each node's row is read whole, as JSON (``to_jsonb``), so optional columns (``deleted_at`` of
 their newer schema, ``config_ack_status``) arrive when present and nothing breaks when absent,
 with its latest capability snapshot (by ``reported_at``) added as ``capability_snapshot`` and

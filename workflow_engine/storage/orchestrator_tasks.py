@@ -1,6 +1,6 @@
 """The orchestrator's own ``tasks`` table, read (never written) to start a task by its id.
 
-Their ORM creates the table (see the contracts in the README); the engine's migrations do
+Their ORM creates the table (see docs/orchestrator.md); the engine's migrations do
 not. A row is read whole, as JSON (``to_jsonb``), so the columns of their newer schema
 (``deleted_at``, ``planning_state``) arrive when present and nothing breaks when absent;
 `capabilities.tasks.task_table` makes a task of it. The engine lends these functions to its task

@@ -62,11 +62,7 @@ class Nodes:
 
     def __init__(self, capabilities: Capabilities, jobs: JobTracker | None = None) -> None:
         self._caps = capabilities
-        self.jobs = (
-            jobs
-            or capabilities.jobs
-            or JobTracker(capabilities.worker, max_running=capabilities.max_running_jobs)
-        )
+        self.jobs = jobs or capabilities.jobs
 
     async def load_task_context(self, state: WorkflowState) -> WorkflowState:
         """Read the task as stored at start; cache its criteria, preferences, limits in state."""

@@ -216,8 +216,9 @@ class RunManager:
         self._background.add(stopping)
         stopping.add_done_callback(self._background.discard)
 
-    async def wait(self, task_id: str, seconds: float) -> bool:
-        """Wait for a live run to end; True if it did (or was not running) within `seconds`."""
+    async def wait(self, task_id: str, seconds: float | None) -> bool:
+        """Wait for a live run to end; True if it did (or was not running) within `seconds`
+        (None: however long it takes)."""
         entry = self._runs.get(task_id)
         if entry is None:
             return True

@@ -24,6 +24,7 @@ from psycopg.conninfo import make_conninfo
 from tests.support import database
 from tests.support.helpers import open_to_jobs
 from tests.support.pgbouncer import PgBouncer
+from workflow_engine.capabilities.factory import Capabilities
 from workflow_engine.config import Settings
 from workflow_engine.engine import Engine
 from workflow_engine.logs import configure_logging
@@ -148,8 +149,10 @@ class RunningEngine:
         return self.server.address
 
 
-async def start_engine(settings: Settings) -> RunningEngine:
-    engine = await Engine(settings).open()
+async def start_engine(
+    settings: Settings, capabilities: Capabilities | None = None
+) -> RunningEngine:
+    engine = await Engine(settings, capabilities=capabilities).open()
     server = GrpcServer(engine)
     await server.start()
     channel = grpc.aio.insecure_channel(server.address)

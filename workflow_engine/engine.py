@@ -43,11 +43,10 @@ from workflow_engine.runtime.manager import RunManager
 from workflow_engine.runtime.recovery import Recoverer
 from workflow_engine.secrets import add_credentials
 from workflow_engine.service import WorkflowService
-from workflow_engine.storage import orchestrator_nodes, orchestrator_tasks
+from workflow_engine.storage import orchestrator_nodes, orchestrator_tasks, tasks
 from workflow_engine.storage.checkpointer import RowCheckpointer
 from workflow_engine.storage.database import database_url, open_pool, run_migrations
 from workflow_engine.storage.pool import Pool
-from workflow_engine.storage.workflows import WorkflowStore
 
 log = structlog.get_logger(__name__)
 
@@ -122,7 +121,6 @@ class _Parts:
     """What an open engine is made of, each built once (see `Engine._assemble`)."""
 
     pool: Pool
-    store: WorkflowStore
     checkpoints: RowCheckpointer
     runs: RunManager
     events: EventHub
@@ -135,14 +133,17 @@ class Engine:
     """A workflow engine in this process's event loop; see the module docstring.
 
     `open` (or `async with`) starts it: the database (the embedded server when
-    `settings.database_url` is empty), the schema, the capabilities the settings name, and
+    `settings.database_url` is empty), the schema, the capabilities the settings name (or
+    `capabilities`, built by the caller with `build_capabilities` and changed as it likes), and
     recovery of orphaned workflows. `close` drains the runs (each stops at a node boundary
     with its checkpoint written) and closes everything it opened.
     """
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, capabilities: Capabilities | None = None) -> None:
         self.settings = settings
+        self._capabilities = capabilities
         self._parts: _Parts | None = None
+        self._closed = False
         self._resources = AsyncExitStack()
 
     async def __aenter__(self) -> Engine:
@@ -171,6 +172,8 @@ class Engine:
         `task_id` (a UUID) defaults to a new one; an `idempotency_key` (a UUID) answers a start
         sent again with the workflow it started (see `StartOutcome`).
         """
+        if self._closed:
+            raise RuntimeError("the engine is closed")
         task_id = _uuid(task_id, "task_id") if task_id else str(uuid.uuid4())
         key = _uuid(idempotency_key, "idempotency_key") if idempotency_key else None
         outcome = await self.service.start(
@@ -198,21 +201,18 @@ class Engine:
     @property
     def service(self) -> WorkflowService:
         """The use cases (start, resume, update, cancel, get, list, watch)."""
-        return self._open().service
+        return self._opened().service
 
     @property
     def runs(self) -> RunManager:
-        return self._open().runs
-
-    @property
-    def store(self) -> WorkflowStore:
-        return self._open().store
+        return self._opened().runs
 
     @property
     def pool(self) -> Pool:
-        return self._open().pool
+        return self._opened().pool
 
-    def _open(self) -> _Parts:
+    def _opened(self) -> _Parts:
+        """The parts, once opened (and after `close`, closed as they are)."""
         if self._parts is None:
             raise RuntimeError("the engine is not open: use `async with Engine(settings)`")
         return self._parts
@@ -223,9 +223,10 @@ class Engine:
         """Start the engine (see the class docstring), and return it; on failure, nothing is
         left open."""
         if self._parts is not None:
-            raise RuntimeError("the engine is open already")
+            raise RuntimeError("the engine was opened already")
         settings = self.settings
-        check_choices(settings)  # a bad setting is refused before anything starts
+        if self._capabilities is None:
+            check_choices(settings)  # a bad setting is refused before anything starts
         try:
             url = await self._resources.enter_async_context(database_url(settings))
             add_credentials([settings.mcp.bearer_token, settings.node.token])
@@ -233,18 +234,17 @@ class Engine:
             self._resources.push_async_callback(pool.close)
             applied = await run_migrations(pool)
             log.info("schema_ready", migrations=applied)
-            store = WorkflowStore(pool, process=settings.process)
             # A bad configuration (a nodes file, no nodes table), or a stop during start-up,
             # ends the start cleanly.
-            caps = build_capabilities(settings, _lent(pool, store))
+            caps = self._capabilities or build_capabilities(settings, _lent(pool))
             await self._resources.enter_async_context(opened(caps))
         except BaseException:
             await self._resources.aclose()
             raise
-        self._parts = self._assemble(url, pool, store, caps)
+        self._parts = self._assemble(url, pool, caps)
         return self
 
-    def _assemble(self, url: str, pool: Pool, store: WorkflowStore, caps: Capabilities) -> _Parts:
+    def _assemble(self, url: str, pool: Pool, caps: Capabilities) -> _Parts:
         """Build the running parts on an open pool and opened capabilities (nothing here
         waits or fails on the database), and start the background ones."""
         settings = self.settings
@@ -255,7 +255,7 @@ class Engine:
         runs = RunManager(
             graph=build_graph(caps),
             checkpoints=checkpoints,
-            store=store,
+            pool=pool,
             jobs=caps.jobs,
             faults=faults,
             max_runs_per_tenant=settings.max_running_workflows_per_tenant,
@@ -267,7 +267,7 @@ class Engine:
         service = WorkflowService(
             watch_poll_seconds=settings.watch_poll_seconds,
             settings=settings,
-            store=store,
+            pool=pool,
             runs=runs,
             events=events,
             on_task_stored=caps.stored_tasks.stored,
@@ -277,7 +277,7 @@ class Engine:
         recoverer = None
         if settings.recovery_enabled:
             recoverer = Recoverer(
-                store=store,
+                pool=pool,
                 recover=service.recover,
                 is_live=runs.is_live,
                 interval_seconds=settings.recovery_interval_seconds,
@@ -289,13 +289,14 @@ class Engine:
         # full collections (in-flight runs), see `runtime.collector`.
         collector = Collector()
         collector.install()
-        return _Parts(pool, store, checkpoints, runs, events, service, recoverer, collector)
+        return _Parts(pool, checkpoints, runs, events, service, recoverer, collector)
 
     async def close(self, *, drain_timeout: float | None = None) -> None:
         """Drain the runs (see `RunManager.drain`), close connections, then the embedded server."""
-        parts, self._parts = self._parts, None
-        if parts is None:
+        parts = self._parts
+        if parts is None or self._closed:
             return
+        self._closed = True
         timeout = self.settings.drain_timeout_seconds if drain_timeout is None else drain_timeout
         if parts.recoverer is not None:
             await parts.recoverer.close()
@@ -316,10 +317,10 @@ def _uuid(value: str, field: str) -> str:
         raise InvalidArgument(field, f"not a UUID: {value[:64]!r}") from None
 
 
-def _lent(pool: Pool, store: WorkflowStore) -> Lent:
+def _lent(pool: Pool) -> Lent:
     """What the capabilities may read through the engine's pool (see `Lent`)."""
     return Lent(
-        stored_task=store.load_task,
+        stored_task=partial(tasks.load, pool),
         orchestrator_task=partial(orchestrator_tasks.read_task, pool),
         has_orchestrator_tasks=partial(orchestrator_tasks.table_exists, pool),
         orchestrator_nodes=partial(orchestrator_nodes.read_nodes, pool),

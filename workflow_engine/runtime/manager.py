@@ -39,8 +39,9 @@ from workflow_engine.graph.changes import Change
 from workflow_engine.graph.state import WorkflowState
 from workflow_engine.runtime.quotas import Quota
 from workflow_engine.runtime.run import Run
+from workflow_engine.storage import leases, queries, workflow_rows
 from workflow_engine.storage.checkpointer import RowCheckpointer
-from workflow_engine.storage.workflows import WorkflowStore
+from workflow_engine.storage.pool import Pool, on_connection
 from workflow_engine.telemetry.metrics import METRICS
 
 log = structlog.get_logger(__name__)
@@ -58,14 +59,14 @@ class RunManager:
         *,
         graph: WorkflowGraph,
         checkpoints: RowCheckpointer,
-        store: WorkflowStore,
+        pool: Pool,
         jobs: JobTracker,
         faults: FaultPlan | None = None,
         max_runs_per_tenant: int = 0,
     ) -> None:
         self._graph = graph
         self._checkpoints = checkpoints
-        self._store = store
+        self._pool = pool
         self._jobs = jobs
         self._faults = faults
         self._runs: dict[str, tuple[Run, asyncio.Task[str]]] = {}
@@ -138,7 +139,7 @@ class RunManager:
             status=status,
             graph=self._graph,
             checkpoints=self._checkpoints,
-            store=self._store,
+            pool=self._pool,
             initial_input=initial_input,
             faults=self._faults,
             changes=changes,
@@ -176,11 +177,11 @@ class RunManager:
         elsewhere: stop its jobs."""
         task_id = fence.task_id
         try:
-            reason = await self._store.note_stopped(fence)
+            reason = await workflow_rows.note_stopped(self._pool, fence)
             if reason:
                 log.warning("run_stopped_by_another_writer", task_id=task_id, reason=reason)
                 return
-            cancelled = (await self._store.get(task_id)).status == WorkflowStatus.CANCELLED
+            cancelled = (await queries.get(self._pool, task_id)).status == WorkflowStatus.CANCELLED
         except (WorkflowEngineError, psycopg.Error) as exc:
             log.warning("run_end_status_unknown", task_id=task_id, error=repr(exc))
             cancelled = False
@@ -195,7 +196,8 @@ class RunManager:
         confirmed = self._confirmed.get(job.task_id, -FENCE_FRESH_SECONDS)
         if time.monotonic() - confirmed < FENCE_FRESH_SECONDS:
             return
-        if not await self._store.fence_holds(run.fence):
+        fence = run.fence
+        if not await on_connection(self._pool, lambda conn: leases.holds(conn, fence)):
             raise LeaseLost(job.task_id, run.fence.holder_id, run.fence.epoch)
         self._confirmed[job.task_id] = time.monotonic()
 

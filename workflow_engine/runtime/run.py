@@ -63,8 +63,9 @@ from workflow_engine.secrets import (
     masked_repr,
     state_secrets,
 )
+from workflow_engine.storage import leases, workflow_rows
 from workflow_engine.storage.checkpointer import Checkpoint, RowCheckpointer
-from workflow_engine.storage.workflows import WorkflowStore
+from workflow_engine.storage.pool import Pool, on_connection
 from workflow_engine.telemetry import tracing
 from workflow_engine.telemetry.metrics import METRICS
 
@@ -87,7 +88,7 @@ class Run:
         status: str,
         graph: WorkflowGraph,
         checkpoints: RowCheckpointer,
-        store: WorkflowStore,
+        pool: Pool,
         initial_input: WorkflowState | None,
         faults: FaultPlan | None = None,
         changes: Sequence[Change] = (),
@@ -99,7 +100,7 @@ class Run:
         self._status = status
         self._graph = graph
         self._checkpoints = checkpoints
-        self._store = store
+        self._pool = pool
         self._input = initial_input
         self._has_checkpoint = initial_input is None
         self._stop_reason: str | None = None
@@ -244,11 +245,13 @@ class Run:
             # workflow waits for an operator (see `WorkflowService.accept_outside_state`).
             self.outcome = "blocked: changed outside the engine"
             log.warning("run_outside_write", last_node=self.last_node)
-            await self._store.block(self._fence, OUTSIDE_CHANGE)
+            await workflow_rows.block(self._pool, self._fence, OUTSIDE_CHANGE)
         except CheckpointCorrupt as exc:
             self.outcome = "failed: corrupt checkpoint"
             log.error("run_checkpoint_corrupt", error=exc.message)
-            await self._store.set_status(self._fence, WorkflowStatus.FAILED, exc.message)
+            await workflow_rows.set_status(
+                self._pool, self._fence, WorkflowStatus.FAILED, exc.message
+            )
             METRICS.workflow_finished(WorkflowStatus.FAILED, None)
         except psycopg.Error as exc:
             # The database stayed unreachable beyond the retry budget. The workflow is not
@@ -262,7 +265,8 @@ class Run:
         except Exception as exc:
             self.outcome = "failed: internal error"
             log.exception("run_internal_error")
-            await self._store.set_status(
+            await workflow_rows.set_status(
+                self._pool,
                 self._fence,
                 WorkflowStatus.FAILED,
                 f"internal error after {self.last_node}: {masked_repr(exc)}",
@@ -379,7 +383,8 @@ class Run:
 
     async def _release(self) -> None:
         try:
-            await self._store.release_lease(self._fence)
+            fence = self._fence
+            await on_connection(self._pool, lambda conn: leases.release(conn, fence))
             METRICS.lease("released")
         except psycopg.Error as exc:  # it expires on its own; nothing else to do
             log.warning("lease_release_failed", error=repr(exc))
@@ -396,7 +401,11 @@ class Run:
             await asyncio.sleep(interval)
             try:
                 self._faults.at("renew", "*")
-                expires = await self._store.renew_lease(self._fence, self._ttl)
+                expires = await on_connection(
+                    self._pool,
+                    lambda conn: leases.renew(conn, self._fence, self._ttl),
+                    max_seconds=self._ttl / 3,  # then the next beat tries again
+                )
             except psycopg.Error as exc:
                 log.warning("lease_renew_failed", error=repr(exc))
                 continue

@@ -18,7 +18,8 @@ from workflow_engine.runtime.manager import RunManager
 from workflow_engine.runtime.quotas import Quota
 from workflow_engine.secrets import SECRETS, state_secrets
 from workflow_engine.service.checks import in_scope
-from workflow_engine.storage.workflows import WorkflowStore
+from workflow_engine.storage import queries
+from workflow_engine.storage.pool import Pool
 
 
 class Watches:
@@ -27,13 +28,13 @@ class Watches:
     def __init__(
         self,
         *,
-        store: WorkflowStore,
+        pool: Pool,
         runs: RunManager,
         events: EventHub,
         poll_seconds: float,
         max_per_caller: int,
     ) -> None:
-        self._store = store
+        self._pool = pool
         self._runs = runs
         self._events = events
         self._watch_poll = poll_seconds
@@ -62,12 +63,12 @@ class Watches:
         next_seq = max(from_sequence, 1)
         with self._watches.holding(caller):
             if scope is not None:  # NOT_FOUND, as for a workflow that does not exist
-                in_scope(await self._store.get(task_id), scope)
+                in_scope(await queries.get(self._pool, task_id), scope)
             with self._events.subscribe(task_id) as news:
                 record: WorkflowRecord | None = None
                 if not self._feed_holds_the_end(task_id, next_seq):
                     # NOT_FOUND before anything is streamed; the table may be ahead of the feed.
-                    record = await self._store.get(task_id)
+                    record = await queries.get(self._pool, task_id)
                     SECRETS.add(state_secrets(record.state))  # it may run elsewhere
                     news.stale = True
                 while True:
@@ -75,7 +76,7 @@ class Watches:
                     batch = None if news.stale else self._events.recent(task_id, next_seq)
                     if batch is None:
                         news.stale = False
-                        batch = await self._store.events(task_id, next_seq)
+                        batch = await queries.events(self._pool, task_id, next_seq)
                     for event in batch:
                         next_seq = event.seq + 1
                         ends = event.kind == "status" and event.status in TERMINAL_STATUSES
@@ -90,7 +91,7 @@ class Watches:
                     try:
                         await asyncio.wait_for(news.woken.wait(), self._watch_poll)
                     except TimeoutError:
-                        record = await self._store.get(task_id)
+                        record = await queries.get(self._pool, task_id)
                         news.stale = True
 
     def _feed_holds_the_end(self, task_id: str, from_seq: int) -> bool:

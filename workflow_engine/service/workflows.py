@@ -29,10 +29,6 @@ from workflow_engine.errors import (
     LeaseHeld,
     OutOfScope,
     ShuttingDown,
-    TaskNotFound,
-    TaskNotStartable,
-    TaskSourceUnavailable,
-    WorkflowEngineError,
     WorkflowExists,
     WorkflowNotFound,
 )
@@ -52,9 +48,11 @@ from workflow_engine.service.checks import (
     resume_changes,
     state_of,
 )
+from workflow_engine.service.task_by_id import task_by_id
 from workflow_engine.service.watch import Watches
+from workflow_engine.storage import leases, queries, workflow_rows
+from workflow_engine.storage.pool import Pool, on_connection
 from workflow_engine.storage.queries import MAX_HISTORY_EVENTS
-from workflow_engine.storage.workflows import WorkflowStore
 from workflow_engine.telemetry.metrics import METRICS
 
 #: How long a change waits for a closing run of its workflow (one that wrote its last
@@ -92,7 +90,7 @@ class WorkflowService:
         self,
         *,
         settings: Settings,
-        store: WorkflowStore,
+        pool: Pool,
         runs: RunManager,
         events: EventHub,
         check_startable: Callable[[TaskSpec], None],
@@ -101,7 +99,9 @@ class WorkflowService:
         on_task_stored: Callable[[str, TaskSpec], None] | None = None,
     ) -> None:
         self._settings = settings
-        self._store = store
+        self._pool = pool
+        # This process's name, recorded with every lease it takes (see `leases.acquire`).
+        self._process = settings.process
         self._runs = runs
         self._events = events
         self._on_task_stored = on_task_stored
@@ -111,7 +111,7 @@ class WorkflowService:
         # Where a StartWorkflow without a task loads it by id.
         self._task_source = task_source
         self._watches = Watches(
-            store=store,
+            pool=pool,
             runs=runs,
             events=events,
             poll_seconds=watch_poll_seconds,
@@ -143,7 +143,7 @@ class WorkflowService:
         asked here.
         """
         if task is None:
-            task = await self._task_by_id(task_id, scope)
+            task = await task_by_id(self._pool, self._task_source, task_id, scope)
         elif not admits(scope, task.metadata.user_id, task.metadata.project_id):
             # The caller's own words (it chose the project and user): naming them tells nothing.
             raise OutOfScope(
@@ -160,7 +160,9 @@ class WorkflowService:
         tenant = task.metadata.project_id
         with self._runs.room_for(tenant):
             try:
-                outcome = await self._store.create(
+                outcome = await workflow_rows.create(
+                    self._pool,
+                    process=self._process,
                     task_id=task_id,
                     holder_id=holder,
                     idempotency_key=idempotency_key,
@@ -192,44 +194,6 @@ class WorkflowService:
             )
         return outcome
 
-    async def _task_by_id(self, task_id: str, scope: Scope | None) -> TaskSpec:
-        """The task source's task, for a start that sent none.
-
-        A task that already has a workflow is answered as before (ALREADY_RUNNING, ...) even
-        when the source now refuses it (closed since, deleted, unreachable): the task stored
-        with that workflow stands in, and nothing new is stored for it.
-
-        Another tenant's task (`scope` does not admit it) is answered as one the source does
-        not have, in its words: not whose it is, not that it is closed, not that it has a
-        workflow.
-        """
-        source = self._task_source
-        try:
-            task = await source.load(task_id)
-        except TaskNotStartable as refused:
-            if not admits(scope, refused.user_id, refused.project_id):
-                raise TaskNotFound(task_id, source.where) from None
-            return await self._stored_instead(task_id, refused, scope)
-        except (TaskNotFound, TaskSourceUnavailable) as refused:
-            return await self._stored_instead(task_id, refused, scope)
-        if not admits(scope, task.metadata.user_id, task.metadata.project_id):
-            raise TaskNotFound(task_id, source.where)
-        return task
-
-    async def _stored_instead(
-        self, task_id: str, refused: WorkflowEngineError, scope: Scope | None
-    ) -> TaskSpec:
-        """The task stored with the task's workflow, for a start the source refused; without
-        one, or when it is another tenant's, the source's refusal as it is."""
-        try:
-            await self._store.get(task_id)
-        except WorkflowNotFound:
-            raise refused from None
-        task = TaskSpec.from_json(await self._store.load_task(task_id))
-        if not admits(scope, task.metadata.user_id, task.metadata.project_id):
-            raise refused from None
-        return task
-
     async def resume(
         self,
         *,
@@ -252,7 +216,7 @@ class WorkflowService:
         """
         ttl = self._ttl(lease_ttl_seconds)
         holder = holder_id or self._settings.holder_id
-        record = in_scope(await self._store.get(task_id), scope)
+        record = in_scope(await queries.get(self._pool, task_id), scope)
         refuse_blocked(record)
         changes = resume_changes(record, decision, budget, actor or holder)
         if changes:
@@ -263,8 +227,12 @@ class WorkflowService:
             return ResumeOutcome(record, None, False, record.status)
         self._check_accepting()
         with self._runs.room_for(record.project_id):
-            claim = await self._store.claim_for_resume(
-                task_id=task_id, holder_id=holder, ttl_seconds=ttl
+            claim = await workflow_rows.claim_for_resume(
+                self._pool,
+                process=self._process,
+                task_id=task_id,
+                holder_id=holder,
+                ttl_seconds=ttl,
             )
             if claim.lease is None:
                 refuse_blocked(claim.record)  # changed outside the engine since the read above
@@ -281,13 +249,14 @@ class WorkflowService:
         anything is written when it does not fit. A blocked workflow (another writer changed
         its row) takes only a decision about that: accept their state, or fail it.
         """
-        record = in_scope(await self._store.get(task_id), scope)
+        record = in_scope(await queries.get(self._pool, task_id), scope)
         if record.terminal:
             raise InvalidState(f"the workflow has ended ({record.status}); nothing to override")
         if override.accept_outside_state:
             return await self._accept_outside_state(record, override)
         if record.blocked_reason and override.fails:
-            ended = await self._store.end_blocked(
+            ended = await workflow_rows.end_blocked(
+                self._pool,
                 task_id,
                 f"failed by {override.actor}"
                 + (f": {override.reason}" if override.reason else "")
@@ -317,7 +286,9 @@ class WorkflowService:
         holder = self._settings.holder_id
         ttl = float(self._settings.lease_ttl_seconds)
         with self._runs.room_for(record.project_id):
-            claim = await self._store.restart_from(
+            claim = await workflow_rows.restart_from(
+                self._pool,
+                process=self._process,
                 task_id=record.task_id,
                 holder_id=holder,
                 ttl_seconds=ttl,
@@ -355,8 +326,12 @@ class WorkflowService:
                 return await self._applied(task_id, None, state)
             self._check_accepting()
             with self._runs.room_for(record.project_id):
-                claim = await self._store.claim_for_resume(
-                    task_id=task_id, holder_id=holder, ttl_seconds=ttl
+                claim = await workflow_rows.claim_for_resume(
+                    self._pool,
+                    process=self._process,
+                    task_id=task_id,
+                    holder_id=holder,
+                    ttl_seconds=ttl,
                 )
                 if claim.lease is None:
                     refuse_blocked(claim.record)
@@ -366,7 +341,7 @@ class WorkflowService:
                 try:  # refused by the state as claimed (it may have moved on): change nothing
                     state_changes.apply_all(changes, state_of(claim.record))
                 except Exception:
-                    await self._store.release_lease(
+                    await self._release(
                         Fence(task_id, claim.record.run_id, holder, claim.lease.epoch)
                     )
                     raise
@@ -374,6 +349,9 @@ class WorkflowService:
             state = await run.pending()[0]
             return await self._applied(task_id, claim.lease, state)
         raise InvalidState("the workflow's run kept changing hands; nothing was changed, retry")
+
+    async def _release(self, fence: Fence) -> None:
+        await on_connection(self._pool, lambda conn: leases.release(conn, fence))
 
     async def _settled_run(self, task_id: str) -> Run | None:
         """The run of `task_id` here that still takes changes; waits out a closing one."""
@@ -385,7 +363,7 @@ class WorkflowService:
         return None
 
     async def _applied(self, task_id: str, lease: Lease | None, state: WorkflowState) -> Applied:
-        record = await self._store.get(task_id)
+        record = await queries.get(self._pool, task_id)
         status = record.status
         if status == WorkflowStatus.RUNNING:  # not yet past the node the change leads to
             status = routing.committed_status(state, time.time())
@@ -397,7 +375,9 @@ class WorkflowService:
             return False
         holder = self._settings.holder_id
         ttl = float(self._settings.lease_ttl_seconds)
-        claim = await self._store.claim_for_resume(
+        claim = await workflow_rows.claim_for_resume(
+            self._pool,
+            process=self._process,
             task_id=task_id,
             holder_id=holder,
             ttl_seconds=ttl,
@@ -429,13 +409,13 @@ class WorkflowService:
         )
 
     async def get(self, task_id: str, scope: Scope | None = None) -> WorkflowRecord:
-        return in_scope(await self._store.get(task_id), scope)
+        return in_scope(await queries.get(self._pool, task_id), scope)
 
     async def get_with_history(
         self, task_id: str, scope: Scope | None = None
     ) -> tuple[WorkflowRecord, Sequence[WorkflowEventRecord]]:
         """The workflow and its events, oldest first (the newest `MAX_HISTORY_EVENTS` of them)."""
-        record, history = await self._store.get_with_history(task_id, MAX_HISTORY_EVENTS)
+        record, history = await queries.get_with_history(self._pool, task_id, MAX_HISTORY_EVENTS)
         return in_scope(record, scope), history
 
     async def _taken_in_scope(self, task_id: str, scope: Scope | None) -> None:
@@ -451,7 +431,7 @@ class WorkflowService:
     async def _check_scope(self, task_id: str, scope: Scope | None) -> None:
         """NOT_FOUND, as for a workflow that does not exist, unless `scope` admits it."""
         if scope is not None:
-            in_scope(await self._store.get(task_id), scope)
+            in_scope(await queries.get(self._pool, task_id), scope)
 
     async def cancel(
         self, task_id: str, reason: str, actor: str = "", scope: Scope | None = None
@@ -463,7 +443,7 @@ class WorkflowService:
         cancel's notification reaches it).
         """
         await self._check_scope(task_id, scope)  # a workflow's owner never changes
-        record, cancelled = await self._store.cancel(task_id, reason, actor)
+        record, cancelled = await workflow_rows.cancel(self._pool, task_id, reason, actor)
         if cancelled:
             METRICS.workflow_finished(WorkflowStatus.CANCELLED, record.state.get("started_at"))
             self._runs.cancel(task_id, jobs_in_flight(state_of(record)))
@@ -488,4 +468,4 @@ class WorkflowService:
 
     async def list_workflows(self, query: WorkflowQuery) -> WorkflowPage:
         """One page of workflows matching `query`, newest update first (no state, no history)."""
-        return await self._store.list_workflows(query)
+        return await queries.list_workflows(self._pool, query)

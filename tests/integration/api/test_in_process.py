@@ -44,8 +44,8 @@ async def test_a_failed_step_is_a_failed_result_not_an_exception(settings: Setti
     task = TaskSpec(steps=(Step(id="no", command=("false",)),), max_attempts_per_step=1)
     async with Engine(settings) as engine:
         result = await engine.run(task)
-    assert result.status == WorkflowStatus.FAILED and not result.succeeded
-    assert result.error
+    assert result.status == WorkflowStatus.FAILED and not result.succeeded, result
+    assert result.error, result
 
 
 async def test_a_start_answers_as_over_grpc(settings: Settings) -> None:
@@ -69,8 +69,10 @@ async def test_an_engine_is_used_open_only(settings: Settings) -> None:
         await engine.start(echo("early"))
     async with engine:
         pass
-    with pytest.raises(RuntimeError, match="not open"):
+    with pytest.raises(RuntimeError, match="closed"):
         await engine.start(echo("late"))
+    with pytest.raises(RuntimeError, match="opened already"):
+        await engine.open()
 
 
 def test_the_example_starts_and_awaits_a_workflow(db_url: str, tmp_path: Path) -> None:

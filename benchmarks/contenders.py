@@ -23,14 +23,19 @@ from langgraph.graph import END, START, StateGraph
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from workflow_engine.config import Settings
-from workflow_engine.engine import Engine
+from workflow_engine import Engine, Settings, Step, TaskSpec
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
 
 STEPS = 3
 NODES = 3 + 3 * STEPS  # load, plan, finalize + dispatch/collect/verify per step
 ENGINE_TASK = pb.TaskSpec(steps=[pb.Step(id=f"s{i}", command=["true"]) for i in range(STEPS)])
+
+
+def engine_task() -> TaskSpec:
+    """`ENGINE_TASK` for the in-process API (built per workflow, as a caller's would be)."""
+    return TaskSpec(steps=tuple(Step(id=f"s{i}", command=("true",)) for i in range(STEPS)))
+
 
 # The contract row every contender must keep current after each node.
 CONTRACT_TABLE = """
@@ -443,16 +448,12 @@ class EngineInProcess:
 
     async def open(self, url: str, concurrency: int) -> None:
         settings = engine_settings(url, self.data_dir, concurrency, self.worker)
-        self.engine = await Engine.start(settings)
+        self.engine = await Engine(settings).open()
 
     async def run(self, i: int) -> None:
-        from workflow_engine.api.requests import task_from_proto
-
-        task_id = str(uuid.uuid4())
-        await self.engine.service.start(
-            task_id=task_id, holder_id="", idempotency_key=None, task=task_from_proto(ENGINE_TASK)
-        )
-        await self.engine.runs.wait(task_id, 600)
+        workflow = await self.engine.start(engine_task())
+        async with asyncio.timeout(600):
+            await workflow.wait()
 
     async def close(self) -> None:
         await self.engine.close()

@@ -35,12 +35,10 @@ from psycopg.conninfo import make_conninfo
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_postgres import run_on_bench_postgres
-from contenders import ENGINE_TASK, STEPS, engine_settings
+from contenders import STEPS, engine_settings, engine_task
 
-from workflow_engine.api.requests import task_from_proto
-from workflow_engine.engine import Engine
+from workflow_engine import Engine, Step, TaskSpec, WorkflowHandle
 from workflow_engine.logs import configure_logging
-from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 STARTERS = 20  # concurrent starts
 
@@ -66,10 +64,11 @@ def progress(message: str) -> None:
     print(f"    {message}", file=sys.stderr, flush=True)
 
 
-async def node_gaps_ms(engine: Engine, task_id: str) -> list[float]:
+async def node_gaps_ms(probe: WorkflowHandle) -> list[float]:
     """The time between the probe's consecutive node events, in milliseconds."""
-    _, history = await engine.service.get_with_history(task_id)
-    times = [e.created_at for e in history if e.kind == "node"]
+    times = [
+        e.created_at async for e in probe.events(kinds=frozenset({"node"})) if e.kind == "node"
+    ]
     return [(b - a).total_seconds() * 1000 for a, b in itertools.pairwise(times)]
 
 
@@ -79,20 +78,18 @@ async def run(
     db = f"inflight_{uuid.uuid4().hex[:8]}"
     async with await psycopg.AsyncConnection.connect(server, autocommit=True) as admin:
         await admin.execute(f"CREATE DATABASE {db}")
-    spec = task_from_proto(
-        pb.TaskSpec(
-            steps=[pb.Step(id=f"s{i}", command=["sleep", str(job_seconds)]) for i in range(STEPS)]
-        )
+    spec = TaskSpec(
+        steps=tuple(Step(id=f"s{i}", command=("sleep", str(job_seconds))) for i in range(STEPS))
     )
-    probe_spec = task_from_proto(ENGINE_TASK)
+    probe_spec = engine_task()
     with tempfile.TemporaryDirectory() as tmp:
         settings = engine_settings(make_conninfo(server, dbname=db), Path(tmp), 20)
-        engine = await Engine.start(
+        engine = await Engine(
             settings.with_overrides(
                 lease_ttl_seconds=max(120, 3 * job_seconds),
                 max_running_jobs=workflows + probes,
             )
-        )
+        ).open()
         rss_idle = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         pauses = GcPauses()
         ids = [str(uuid.uuid4()) for _ in range(workflows)]
@@ -103,9 +100,7 @@ async def run(
         async def starter() -> None:  # an orchestrator starts many at once, too
             nonlocal started
             for task_id in queue:
-                await engine.service.start(
-                    task_id=task_id, holder_id="", idempotency_key=None, task=spec
-                )
+                await engine.start(spec, task_id=task_id)
                 started += 1
                 if started % 2000 == 0:
                     progress(f"{started} of {workflows} started")
@@ -115,17 +110,16 @@ async def run(
         gaps: list[float] = []
         full_before_probes = len(pauses.full)
         for _ in range(probes):
-            probe = str(uuid.uuid4())
-            await engine.service.start(
-                task_id=probe, holder_id="", idempotency_key=None, task=probe_spec
-            )
-            await engine.runs.wait(probe, 60)
-            gaps += await node_gaps_ms(engine, probe)
+            probe = await engine.start(probe_spec)
+            async with asyncio.timeout(60):
+                await probe.wait()
+            gaps += await node_gaps_ms(probe)
         probed_s = time.perf_counter() - t0
         probe_gcs = pauses.full[full_before_probes:]
         if wait:
             for task_id in ids:
-                await engine.runs.wait(task_id, 600)
+                async with asyncio.timeout(600):
+                    await engine.workflow(task_id).wait()
         elapsed = time.perf_counter() - t0
         peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         await engine.close(drain_timeout=0 if not wait else None)

@@ -29,9 +29,9 @@ import psycopg
 from bench_postgres import PGDATA, run_on_bench_postgres
 from psycopg.conninfo import make_conninfo
 
-from workflow_engine.config import Settings
-from workflow_engine.engine import Engine, GrpcServer
+from workflow_engine import Engine, Settings
 from workflow_engine.logs import configure_logging
+from workflow_engine.serving import GrpcServer
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
 
@@ -112,7 +112,7 @@ async def run(server_url: str, workflows: int) -> dict[str, object]:
     log = PGDATA / "log"
     with tempfile.TemporaryDirectory() as tmp:
         settings = Settings(database_url=url, listen="127.0.0.1:0", data_dir=Path(tmp))
-        engine = await Engine.start(settings)
+        engine = await Engine(settings).open()
         server = GrpcServer(engine)
         await server.start()
         latencies: list[float] = []

@@ -34,30 +34,24 @@ sys.path.insert(0, str(ROOT))
 from bench_postgres import run_on_bench_postgres  # noqa: E402  (this script's own directory)
 
 from tests.support.pgbouncer import PgBouncer  # noqa: E402  (the same runner the tests use)
-from workflow_engine.api.requests import task_from_proto  # noqa: E402
-from workflow_engine.config import Settings  # noqa: E402
-from workflow_engine.engine import Engine  # noqa: E402
+from workflow_engine import Engine, Settings, Step, TaskSpec  # noqa: E402
 from workflow_engine.logs import configure_logging  # noqa: E402
-from workflow_engine.v1 import workflow_engine_pb2 as pb  # noqa: E402
 
 OUT = ROOT / "bench-results"
-TASK = pb.TaskSpec(
+TASK = TaskSpec(
     prompt="pooler bench",
-    steps=[pb.Step(id=f"s{i}", command=["sleep", "0.05"]) for i in range(3)],
+    steps=tuple(Step(id=f"s{i}", command=("sleep", "0.05")) for i in range(3)),
 )
 AT_ONCE = 5
 
 
 async def run_route(name: str, settings: Settings, workflows: int) -> dict[str, Any]:
-    engine = await Engine.start(settings)
+    engine = await Engine(settings).open()
     delays: list[float] = []
 
     async def one() -> None:
-        task_id = str(uuid.uuid4())
-        await engine.service.start(
-            task_id=task_id, holder_id="", idempotency_key=None, task=task_from_proto(TASK)
-        )
-        async for event in engine.service.watch(task_id, 1):
+        workflow = await engine.start(TASK)
+        async for event in workflow.events():
             delays.append((datetime.now(UTC) - event.created_at).total_seconds() * 1000)
 
     started = time.perf_counter()

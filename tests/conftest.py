@@ -26,8 +26,10 @@ from tests.support.helpers import open_to_jobs
 from tests.support.pgbouncer import PgBouncer
 from workflow_engine.capabilities import Capabilities
 from workflow_engine.config import Settings
-from workflow_engine.engine import Engine, GrpcServer, run_migrations
+from workflow_engine.engine import Engine
 from workflow_engine.logs import configure_logging
+from workflow_engine.serving import GrpcServer
+from workflow_engine.storage.database import run_migrations
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
 
 TEMPLATE_DB = f"workflow_engine_template_{os.getpid()}"
@@ -150,7 +152,7 @@ class RunningEngine:
 async def start_engine(
     settings: Settings, capabilities: Capabilities | None = None
 ) -> RunningEngine:
-    engine = await Engine.start(settings, capabilities=capabilities)
+    engine = await Engine(settings, capabilities=capabilities).open()
     server = GrpcServer(engine)
     await server.start()
     channel = grpc.aio.insecure_channel(server.address)

@@ -1,10 +1,121 @@
-"""workflow-engine: a durable LangGraph workflow worker driven over gRPC.
+"""workflow-engine: a durable LangGraph workflow worker driven over gRPC, or run in-process.
 
-The public surface is small: `Settings` to configure, `Engine` to run in-process, the gRPC
-contract in `workflow_engine.v1`, and the exceptions in `workflow_engine.errors`.
+The public surface: `Settings` to configure; `Engine` to run in a program's own event loop,
+with `TaskSpec` and `Step` to say what to run and `WorkflowHandle` / `WorkflowResult` for what
+comes of it; the errors it raises (all `WorkflowEngineError`); the gRPC contract in
+`workflow_engine.v1`. Everything else is internal.
+
+    async with Engine(settings_from_env()) as engine:
+        result = await engine.run(TaskSpec(steps=[Step(id="hi", command=["echo", "hi"])]))
+
+`Engine` and its types are imported on first use: the client commands and the worker node
+import this package too, and need none of the engine.
 """
 
-from workflow_engine.config import Settings
+from __future__ import annotations
 
-__all__ = ["Settings"]
+from typing import TYPE_CHECKING
+
+from workflow_engine.config import Settings, settings_from_env
+from workflow_engine.domain.records import StartOutcome, WorkflowEventRecord, WorkflowRecord
+from workflow_engine.domain.status import WorkflowStatus
+from workflow_engine.domain.task import Step, TaskSpec
+from workflow_engine.errors import (
+    AnswerProblem,
+    AuthConfigError,
+    BodyTooLarge,
+    CapabilityConfigError,
+    CheckpointCorrupt,
+    ConfigError,
+    Draining,
+    InvalidArgument,
+    InvalidState,
+    JobOfAnotherTask,
+    LeaseHeld,
+    LinkOut,
+    ModelError,
+    NodeInUse,
+    NodesFileError,
+    NodesTableMissing,
+    NoEligibleNode,
+    OutOfScope,
+    PatternError,
+    PlanRefused,
+    ResourceExhausted,
+    RunEnded,
+    ShuttingDown,
+    TaskNotFound,
+    TaskNotStartable,
+    TaskSourceUnavailable,
+    Unauthenticated,
+    Unauthorized,
+    UnknownCapability,
+    UnreadableAnswer,
+    UsageError,
+    WorkflowEngineError,
+    WorkflowExists,
+    WorkflowNotFound,
+)
+
+if TYPE_CHECKING:
+    from workflow_engine.engine import Engine, WorkflowHandle, WorkflowResult
+
+__all__ = [
+    "AnswerProblem",
+    "AuthConfigError",
+    "BodyTooLarge",
+    "CapabilityConfigError",
+    "CheckpointCorrupt",
+    "ConfigError",
+    "Draining",
+    "Engine",
+    "InvalidArgument",
+    "InvalidState",
+    "JobOfAnotherTask",
+    "LeaseHeld",
+    "LinkOut",
+    "ModelError",
+    "NoEligibleNode",
+    "NodeInUse",
+    "NodesFileError",
+    "NodesTableMissing",
+    "OutOfScope",
+    "PatternError",
+    "PlanRefused",
+    "ResourceExhausted",
+    "RunEnded",
+    "Settings",
+    "ShuttingDown",
+    "StartOutcome",
+    "Step",
+    "TaskNotFound",
+    "TaskNotStartable",
+    "TaskSourceUnavailable",
+    "TaskSpec",
+    "Unauthenticated",
+    "Unauthorized",
+    "UnknownCapability",
+    "UnreadableAnswer",
+    "UsageError",
+    "WorkflowEngineError",
+    "WorkflowEventRecord",
+    "WorkflowExists",
+    "WorkflowHandle",
+    "WorkflowNotFound",
+    "WorkflowRecord",
+    "WorkflowResult",
+    "WorkflowStatus",
+    "settings_from_env",
+]
 __version__ = "0.1.0"
+
+_LAZY = frozenset({"Engine", "WorkflowHandle", "WorkflowResult"})
+
+
+def __getattr__(name: str) -> object:
+    """`Engine`, `WorkflowHandle` and `WorkflowResult`, imported on first use."""
+    if name in _LAZY:
+        from workflow_engine import engine
+
+        return getattr(engine, name)
+    raise AttributeError(f"module 'workflow_engine' has no attribute {name!r}")

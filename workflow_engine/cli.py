@@ -19,17 +19,11 @@ import structlog
 
 from workflow_engine.client import subcommands as client_commands
 from workflow_engine.config import ENV_PREFIX, Settings, settings_from_env
-from workflow_engine.engine import (
-    auth_of,
-    open_database,
-    open_pool,
-    run_migrations,
-    serve,
-    server_credentials,
-)
 from workflow_engine.errors import ConfigError, NodeInUse
 from workflow_engine.logs import configure_logging
 from workflow_engine.node import node_tls_context, serve_node
+from workflow_engine.serving import auth_of, serve, server_credentials
+from workflow_engine.storage.database import database_url, migrate_database
 from workflow_engine.supervisor import supervise
 from workflow_engine.under_supervisor import supervised
 
@@ -119,17 +113,9 @@ def _given(**values: Any) -> dict[str, Any]:
 
 
 async def _migrate(settings: Settings) -> None:
-    url, embedded = open_database(settings)
-    try:
-        pool = await open_pool(url, settings)
-        try:
-            applied = await run_migrations(pool)
-            log.info("migrated", migrations=applied)
-        finally:
-            await pool.close()
-    finally:
-        if embedded is not None:
-            embedded.close()
+    async with database_url(settings) as url:
+        applied = await migrate_database(url, settings)
+    log.info("migrated", migrations=applied)
 
 
 def main(argv: list[str] | None = None) -> int:

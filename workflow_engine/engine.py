@@ -1,38 +1,27 @@
-"""Assembles the engine from settings and serves it: pool, migrations, graph, runs, gRPC.
+"""The engine in one object, and the one place it is assembled: database, pool, migrations,
+capabilities, job tracker, graph, runs, events, use cases, recovery.
 
-`Engine` is the whole process in one object, so the CLI, the tests and the benchmarks start it
-the same way. `serve` adds what a deployed process needs: signal handling and the drain.
+`Engine` runs in its caller's event loop, with or without the gRPC server in front of it:
+
+    async with Engine(settings) as engine:
+        result = await engine.run(TaskSpec(steps=[Step(id="hello", command=["echo", "hi"])]))
+
+`workflow-engine serve` opens the same object and puts `serving.GrpcServer` in front of it.
+Each part is built once, here, and handed to the parts that use it; `close` takes them down in
+the order that keeps every run's checkpoint intact.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import signal
-from collections.abc import Awaitable
+import uuid
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, TypeVar, cast
+from types import TracebackType
 
-import grpc
-import orjson
 import structlog
-from google.protobuf.descriptor_pool import DescriptorPool
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
-from psycopg import AsyncConnection
-from psycopg.types.json import set_json_dumps, set_json_loads
-from psycopg_pool import AsyncConnectionPool
 
-from workflow_engine import secret_files, under_supervisor
-from workflow_engine.api.auth import Authenticator, AuthInterceptor, Callers
-from workflow_engine.api.call_metrics import TelemetryInterceptor
-from workflow_engine.api.decoding import generic_handler
-from workflow_engine.api.health import HealthServicer
-from workflow_engine.api.reading import RequestReader
-from workflow_engine.api.reflection import CommentedPool
-from workflow_engine.api.servicer import WorkflowEngineServicer
 from workflow_engine.capabilities.factory import (
     Capabilities,
     Lent,
@@ -40,172 +29,243 @@ from workflow_engine.capabilities.factory import (
     check_choices,
     opened,
 )
-from workflow_engine.capabilities.job_tracker import JobTracker
 from workflow_engine.config import Settings
 from workflow_engine.context import EngineContext
-from workflow_engine.errors import AuthConfigError
+from workflow_engine.domain.records import StartOutcome, WorkflowEventRecord, WorkflowRecord
+from workflow_engine.domain.status import TERMINAL_STATUSES, WorkflowStatus
+from workflow_engine.domain.task import TaskSpec
+from workflow_engine.errors import InvalidArgument
 from workflow_engine.graph.builder import build_graph
 from workflow_engine.graph.state import STATE_KEYS
 from workflow_engine.logs import mask_in_logs, unmask_in_logs
 from workflow_engine.runtime.collector import Collector
 from workflow_engine.runtime.events import EventHub
 from workflow_engine.runtime.manager import RunManager
-from workflow_engine.runtime.readiness import Readiness
 from workflow_engine.runtime.recovery import Recoverer
-from workflow_engine.secrets import EngineSecrets
 from workflow_engine.service import WorkflowService
-from workflow_engine.storage import orchestrator_nodes, orchestrator_tasks
+from workflow_engine.storage import orchestrator_nodes, orchestrator_tasks, tasks
 from workflow_engine.storage.checkpointer import RowCheckpointer
-from workflow_engine.storage.embedded import EmbeddedPostgres, start_embedded_postgres
-from workflow_engine.storage.migrations import migrate
-from workflow_engine.storage.workflows import WorkflowStore
-from workflow_engine.telemetry import tracing
-from workflow_engine.telemetry.metrics import Metrics, serve_metrics
-from workflow_engine.v1 import workflow_engine_pb2 as pb
+from workflow_engine.storage.database import database_url, open_pool, run_migrations
+from workflow_engine.storage.pool import Pool
 
 log = structlog.get_logger(__name__)
-T = TypeVar("T")
-
-SERVICE = pb.DESCRIPTOR.services_by_name["WorkflowEngine"]
-SERVICE_NAME = SERVICE.full_name
 
 
-def open_database(settings: Settings) -> tuple[str, EmbeddedPostgres | None]:
-    """The configured database's URL; without one, the embedded server's, and its handle.
+@dataclass(frozen=True, slots=True)
+class WorkflowResult:
+    """Where a workflow stands once this engine has stopped running it.
 
-    The handle stops the server on `close` if this process started it (see `storage.embedded`).
+    `status` is final when the workflow ended (SUCCEEDED, FAILED, CANCELLED) or waits for a
+    caller (WAITING_FOR_APPROVAL, SUSPENDED); RUNNING when it runs on elsewhere (another
+    replica took it over, or this engine was closed first). `record` is its whole row.
     """
-    if settings.database_url:
-        return settings.database_url, None
-    embedded = start_embedded_postgres(settings.embedded_pgdata)
-    return embedded.url, embedded
+
+    task_id: str
+    status: WorkflowStatus
+    summary: str
+    error: str
+    record: WorkflowRecord
+
+    @property
+    def succeeded(self) -> bool:
+        return self.status == WorkflowStatus.SUCCEEDED
+
+    @property
+    def ended(self) -> bool:
+        """Whether nothing more can happen to it (SUCCEEDED, FAILED or CANCELLED)."""
+        return self.status in TERMINAL_STATUSES
 
 
-async def configure_connection(conn: AsyncConnection[Any]) -> None:
-    """Per-connection set-up of the engine's pool (nothing is changed process-wide).
+class WorkflowHandle:
+    """A workflow of an open engine: await its run, read it, cancel it."""
 
-    orjson encodes and decodes JSON several times faster than the standard library; the state
-    written after every node is JSON, so this is on the hot path.
-    """
-    set_json_dumps(orjson.dumps, conn)
-    set_json_loads(orjson.loads, conn)
+    def __init__(self, engine: Engine, task_id: str, started: StartOutcome | None = None) -> None:
+        self._engine = engine
+        self.task_id = task_id
+        #: How `Engine.start` was answered (STARTED, or ALREADY_RUNNING / ALREADY_FINISHED for
+        #: an idempotency key seen before); None for a handle on an existing workflow.
+        self.started = started
+
+    async def wait(self) -> None:
+        """Wait until this engine no longer runs the workflow: it ended, paused, or stopped
+        here. Nothing is read; bound it with `asyncio.timeout` (the run goes on regardless)."""
+        await self._engine.runs.wait(self.task_id, None)
+
+    async def result(self) -> WorkflowResult:
+        """`wait`, then read where the workflow stands."""
+        await self.wait()
+        record = await self.record()
+        return WorkflowResult(
+            self.task_id, WorkflowStatus(record.status), record.summary, record.error, record
+        )
+
+    def events(
+        self, from_sequence: int = 1, kinds: frozenset[str] | None = None
+    ) -> AsyncIterator[WorkflowEventRecord]:
+        """Its events from `from_sequence` on, ending after the one that ends the workflow
+        (SUCCEEDED, FAILED, CANCELLED); with `kinds` ("node", "status", ...), only those and
+        that last one. A paused workflow's stream waits for it to go on."""
+        return self._engine.service.watch(self.task_id, from_sequence, kinds=kinds)
+
+    async def record(self) -> WorkflowRecord:
+        """The workflow's row as it is now; `WorkflowNotFound` when there is none."""
+        return await self._engine.service.get(self.task_id)
+
+    async def cancel(self, reason: str = "", actor: str = "") -> WorkflowRecord:
+        """Cancel it (see `WorkflowService.cancel`); the row after."""
+        return await self._engine.service.cancel(self.task_id, reason, actor)
 
 
-async def open_pool(url: str, settings: Settings) -> AsyncConnectionPool[Any]:
-    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-        url,
-        min_size=settings.pool_min_size,
-        max_size=settings.pool_max_size,
-        kwargs={
-            "autocommit": True,
-            "prepare_threshold": settings.prepare_threshold,
-            # Text is UTF-8 whatever the database's encoding: a SQL_ASCII one would otherwise
-            # hand it over as bytes.
-            "client_encoding": "utf8",
-        },
-        configure=configure_connection,
-        open=False,
-        name="workflow-engine",
-    )
-    try:
-        await pool.open(wait=True, timeout=30)
-    except BaseException:  # not there in time, or a stop during start-up: no workers left behind
-        await pool.close()
-        raise
-    return pool
+@dataclass(frozen=True, slots=True)
+class _Parts:
+    """What an open engine is made of, each built once (see `Engine._assemble`)."""
 
-
-async def run_migrations(pool: AsyncConnectionPool[Any]) -> int:
-    async with pool.connection() as conn:
-        return await migrate(conn)
-
-
-@dataclass
-class Engine:
-    """A running engine: everything but the network listener and signal handling."""
-
-    settings: Settings
-    pool: AsyncConnectionPool[Any]
-    store: WorkflowStore
+    pool: Pool
+    checkpoints: RowCheckpointer
     runs: RunManager
     events: EventHub
     service: WorkflowService
     recoverer: Recoverer | None
-    checkpoints: RowCheckpointer
-    #: The capabilities' resources (HTTP and model clients), closed with the engine.
-    resources: AsyncExitStack
-    #: What this engine owns and hands down: its secrets, metrics and fault plan.
-    context: EngineContext
-    #: The embedded server, when no database URL is configured; closed with the engine.
-    embedded: EmbeddedPostgres | None = None
-    #: Keeps full garbage collections short (`runtime.collector`); uninstalled at close.
-    collector: Collector | None = None
+    collector: Collector
 
-    @classmethod
-    async def start(cls, settings: Settings, *, capabilities: Capabilities | None = None) -> Engine:
-        """Start an engine of `settings`. It builds its `EngineContext`; given `capabilities`,
-        it adopts theirs (build them with a `Lent` holding `EngineContext.for_settings`)."""
-        if capabilities is None:
+
+class Engine:
+    """A workflow engine in this process's event loop; see the module docstring.
+
+    `open` (or `async with`) starts it: the database (the embedded server when
+    `settings.database_url` is empty), the schema, the capabilities the settings name (or
+    `capabilities`, built by the caller with `build_capabilities` and changed as it likes), and
+    recovery of orphaned workflows. `close` drains the runs (each stops at a node boundary
+    with its checkpoint written) and closes everything it opened.
+    """
+
+    def __init__(self, settings: Settings, *, capabilities: Capabilities | None = None) -> None:
+        self.settings = settings
+        self._capabilities = capabilities
+        #: What this engine owns and hands down: its secrets, metrics and fault plan. Given
+        #: `capabilities`, it adopts theirs (build them with a `Lent` holding
+        #: `EngineContext.for_settings`).
+        self.context = (
+            EngineContext.for_settings(settings) if capabilities is None else capabilities.context
+        )
+        self._parts: _Parts | None = None
+        self._closed = False
+        self._resources = AsyncExitStack()
+
+    async def __aenter__(self) -> Engine:
+        return await self.open()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    # -- the public API -------------------------------------------------------------------
+
+    async def start(
+        self,
+        task: TaskSpec,
+        *,
+        task_id: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> WorkflowHandle:
+        """Store `task` and start its workflow in the background; errors as in
+        `workflow_engine.errors` (`WorkflowExists`, `InvalidArgument`, ...).
+
+        `task_id` (a UUID) defaults to a new one; an `idempotency_key` (a UUID) answers a start
+        sent again with the workflow it started (see `StartOutcome`).
+        """
+        if self._closed:
+            raise RuntimeError("the engine is closed")
+        task_id = _uuid(task_id, "task_id") if task_id else str(uuid.uuid4())
+        key = _uuid(idempotency_key, "idempotency_key") if idempotency_key else None
+        outcome = await self.service.start(
+            task_id=task_id, holder_id="", idempotency_key=key, task=task
+        )
+        return WorkflowHandle(self, task_id, outcome)
+
+    async def run(
+        self,
+        task: TaskSpec,
+        *,
+        task_id: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> WorkflowResult:
+        """`start` the workflow and await its `result` (bound it with `asyncio.timeout`)."""
+        handle = await self.start(task, task_id=task_id, idempotency_key=idempotency_key)
+        return await handle.result()
+
+    def workflow(self, task_id: str) -> WorkflowHandle:
+        """A handle on the workflow of `task_id` (started here or elsewhere)."""
+        return WorkflowHandle(self, task_id)
+
+    # -- its parts, for the gRPC server and white-box tests -------------------------------
+
+    @property
+    def service(self) -> WorkflowService:
+        """The use cases (start, resume, update, cancel, get, list, watch)."""
+        return self._opened().service
+
+    @property
+    def runs(self) -> RunManager:
+        return self._opened().runs
+
+    @property
+    def pool(self) -> Pool:
+        return self._opened().pool
+
+    def _opened(self) -> _Parts:
+        """The parts, once opened (and after `close`, closed as they are)."""
+        if self._parts is None:
+            raise RuntimeError("the engine is not open: use `async with Engine(settings)`")
+        return self._parts
+
+    # -- open and close -------------------------------------------------------------------
+
+    async def open(self) -> Engine:
+        """Start the engine (see the class docstring), and return it; on failure, nothing is
+        left open."""
+        if self._parts is not None:
+            raise RuntimeError("the engine was opened already")
+        settings = self.settings
+        if self._capabilities is None:
             check_choices(settings)  # a bad setting is refused before anything starts
-            context = EngineContext.for_settings(settings)
-        else:
-            context = capabilities.context
+        context = self.context
         if settings.metrics_listen:
             context.metrics.enable()  # from the start: recovery may adopt runs at once
         mask_in_logs(context.secrets)
-        embedded = None
+        self._resources.callback(unmask_in_logs, context.secrets)
         try:
-            url, embedded = open_database(settings)
-            return await cls._start(settings, url, embedded, capabilities, context)
-        except BaseException:
-            unmask_in_logs(context.secrets)
-            if embedded is not None:
-                embedded.close()  # a server this process started stops with it
-            raise
-
-    @classmethod
-    async def _start(
-        cls,
-        settings: Settings,
-        url: str,
-        embedded: EmbeddedPostgres | None,
-        capabilities: Capabilities | None,
-        context: EngineContext,
-    ) -> Engine:
-        pool = await open_pool(url, settings)
-        store = WorkflowStore(pool, process=settings.process)
-        try:
+            url = await self._resources.enter_async_context(database_url(settings))
+            pool = await open_pool(url, settings)
+            self._resources.push_async_callback(pool.close)
             applied = await run_migrations(pool)
             log.info("schema_ready", migrations=applied)
-            caps = capabilities or build_capabilities(
-                settings,
-                Lent(
-                    stored_task=store.load_task,
-                    orchestrator_task=partial(orchestrator_tasks.read_task, pool),
-                    has_orchestrator_tasks=partial(orchestrator_tasks.table_exists, pool),
-                    orchestrator_nodes=partial(orchestrator_nodes.read_nodes, pool),
-                    context=context,
-                ),
-            )
-            resources = AsyncExitStack()
-            await resources.enter_async_context(opened(caps))
-        except BaseException:
             # A bad configuration (a nodes file, no nodes table), or a stop during start-up,
             # ends the start cleanly.
-            await pool.close()
+            caps = self._capabilities or build_capabilities(settings, _lent(pool, context))
+            await self._resources.enter_async_context(opened(caps))
+        except BaseException:
+            await self._resources.aclose()
             raise
+        self._parts = self._assemble(url, pool, caps)
+        return self
+
+    def _assemble(self, url: str, pool: Pool, caps: Capabilities) -> _Parts:
+        """Build the running parts on an open pool and opened capabilities (nothing here
+        waits or fails on the database), and start the background ones."""
+        settings, context = self.settings, self.context
         if context.faults:
             log.warning("fault_injection_enabled", faults=settings.faults)
         checkpoints = RowCheckpointer(pool, state_keys=STATE_KEYS, context=context)
-        jobs = caps.jobs or JobTracker(
-            caps.worker, max_running=caps.max_running_jobs, metrics=context.metrics
-        )
-        graph = build_graph(caps, jobs=jobs)
         runs = RunManager(
-            graph=graph,
+            graph=build_graph(caps),
             checkpoints=checkpoints,
-            store=store,
-            jobs=jobs,
+            pool=pool,
+            jobs=caps.jobs,
             context=context,
             max_runs_per_tenant=settings.max_running_workflows_per_tenant,
         )
@@ -216,7 +276,7 @@ class Engine:
         service = WorkflowService(
             watch_poll_seconds=settings.watch_poll_seconds,
             settings=settings,
-            store=store,
+            pool=pool,
             runs=runs,
             events=events,
             on_task_stored=caps.stored_tasks.stored,
@@ -227,7 +287,7 @@ class Engine:
         recoverer = None
         if settings.recovery_enabled:
             recoverer = Recoverer(
-                store=store,
+                pool=pool,
                 recover=service.recover,
                 is_live=runs.is_live,
                 interval_seconds=settings.recovery_interval_seconds,
@@ -239,249 +299,41 @@ class Engine:
         # full collections (in-flight runs), see `runtime.collector`.
         collector = Collector()
         collector.install()
-        return cls(
-            settings,
-            pool,
-            store,
-            runs,
-            events,
-            service,
-            recoverer,
-            checkpoints,
-            resources,
-            context,
-            embedded,
-            collector,
-        )
+        return _Parts(pool, checkpoints, runs, events, service, recoverer, collector)
 
     async def close(self, *, drain_timeout: float | None = None) -> None:
         """Drain the runs (see `RunManager.drain`), close connections, then the embedded server."""
-        timeout = self.settings.drain_timeout_seconds if drain_timeout is None else drain_timeout
-        if self.recoverer is not None:
-            await self.recoverer.close()
-        await self.runs.drain(timeout)
-        await self.resources.aclose()
-        await self.checkpoints.close()
-        await self.events.close()
-        await self.pool.close()
-        if self.embedded is not None:
-            await asyncio.to_thread(self.embedded.close)
-        if self.collector is not None:
-            self.collector.uninstall()
-        unmask_in_logs(self.context.secrets)
-
-
-class GrpcServer:
-    """The engine behind a `grpc.aio` server with health checking and reflection."""
-
-    def __init__(self, engine: Engine, *, reuse_port: bool = False) -> None:
-        self.engine = engine
-        settings = engine.settings
-        settings.check_exposure()
-        limit = settings.max_message_bytes
-        authenticator = auth_of(settings, engine.context.secrets)
-        # Only the engines of one supervisor share their ports (see `supervisor`).
-        shared = [("grpc.so_reuseport", int(reuse_port))]
-        interceptors: list[grpc.aio.ServerInterceptor] = []  # type: ignore[type-arg]
-        metrics = engine.context.metrics
-        if metrics.enabled or tracing.enabled():  # outermost: it sees refused calls too
-            interceptors.append(TelemetryInterceptor(SERVICE_NAME, metrics))
-        self.reader = reader = RequestReader()
-        if authenticator:
-            interceptors.append(AuthInterceptor(authenticator, SERVICE_NAME, reader.read))
-        self.server = grpc.aio.server(
-            options=[
-                ("grpc.max_receive_message_length", limit),
-                ("grpc.max_send_message_length", 64 * 1024 * 1024),
-                *shared,
-            ],
-            interceptors=interceptors,
-        )
-        self.server.add_generic_rpc_handlers(
-            (
-                generic_handler(
-                    SERVICE, WorkflowEngineServicer(engine.service, reader, engine.context.secrets)
-                ),
-            )
-        )
-        self.health = HealthServicer()
-        self.readiness: Readiness | None = None
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        # Plaintext health only, for probes that cannot speak TLS (Kubernetes' gRPC probes).
-        self.health_server: grpc.aio.Server | None = None
-        self.health_port = 0
-        if settings.health_listen:
-            self.health_server = grpc.aio.server(options=shared)
-            health_pb2_grpc.add_HealthServicer_to_server(self.health, self.health_server)
-            self.health_port = self.health_server.add_insecure_port(settings.health_listen)
-            if self.health_port == 0:
-                raise OSError(f"cannot listen on {settings.health_listen}")
-        if settings.reflection:
-            reflection.enable_server_reflection(
-                (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME),
-                self.server,
-                # grpcurl describe shows the contract's comments; it quacks as a DescriptorPool.
-                pool=cast(DescriptorPool, CommentedPool()),
-            )
-        credentials = server_credentials(settings)
-        if credentials is None:
-            self.port = self.server.add_insecure_port(settings.listen)
-        else:
-            self.port = self.server.add_secure_port(settings.listen, credentials)
-        if self.port == 0:
-            raise OSError(f"cannot listen on {settings.listen}")
-
-    @property
-    def address(self) -> str:
-        host = self.engine.settings.listen.rsplit(":", 1)[0]
-        return f"{host}:{self.port}"
-
-    async def start(self) -> None:
-        await self.server.start()
-        if self.health_server is not None:
-            await self.health_server.start()
-        await self._set_health(True)
-        settings = self.engine.settings
-        # Readiness moves the service's status only: the server's own ("") says the process
-        # is alive, which is what a liveness probe asks (a database outage is no reason to
-        # restart the engine).
-        self.readiness = Readiness(
-            pool=self.engine.pool,
-            data_dir=settings.data_dir,
-            interval_seconds=settings.readiness_interval_seconds,
-            on_change=lambda ready, _why: self._set_health(ready, names=(SERVICE_NAME,)),
-        )
-        self.readiness.start()
-        # Under a supervisor, the supervisor says "serving" once every engine does.
-        event = "engine_process_serving" if under_supervisor.supervised() else "serving"
-        log.info(event, address=self.address, holder_id=self.engine.settings.holder_id)
-
-    async def _set_health(self, serving: bool, names: tuple[str, ...] = ("", SERVICE_NAME)) -> None:
-        answer = health_pb2.HealthCheckResponse
-        status = answer.SERVING if serving else answer.NOT_SERVING
-        for name in names:
-            await self.health.set(name, status)
-
-    async def stop(self, *, drain_timeout: float | None = None) -> None:
-        """Graceful stop: NOT_SERVING first, then drain the runs, then close the listener."""
-        if self.readiness is not None:
-            await self.readiness.close()
-        await self._set_health(False)
-        await self.engine.close(drain_timeout=drain_timeout)
-        await self.server.stop(grace=5)
-        self.reader.close()
-        if self.health_server is not None:
-            await self.health_server.stop(grace=1)
-        log.info("stopped")
-
-
-def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
-    """TLS credentials from the settings' PEM files (None: plaintext)."""
-    if not settings.tls_cert_file:
-        return None
-    files = {
-        "TLS_CERT_FILE": settings.tls_cert_file,
-        "TLS_KEY_FILE": settings.tls_key_file,
-        "TLS_CLIENT_CA_FILE": settings.tls_client_ca_file,
-    }
-    pem: dict[str, bytes | None] = {}
-    for name, path in files.items():
-        where = f"WORKFLOW_ENGINE_{name} ({path})"
-        if not path:
-            pem[name] = None
-            continue
-        try:
-            pem[name], mode = secret_files.read(path)
-        except OSError as exc:
-            raise AuthConfigError(f"{where}: {exc.strerror}") from None
-        # The key is the engine's alone; no one else may swap the certificate or client CA.
-        holds = "the server's private key" if name == "TLS_KEY_FILE" else None
-        problem = secret_files.exposed(where, path, mode, holds=holds)
-        if problem:
-            raise AuthConfigError(problem)
-    chain, key, client_ca = (pem[name] for name in files)
-    return grpc.ssl_server_credentials(
-        [(key or b"", chain or b"")],  # Settings checks both are given
-        root_certificates=client_ca,
-        require_client_auth=client_ca is not None,
-    )
-
-
-def auth_of(settings: Settings, secrets: EngineSecrets | None = None) -> Authenticator | None:
-    """Who may call, from the settings (None: everyone who reaches the port); the callers'
-    plaintext tokens become credentials of `secrets` (the serving engine's)."""
-    if not settings.authenticates:
-        return None
-    callers = Callers.load(settings.tokens_file, secrets) if settings.tokens_file else None
-    return Authenticator(callers, client_certificates=bool(settings.tls_client_ca_file))
-
-
-async def unless_stopped(stop: asyncio.Event, starting: Awaitable[T]) -> T | None:
-    """What `starting` returns, or None if `stop` is set first: the start-up is then cancelled
-    (it cleans up after itself), so a SIGTERM while, say, the database is still unreachable
-    stops the process at once instead of being ignored until a timeout."""
-    work = asyncio.ensure_future(starting)
-    stopped = asyncio.create_task(stop.wait())
-    try:
-        await asyncio.wait({work, stopped}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        stopped.cancel()
-    if work.done():
-        return work.result()
-    work.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await work
-    return None
-
-
-async def serve(settings: Settings) -> None:
-    """Run until SIGTERM or SIGINT, then drain and exit."""
-    # Handled from the start: a signal during start-up (or just after the "serving" line) is a
-    # graceful stop once serving, not the default death that would skip every clean-up.
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    if under_supervisor.supervised():
-        under_supervisor.die_with_parent()
-    tracing.enable_tracing()
-    metrics_server = None
-    try:
-        engine = await unless_stopped(stop, Engine.start(settings))
-        if engine is None:
-            log.info("stopped", during="start-up")
+        parts = self._parts
+        if parts is None or self._closed:
             return
-        try:
-            metrics_server = start_metrics(settings, engine.context.metrics)
-            server = GrpcServer(engine, reuse_port=under_supervisor.supervised())
-            await server.start()
-        except BaseException:
-            await engine.close(drain_timeout=0)
-            raise
-        if under_supervisor.supervised():
-            under_supervisor.report_serving()
-        await stop.wait()
-        log.info("shutdown_requested")
-        await server.stop()
-    finally:
-        tracing.shutdown_tracing()
-        if metrics_server is not None:
-            metrics_server.shutdown()
+        self._closed = True
+        timeout = self.settings.drain_timeout_seconds if drain_timeout is None else drain_timeout
+        if parts.recoverer is not None:
+            await parts.recoverer.close()
+        await parts.runs.drain(timeout)
+        # The capabilities' resources, then the pool, then the embedded server: the reverse of
+        # their opening. The checkpoint writer and the event feed go before the pool.
+        await parts.checkpoints.close()
+        await parts.events.close()
+        await self._resources.aclose()
+        parts.collector.uninstall()
 
 
-def start_metrics(settings: Settings, metrics: Metrics) -> Any:
-    """Turn the engine's `metrics` on when `metrics_listen` is set, and serve them (its
-    server, or None).
+def _uuid(value: str, field: str) -> str:
+    """The canonical form of a UUID argument; `InvalidArgument` naming `field` otherwise."""
+    try:
+        return str(uuid.UUID(value))
+    except ValueError:
+        raise InvalidArgument(field, f"not a UUID: {value[:64]!r}") from None
 
-    An engine under a supervisor only records them (into the supervisor's multiprocess
-    directory): the supervisor serves every process's sum on the one address.
-    """
-    if not settings.metrics_listen:
-        return None
-    registry = metrics.enable()
-    if under_supervisor.supervised():
-        return None
-    server, port = serve_metrics(settings.metrics_listen, registry)
-    host = settings.metrics_listen.rpartition(":")[0]
-    log.info("metrics_serving", address=f"{host}:{port}", path="/metrics")
-    return server
+
+def _lent(pool: Pool, context: EngineContext) -> Lent:
+    """What the capabilities may read through the engine's pool (see `Lent`), and what the
+    engine owns that they use (its secrets and metrics)."""
+    return Lent(
+        stored_task=partial(tasks.load, pool),
+        orchestrator_task=partial(orchestrator_tasks.read_task, pool),
+        has_orchestrator_tasks=partial(orchestrator_tasks.table_exists, pool),
+        orchestrator_nodes=partial(orchestrator_nodes.read_nodes, pool),
+        context=context,
+    )

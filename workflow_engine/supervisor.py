@@ -40,7 +40,8 @@ from prometheus_client import multiprocess
 
 from workflow_engine.capabilities.factory import check_choices
 from workflow_engine.config import Settings
-from workflow_engine.engine import open_database, open_pool, run_migrations, unless_stopped
+from workflow_engine.serving import unless_stopped
+from workflow_engine.storage.database import database_url, migrate_database
 from workflow_engine.telemetry.metrics import MULTIPROC_ENV, serve_metrics, summed_registry
 from workflow_engine.under_supervisor import PARENT_ENV, READY_FD_ENV
 
@@ -198,9 +199,8 @@ async def supervise(settings: Settings) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     check_choices(settings)  # a bad setting is refused before anything starts
-    url, embedded = open_database(settings)
-    try:
-        applied = await unless_stopped(stop, _migrate(url, settings))
+    async with database_url(settings) as url:
+        applied = await unless_stopped(stop, migrate_database(url, settings))
         if applied is None:
             log.info("stopped", during="start-up")
             return
@@ -213,17 +213,6 @@ async def supervise(settings: Settings) -> None:
             finally:
                 await supervisor.stop()
             log.info("stopped")
-    finally:
-        if embedded is not None:
-            await asyncio.to_thread(embedded.close)
-
-
-async def _migrate(url: str, settings: Settings) -> int:
-    pool = await open_pool(url, settings)
-    try:
-        return await run_migrations(pool)
-    finally:
-        await pool.close()
 
 
 @contextlib.contextmanager

@@ -30,9 +30,9 @@ from workflow_engine.api.auth import Callers
 from workflow_engine.capabilities.model.model_client import read_api_key
 from workflow_engine.capabilities.nodes.nodes_file import load_nodes_file
 from workflow_engine.config import LlmSettings, Settings
-from workflow_engine.engine import auth_of, server_credentials
 from workflow_engine.errors import AuthConfigError, CapabilityConfigError, NodesFileError
 from workflow_engine.secrets import MASK, EngineSecrets
+from workflow_engine.serving import auth_of, server_credentials
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
 

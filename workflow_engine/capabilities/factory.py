@@ -70,11 +70,12 @@ class Capabilities:
     verifier: Verifier
     #: The task each workflow was started with, which the nodes read (not configurable).
     stored_tasks: StoredTasks
+    #: The engine's one job tracker over `worker` (built with it): the steps' jobs and the
+    #: `job` verifier's share its admission, its slots and its cancel.
+    jobs: JobTracker
     compressor: ContextCompressor = field(default_factory=TruncatingCompressor)
     #: Characters of earlier steps' output handed to each dispatch, at most.
     context_budget_chars: int = 8000
-    #: Jobs running at once in this process, across all workflows.
-    max_running_jobs: int = 64
     #: The model the ``llm`` planner and verifier share (opened with the engine); None when
     #: neither is configured.
     model: ModelClient | None = None
@@ -82,9 +83,6 @@ class Capabilities:
     revise_steps: bool = False
     #: Whether `finalize_summary` asks the model for the summary.
     model_summary: bool = False
-    #: The engine's one job tracker over `worker` (built with it): the steps' jobs and the
-    #: `job` verifier's share its admission, its slots and its cancel.
-    jobs: JobTracker | None = None
     #: What the engine running these capabilities owns (the one their `Lent` carried): the
     #: nodes mask its secrets; an engine given these capabilities adopts it.
     context: EngineContext = field(default_factory=EngineContext)
@@ -282,7 +280,6 @@ def build_capabilities(settings: Settings, lent: Lent) -> Capabilities:
         stored_tasks=StoredTasks(lent.stored_task),
         compressor=_build(COMPRESSORS, "compressor", settings, lent),
         context_budget_chars=settings.context_budget_chars,
-        max_running_jobs=settings.max_running_jobs,
         model=lent.model,
         revise_steps=settings.planner == "llm" and settings.llm.revise,
         model_summary=uses_model and settings.llm.summary,

@@ -39,8 +39,9 @@ from workflow_engine.graph.changes import Change
 from workflow_engine.graph.state import WorkflowState
 from workflow_engine.runtime.quotas import Quota
 from workflow_engine.runtime.run import Run
+from workflow_engine.storage import leases, queries, workflow_rows
 from workflow_engine.storage.checkpointer import RowCheckpointer
-from workflow_engine.storage.workflows import WorkflowStore
+from workflow_engine.storage.pool import Pool, on_connection
 
 log = structlog.get_logger(__name__)
 
@@ -57,14 +58,14 @@ class RunManager:
         *,
         graph: WorkflowGraph,
         checkpoints: RowCheckpointer,
-        store: WorkflowStore,
+        pool: Pool,
         jobs: JobTracker,
         context: EngineContext | None = None,
         max_runs_per_tenant: int = 0,
     ) -> None:
         self._graph = graph
         self._checkpoints = checkpoints
-        self._store = store
+        self._pool = pool
         self._jobs = jobs
         self._context = EngineContext() if context is None else context
         self._runs: dict[str, tuple[Run, asyncio.Task[str]]] = {}
@@ -133,7 +134,7 @@ class RunManager:
             status=status,
             graph=self._graph,
             checkpoints=self._checkpoints,
-            store=self._store,
+            pool=self._pool,
             initial_input=initial_input,
             context=self._context,
             changes=changes,
@@ -171,11 +172,11 @@ class RunManager:
         elsewhere: stop its jobs."""
         task_id = fence.task_id
         try:
-            reason = await self._store.note_stopped(fence)
+            reason = await workflow_rows.note_stopped(self._pool, fence)
             if reason:
                 log.warning("run_stopped_by_another_writer", task_id=task_id, reason=reason)
                 return
-            cancelled = (await self._store.get(task_id)).status == WorkflowStatus.CANCELLED
+            cancelled = (await queries.get(self._pool, task_id)).status == WorkflowStatus.CANCELLED
         except (WorkflowEngineError, psycopg.Error) as exc:
             log.warning("run_end_status_unknown", task_id=task_id, error=repr(exc))
             cancelled = False
@@ -190,7 +191,8 @@ class RunManager:
         confirmed = self._confirmed.get(job.task_id, -FENCE_FRESH_SECONDS)
         if time.monotonic() - confirmed < FENCE_FRESH_SECONDS:
             return
-        if not await self._store.fence_holds(run.fence):
+        fence = run.fence
+        if not await on_connection(self._pool, lambda conn: leases.holds(conn, fence)):
             raise LeaseLost(job.task_id, run.fence.holder_id, run.fence.epoch)
         self._confirmed[job.task_id] = time.monotonic()
 
@@ -211,8 +213,9 @@ class RunManager:
         self._background.add(stopping)
         stopping.add_done_callback(self._background.discard)
 
-    async def wait(self, task_id: str, seconds: float) -> bool:
-        """Wait for a live run to end; True if it did (or was not running) within `seconds`."""
+    async def wait(self, task_id: str, seconds: float | None) -> bool:
+        """Wait for a live run to end; True if it did (or was not running) within `seconds`
+        (None: however long it takes)."""
         entry = self._runs.get(task_id)
         if entry is None:
             return True

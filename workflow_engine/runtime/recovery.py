@@ -16,8 +16,9 @@ from collections.abc import Awaitable, Callable
 import structlog
 
 from workflow_engine.errors import LeaseHeld, WorkflowEngineError
+from workflow_engine.storage import workflow_rows
+from workflow_engine.storage.pool import Pool
 from workflow_engine.storage.retry import is_transient
-from workflow_engine.storage.workflows import WorkflowStore
 
 log = structlog.get_logger(__name__)
 
@@ -28,12 +29,12 @@ class Recoverer:
     def __init__(
         self,
         *,
-        store: WorkflowStore,
+        pool: Pool,
         recover: Callable[[str], Awaitable[bool]],
         is_live: Callable[[str], bool],
         interval_seconds: float,
     ) -> None:
-        self._store = store
+        self._pool = pool
         self._recover = recover
         self._is_live = is_live
         self._interval = interval_seconds
@@ -50,7 +51,7 @@ class Recoverer:
     async def sweep(self) -> int:
         """Adopt what orphans this replica can; return how many it started running."""
         adopted = 0
-        for task_id in await self._store.orphans():
+        for task_id in await workflow_rows.orphans(self._pool):
             if self._is_live(task_id):
                 continue
             try:

@@ -59,8 +59,9 @@ from workflow_engine.graph.builder import FIRST, NODE_EVENT, NodeContext, Workfl
 from workflow_engine.graph.changes import CONTINUE_FROM, Change, apply_all
 from workflow_engine.graph.state import WorkflowState, read_state
 from workflow_engine.secrets import STATE_FIELD, accumulated, state_secrets
+from workflow_engine.storage import leases, workflow_rows
 from workflow_engine.storage.checkpointer import Checkpoint, RowCheckpointer
-from workflow_engine.storage.workflows import WorkflowStore
+from workflow_engine.storage.pool import Pool, on_connection
 from workflow_engine.telemetry import tracing
 
 log = structlog.get_logger(__name__)
@@ -82,7 +83,7 @@ class Run:
         status: str,
         graph: WorkflowGraph,
         checkpoints: RowCheckpointer,
-        store: WorkflowStore,
+        pool: Pool,
         initial_input: WorkflowState | None,
         context: EngineContext | None = None,
         changes: Sequence[Change] = (),
@@ -97,7 +98,7 @@ class Run:
         self._status = status
         self._graph = graph
         self._checkpoints = checkpoints
-        self._store = store
+        self._pool = pool
         self._input = initial_input
         self._has_checkpoint = initial_input is None
         self._stop_reason: str | None = None
@@ -242,11 +243,13 @@ class Run:
             # workflow waits for an operator (see `WorkflowService.accept_outside_state`).
             self.outcome = "blocked: changed outside the engine"
             log.warning("run_outside_write", last_node=self.last_node)
-            await self._store.block(self._fence, OUTSIDE_CHANGE)
+            await workflow_rows.block(self._pool, self._fence, OUTSIDE_CHANGE)
         except CheckpointCorrupt as exc:
             self.outcome = "failed: corrupt checkpoint"
             log.error("run_checkpoint_corrupt", error=exc.message)
-            await self._store.set_status(self._fence, WorkflowStatus.FAILED, exc.message)
+            await workflow_rows.set_status(
+                self._pool, self._fence, WorkflowStatus.FAILED, exc.message
+            )
             self._metrics.workflow_finished(WorkflowStatus.FAILED, None)
         except psycopg.Error as exc:
             # The database stayed unreachable beyond the retry budget. The workflow is not
@@ -260,7 +263,8 @@ class Run:
         except Exception as exc:
             self.outcome = "failed: internal error"
             log.exception("run_internal_error")
-            await self._store.set_status(
+            await workflow_rows.set_status(
+                self._pool,
                 self._fence,
                 WorkflowStatus.FAILED,
                 f"internal error after {self.last_node}: {self._secrets.masked_repr(exc)}",
@@ -388,7 +392,8 @@ class Run:
 
     async def _release(self) -> None:
         try:
-            await self._store.release_lease(self._fence)
+            fence = self._fence
+            await on_connection(self._pool, lambda conn: leases.release(conn, fence))
             self._metrics.lease("released")
         except psycopg.Error as exc:  # it expires on its own; nothing else to do
             log.warning("lease_release_failed", error=repr(exc))
@@ -405,7 +410,11 @@ class Run:
             await asyncio.sleep(interval)
             try:
                 self._faults.at("renew", "*")
-                expires = await self._store.renew_lease(self._fence, self._ttl)
+                expires = await on_connection(
+                    self._pool,
+                    lambda conn: leases.renew(conn, self._fence, self._ttl),
+                    max_seconds=self._ttl / 3,  # then the next beat tries again
+                )
             except psycopg.Error as exc:
                 log.warning("lease_renew_failed", error=repr(exc))
                 continue

@@ -1,33 +1,44 @@
-"""PostgreSQL: schema migrations, the lease, the row checkpointer, workflow rows, retries.
+"""PostgreSQL: the database and its pool, schema migrations, the lease, the row checkpointer,
+workflow rows, retries.
 
-What the engine uses (`__all__`): `WorkflowStore`, the workflow rows' one facade; the row
-checkpointer; the embedded server; `migrate`; `is_transient`, which errors are worth a retry;
-and `orchestrator_nodes` and `orchestrator_tasks`, the orchestrator's tables as the engine
-reads them.
+Each module owns its SQL and is called directly, with the engine's pool: `workflow_rows`
+cancels and sets statuses, `workflow_start` starts, `workflow_claims` claims (with the steps
+they share in `row_writes`); `queries` reads rows, events and pages; `tasks` keeps the task
+spec; `leases` takes, renews, releases and checks a runner's lease (on a connection, see
+`pool.on_connection`); `checkpointer` writes the per-node checkpoint (batched by
+`group_commit`); `database` opens it all (the embedded server of `embedded` when no URL is
+set); `orchestrator_nodes` and `orchestrator_tasks` read the orchestrator's tables.
 
-Internal: the workflow rows are split by job behind `workflows.WorkflowStore`: `queries`
-(reads), `tasks` (the stored task), `workflow_start`, `workflow_claims` and
-`workflow_rows` (writes) with the steps they share (`row_writes`); `leases`, `pool`,
-`group_commit` (the checkpointer's batched writes) and `retry` serve them.
+What other packages use by name (`__all__`): the row checkpointer, the embedded server,
+`migrate`, `is_transient` (which errors are worth a retry), and the modules above.
 """
 
-from workflow_engine.storage import orchestrator_nodes, orchestrator_tasks
+from workflow_engine.storage import (
+    leases,
+    orchestrator_nodes,
+    orchestrator_tasks,
+    queries,
+    tasks,
+    workflow_rows,
+)
 from workflow_engine.storage.checkpointer import Checkpoint, RowCheckpointer
 from workflow_engine.storage.embedded import EmbeddedPostgres, start_embedded_postgres
 from workflow_engine.storage.migrations import migrate
 from workflow_engine.storage.queries import MAX_HISTORY_EVENTS
 from workflow_engine.storage.retry import is_transient
-from workflow_engine.storage.workflows import WorkflowStore
 
 __all__ = [
     "MAX_HISTORY_EVENTS",
     "Checkpoint",
     "EmbeddedPostgres",
     "RowCheckpointer",
-    "WorkflowStore",
     "is_transient",
+    "leases",
     "migrate",
     "orchestrator_nodes",
     "orchestrator_tasks",
+    "queries",
     "start_embedded_postgres",
+    "tasks",
+    "workflow_rows",
 ]

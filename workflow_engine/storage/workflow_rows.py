@@ -2,8 +2,8 @@
 an operator failing a blocked workflow, and why a run whose lease went elsewhere stopped.
 
 Each public function is one transaction. Starting a workflow is `workflow_start`'s, claiming
-it again `workflow_claims`' (both named here too, for `workflows.WorkflowStore`); the steps
-they share are `row_writes`.
+it again `workflow_claims`' (both named here too, so that callers use one module for a row's
+writes); the steps they share are `row_writes`.
 """
 
 from __future__ import annotations

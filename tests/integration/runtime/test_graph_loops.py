@@ -4,6 +4,7 @@ runs the same compiled graph to the same end, node for node."""
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from tests.conftest import RunningEngine
@@ -12,6 +13,7 @@ from tests.unit.capabilities.test_factory import LENT_NOTHING
 from workflow_engine.capabilities import build_capabilities
 from workflow_engine.graph import build_graph
 from workflow_engine.graph.state import initial_state
+from workflow_engine.storage import queries, tasks
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 
@@ -23,12 +25,12 @@ async def test_langgraphs_loop_and_the_engines_run_the_same_nodes_to_the_same_en
     await running.stub.StartWorkflow(pb.StartWorkflowRequest(task_id=task_id, task=spec))
     assert (await wait_for_status(running.stub, task_id)).status == pb.SUCCEEDED
     engine = running.engine
-    ran = [e.node_id for e in await engine.store.events(task_id, 1) if e.kind == "node"]
-    stored = (await engine.store.get(task_id)).state
+    ran = [e.node_id for e in await queries.events(engine.pool, task_id, 1) if e.kind == "node"]
+    stored = (await queries.get(engine.pool, task_id)).state
 
     # The same task (stored by the start above), run by LangGraph's Pregel loop over the same
     # graph and capabilities, with no checkpointer and no run to admit its jobs.
-    lent = replace(LENT_NOTHING, stored_task=engine.store.load_task)
+    lent = replace(LENT_NOTHING, stored_task=partial(tasks.load, engine.pool))
     graph = build_graph(build_capabilities(engine.settings, lent))
     langgraph_nodes: list[str] = []
     final: dict[str, Any] = dict(initial_state(task_id))

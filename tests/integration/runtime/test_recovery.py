@@ -11,16 +11,19 @@ from tests.support.helpers import new_task_id, step, task, wait_for_status
 from workflow_engine.config import Settings
 from workflow_engine.domain.status import RECOVERY_EXHAUSTED
 from workflow_engine.graph.state import initial_state
-from workflow_engine.storage import WorkflowStore
+from workflow_engine.storage import workflow_rows
+from workflow_engine.storage.pool import Pool
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 
-async def orphan(store: WorkflowStore, db_url: str, spec: pb.TaskSpec, attempts: int = 0) -> str:
+async def orphan(pool: Pool, db_url: str, spec: pb.TaskSpec, attempts: int = 0) -> str:
     """A workflow whose runner died right after StartWorkflow: RUNNING, lease expired."""
     from workflow_engine.api.requests import task_from_proto
 
     task_id = new_task_id()
-    await store.create(
+    await workflow_rows.create(
+        pool,
+        process="",
         task_id=task_id,
         holder_id="vanished-replica",
         idempotency_key=None,
@@ -37,7 +40,7 @@ async def orphan(store: WorkflowStore, db_url: str, spec: pb.TaskSpec, attempts:
 
 
 async def test_orphan_is_adopted_and_finished(running: RunningEngine, db_url: str) -> None:
-    task_id = await orphan(running.engine.store, db_url, task(step("a", "echo", "adopted")))
+    task_id = await orphan(running.engine.pool, db_url, task(step("a", "echo", "adopted")))
     wf = await wait_for_status(running.stub, task_id, timeout=20)
     assert wf.status == pb.SUCCEEDED
     async with await psycopg.AsyncConnection.connect(db_url) as conn:
@@ -51,7 +54,7 @@ async def test_poison_task_fails_once_recoveries_are_exhausted(
     marker = tmp_path / "ran"
     limit = running.engine.settings.recovery_max_attempts
     task_id = await orphan(
-        running.engine.store, db_url, task(step("a", "touch", str(marker))), attempts=limit
+        running.engine.pool, db_url, task(step("a", "touch", str(marker))), attempts=limit
     )
     wf = await wait_for_status(running.stub, task_id, timeout=20)
     assert wf.status == pb.FAILED

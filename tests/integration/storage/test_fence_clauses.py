@@ -42,7 +42,7 @@ from tests.support import database
 from tests.support.helpers import new_task_id
 from workflow_engine.domain import Fence
 from workflow_engine.graph.state import initial_state
-from workflow_engine.storage import WorkflowStore, group_commit, leases
+from workflow_engine.storage import group_commit, leases, workflow_rows
 from workflow_engine.storage.group_commit import CheckpointRow, GroupCommitter
 
 TTL = 30
@@ -57,7 +57,7 @@ class Attempt:
 
 
 Pool = AsyncConnectionPool[Any]
-Situation = Callable[[Pool, WorkflowStore], Awaitable[Attempt]]
+Situation = Callable[[Pool], Awaitable[Attempt]]
 
 
 @dataclass(frozen=True)
@@ -137,9 +137,11 @@ WRITE_BATCH = Statement(group_commit, "WRITE_BATCH", _write)
 # The situations, each built with the engine's own functions from a workflow A started.
 
 
-async def _start_as_a(store: WorkflowStore) -> Fence:
+async def _start_as_a(pool: Pool) -> Fence:
     task_id = new_task_id()
-    started = await store.create(
+    started = await workflow_rows.create(
+        pool,
+        process="",
         task_id=task_id,
         holder_id="A",
         idempotency_key=None,
@@ -160,38 +162,40 @@ async def _expire(pool: Pool, task_id: str) -> None:
         )
 
 
-async def _take(store: WorkflowStore, task_id: str, holder_id: str) -> int:
+async def _take(pool: Pool, task_id: str, holder_id: str) -> int:
     """`holder_id` claims the workflow to resume it, as a replica or a restarted runner (of the
     same holder) does, taking the lease; the lease's new epoch."""
-    claim = await store.claim_for_resume(task_id=task_id, holder_id=holder_id, ttl_seconds=TTL)
+    claim = await workflow_rows.claim_for_resume(
+        pool, process="", task_id=task_id, holder_id=holder_id, ttl_seconds=TTL
+    )
     assert claim.lease is not None
     return claim.lease.epoch
 
 
-async def another_holder(pool: Pool, store: WorkflowStore) -> Attempt:
-    a = await _start_as_a(store)
+async def another_holder(pool: Pool) -> Attempt:
+    a = await _start_as_a(pool)
     await _expire(pool, a.task_id)
-    b_epoch = await _take(store, a.task_id, "B")
+    b_epoch = await _take(pool, a.task_id, "B")
     return Attempt(Fence(a.task_id, a.run_id, "A", b_epoch))
 
 
-async def older_epoch(pool: Pool, store: WorkflowStore) -> Attempt:
-    a = await _start_as_a(store)
-    assert await _take(store, a.task_id, "A") == a.epoch + 1  # live, so no expiry in play
+async def older_epoch(pool: Pool) -> Attempt:
+    a = await _start_as_a(pool)
+    assert await _take(pool, a.task_id, "A") == a.epoch + 1  # live, so no expiry in play
     return Attempt(a)
 
 
-async def expired(pool: Pool, store: WorkflowStore) -> Attempt:
-    a = await _start_as_a(store)
+async def expired(pool: Pool) -> Attempt:
+    a = await _start_as_a(pool)
     await _expire(pool, a.task_id)
     return Attempt(a)
 
 
-async def resent(pool: Pool, store: WorkflowStore) -> Attempt:
-    a = await _start_as_a(store)
+async def resent(pool: Pool) -> Attempt:
+    a = await _start_as_a(pool)
     first = Attempt(a)
     assert await _write(pool, first)
-    newer = await _take(store, a.task_id, "A")
+    newer = await _take(pool, a.task_id, "A")
     await _expire(pool, a.task_id)
     return Attempt(Fence(a.task_id, a.run_id, "A", newer), first.checkpoint_id)
 
@@ -254,7 +258,7 @@ async def _snapshot(pool: Pool, task_id: str) -> tuple[Any, ...]:
 async def test_the_statement_refuses_what_its_clause_guards(
     pool: Pool, statement: Statement, clause: str, situation: Situation
 ) -> None:
-    attempt = await situation(pool, WorkflowStore(pool))
+    attempt = await situation(pool)
     before = await _snapshot(pool, attempt.fence.task_id)
     assert not await statement.attempt(pool, attempt)
     assert await _snapshot(pool, attempt.fence.task_id) == before
@@ -270,7 +274,7 @@ async def test_without_its_clause_the_case_gets_through(
 ) -> None:
     """The case above fails if only this clause is gone (`true` in its place), so it pins it."""
     assert statement.sql.count(clause) == 1, f"{clause!r} is not (once) in {statement}"
-    attempt = await situation(pool, WorkflowStore(pool))
+    attempt = await situation(pool)
     monkeypatch.setattr(statement.module, statement.constant, statement.sql.replace(clause, "true"))
     assert await statement.attempt(pool, attempt)
 

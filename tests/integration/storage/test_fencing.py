@@ -16,8 +16,9 @@ from tests.support.helpers import new_task_id, step, task
 from workflow_engine.domain.records import Fence, StartOutcome
 from workflow_engine.errors import LeaseLost
 from workflow_engine.graph.state import STATE_KEYS, initial_state
-from workflow_engine.runtime import Run
-from workflow_engine.storage import Checkpoint, RowCheckpointer, WorkflowStore
+from workflow_engine.runtime.run import Run
+from workflow_engine.storage import leases, queries, workflow_rows
+from workflow_engine.storage.checkpointer import Checkpoint, RowCheckpointer
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 EXPIRE = "UPDATE task_workflow_leases SET expires_at = now() - interval '1 second'"
@@ -48,20 +49,17 @@ async def put(saver: RowCheckpointer, ctx: WriterContext, note: str) -> None:
 
 
 @pytest.fixture
-def store(pool: AsyncConnectionPool[Any]) -> WorkflowStore:
-    return WorkflowStore(pool)
-
-
-@pytest.fixture
 async def saver(pool: AsyncConnectionPool[Any]) -> AsyncIterator[RowCheckpointer]:
     saver = RowCheckpointer(pool, state_keys=STATE_KEYS)
     yield saver
     await saver.close()  # stop its group-commit flushers
 
 
-async def create_as_a(store: WorkflowStore) -> StartOutcome:
+async def create_as_a(pool: AsyncConnectionPool[Any]) -> StartOutcome:
     task_id = new_task_id()
-    return await store.create(
+    return await workflow_rows.create(
+        pool,
+        process="",
         task_id=task_id,
         holder_id="A",
         idempotency_key=None,
@@ -72,9 +70,9 @@ async def create_as_a(store: WorkflowStore) -> StartOutcome:
 
 
 async def test_zombie_write_is_rejected_after_takeover(
-    store: WorkflowStore, saver: RowCheckpointer, db_url: str
+    pool: AsyncConnectionPool[Any], saver: RowCheckpointer, db_url: str
 ) -> None:
-    started = await create_as_a(store)
+    started = await create_as_a(pool)
     task_id = started.lease.task_id
     a = WriterContext(Fence(task_id, started.run_id, "A", started.lease.epoch))
     await put(saver, a, "written by A")
@@ -83,29 +81,32 @@ async def test_zombie_write_is_rejected_after_takeover(
     # A stalls past its lease; B takes the task over.
     async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
         await conn.execute(EXPIRE)
-    claim = await store.claim_for_resume(task_id=task_id, holder_id="B", ttl_seconds=30)
+    claim = await workflow_rows.claim_for_resume(
+        pool, process="", task_id=task_id, holder_id="B", ttl_seconds=30
+    )
     assert claim.lease is not None and claim.lease.epoch == started.lease.epoch + 1
 
     # A wakes up: its write, renewal and release all fail, and change nothing.
     a.node = "plan_steps"
     with pytest.raises(LeaseLost):
         await put(saver, a, "stale write by A")
-    assert await store.renew_lease(a.fence, 30) is None
-    assert await store.release_lease(a.fence) is False
-    record = await store.get(task_id)
+    async with pool.connection() as conn:
+        assert await leases.renew(conn, a.fence, 30) is None
+        assert await leases.release(conn, a.fence) is False
+    record = await queries.get(pool, task_id)
     assert record.state["summary"] == "written by A"
     assert record.last_node_id == "load_task_context"
     assert record.lease_holder_id == "B"
 
     b = WriterContext(Fence(task_id, started.run_id, "B", claim.lease.epoch), node="plan_steps")
     await put(saver, b, "written by B")
-    assert (await store.get(task_id)).state["summary"] == "written by B"
+    assert (await queries.get(pool, task_id)).state["summary"] == "written by B"
 
 
 async def test_expired_lease_cannot_write_even_before_a_takeover(
-    store: WorkflowStore, saver: RowCheckpointer, db_url: str
+    pool: AsyncConnectionPool[Any], saver: RowCheckpointer, db_url: str
 ) -> None:
-    started = await create_as_a(store)
+    started = await create_as_a(pool)
     task_id = started.lease.task_id
     async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
         await conn.execute(EXPIRE)
@@ -136,13 +137,17 @@ async def test_running_zombie_stops_without_writing(running: RunningEngine, db_u
     task_id, run = await started_mid_step(running)
     async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
         await conn.execute(EXPIRE)
-    claim = await running.engine.store.claim_for_resume(
-        task_id=task_id, holder_id="usurper", ttl_seconds=60
+    claim = await workflow_rows.claim_for_resume(
+        running.engine.pool,
+        process=running.engine.settings.process,
+        task_id=task_id,
+        holder_id="usurper",
+        ttl_seconds=60,
     )
     assert claim.lease is not None
     assert await running.engine.runs.wait(task_id, 10)
     assert run.outcome == "lease lost"
-    record = await running.engine.store.get(task_id)
+    record = await queries.get(running.engine.pool, task_id)
     assert record.last_node_id == "dispatch_step"  # collect_result's write never landed
     assert record.lease_holder_id == "usurper"
     lost = {"event": "lost"}
@@ -150,30 +155,34 @@ async def test_running_zombie_stops_without_writing(running: RunningEngine, db_u
 
 
 async def test_the_same_holder_retaking_its_lease_fences_out_its_older_run(
-    store: WorkflowStore, saver: RowCheckpointer, db_url: str
+    pool: AsyncConnectionPool[Any], saver: RowCheckpointer, db_url: str
 ) -> None:
     """Holder A re-takes its own expired lease (a restarted runner with the same holder id): the
     new epoch is what counts, so A's older run can no longer write, renew, change the status or
     release, though holder and expiry match. Each clause of the fence is needed here: without
     the epoch, every one of these would land."""
-    started = await create_as_a(store)
+    started = await create_as_a(pool)
     task_id = started.lease.task_id
     old = WriterContext(Fence(task_id, started.run_id, "A", started.lease.epoch))
     await put(saver, old, "written by A's first run")
     async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
         await conn.execute(EXPIRE)
-    claim = await store.claim_for_resume(task_id=task_id, holder_id="A", ttl_seconds=30)
+    claim = await workflow_rows.claim_for_resume(
+        pool, process="", task_id=task_id, holder_id="A", ttl_seconds=30
+    )
     assert claim.lease is not None and claim.lease.epoch == started.lease.epoch + 1
-    before = await store.get(task_id)
+    before = await queries.get(pool, task_id)
 
     old.node = "plan_steps"
     with pytest.raises(LeaseLost):
         await put(saver, old, "stale write by A's first run")
-    assert await store.renew_lease(old.fence, 3600) is None
-    assert await store.set_status(old.fence, "FAILED", "stale failure") is False
-    assert await store.release_lease(old.fence) is False
+    async with pool.connection() as conn:
+        assert await leases.renew(conn, old.fence, 3600) is None
+    assert await workflow_rows.set_status(pool, old.fence, "FAILED", "stale failure") is False
+    async with pool.connection() as conn:
+        assert await leases.release(conn, old.fence) is False
 
-    after = await store.get(task_id)
+    after = await queries.get(pool, task_id)
     assert after.state["summary"] == "written by A's first run"
     assert (after.status, after.error, after.last_node_id) == ("RUNNING", "", "load_task_context")
     assert after.lease_holder_id == "A"
@@ -182,7 +191,7 @@ async def test_the_same_holder_retaking_its_lease_fences_out_its_older_run(
 
     new = WriterContext(Fence(task_id, started.run_id, "A", claim.lease.epoch), node="plan_steps")
     await put(saver, new, "written by A's second run")
-    assert await store.set_status(new.fence, "FAILED", "real failure") is True
+    assert await workflow_rows.set_status(pool, new.fence, "FAILED", "real failure") is True
 
 
 async def test_a_live_run_is_fenced_out_when_its_own_holder_retakes_the_lease(
@@ -191,14 +200,18 @@ async def test_a_live_run_is_fenced_out_when_its_own_holder_retakes_the_lease(
     """The same holder id claims the task (a restarted runner would) while the old run of that
     holder is still alive and mid-step: the old run's next write is refused and it stops."""
     task_id, run = await started_mid_step(running)
-    claim = await running.engine.store.claim_for_resume(
-        task_id=task_id, holder_id=run.fence.holder_id, ttl_seconds=60
+    claim = await workflow_rows.claim_for_resume(
+        running.engine.pool,
+        process=running.engine.settings.process,
+        task_id=task_id,
+        holder_id=run.fence.holder_id,
+        ttl_seconds=60,
     )
     assert claim.lease is not None and claim.lease.epoch > run.fence.epoch
-    claimed = await running.engine.store.get(task_id)
+    claimed = await queries.get(running.engine.pool, task_id)
     assert await running.engine.runs.wait(task_id, 10)
     assert run.outcome in ("lease lost", "stopped: lease lost")
-    record = await running.engine.store.get(task_id)
+    record = await queries.get(running.engine.pool, task_id)
     assert record.last_node_id == "dispatch_step"  # collect_result's write never landed
     assert record.event_seq == claimed.event_seq  # nor did anything after it
     assert record.status == "RUNNING"

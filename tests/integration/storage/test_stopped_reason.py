@@ -1,6 +1,6 @@
 """Why a run stopped without ending is recorded only when another writer took its lease away.
 
-`WorkflowStore.note_stopped` is called by a run that found its lease gone. It must say so (a
+`workflow_rows.note_stopped` is called by a run that found its lease gone. It must say so (a
 `stopped_reason` and a ``stopped`` event) when the orchestrator released the lease or acquired
 it under its own lease id, and say nothing when the engine itself moved on: another replica
 took the workflow over, a cancel revoked the lease, or the engine handed it over on drain. A
@@ -20,21 +20,26 @@ from tests.integration.orchestrator import their_code
 from tests.support.helpers import new_task_id
 from workflow_engine.domain import Fence
 from workflow_engine.graph.state import initial_state
-from workflow_engine.storage import WorkflowStore
+from workflow_engine.storage import leases, queries, workflow_rows
+from workflow_engine.storage.pool import Pool, on_connection
 from workflow_engine.storage.workflow_rows import RELEASED_ELSEWHERE
 
-Situation = Callable[[psycopg.AsyncConnection[Any], WorkflowStore, Fence, str], Awaitable[None]]
+Situation = Callable[[psycopg.AsyncConnection[Any], Pool, Fence, str], Awaitable[None]]
+#: The engine process whose runs these are.
+PROCESS = "engine/1"
 
 
 @pytest.fixture
-async def store(db_url: str) -> AsyncIterator[WorkflowStore]:
+async def pool(db_url: str) -> AsyncIterator[Pool]:
     async with AsyncConnectionPool(db_url, kwargs={"autocommit": True}, min_size=1) as pool:
-        yield WorkflowStore(pool, process="engine/1")
+        yield pool
 
 
-async def _started(store: WorkflowStore) -> tuple[Fence, str]:
+async def _started(pool: Pool) -> tuple[Fence, str]:
     task_id = new_task_id()
-    started = await store.create(
+    started = await workflow_rows.create(
+        pool,
+        process=PROCESS,
         task_id=task_id,
         holder_id="engine",
         idempotency_key=None,
@@ -54,19 +59,17 @@ async def expire(conn: Any, task_id: str) -> None:
     )
 
 
-async def their_release(conn: Any, store: WorkflowStore, fence: Fence, lease_id: str) -> None:
+async def their_release(conn: Any, pool: Pool, fence: Fence, lease_id: str) -> None:
     await their_code.release(conn, fence.task_id, lease_id)
 
 
-async def their_acquire(conn: Any, store: WorkflowStore, fence: Fence, lease_id: str) -> None:
+async def their_acquire(conn: Any, pool: Pool, fence: Fence, lease_id: str) -> None:
     await expire(conn, fence.task_id)
     assert (await their_code.acquire(conn, fence.task_id, "their-runner")).status == "started"
 
 
-async def their_acquire_then_release(
-    conn: Any, store: WorkflowStore, fence: Fence, lease_id: str
-) -> None:
-    await their_acquire(conn, store, fence, lease_id)
+async def their_acquire_then_release(conn: Any, pool: Pool, fence: Fence, lease_id: str) -> None:
+    await their_acquire(conn, pool, fence, lease_id)
     cur = await conn.execute(
         "SELECT lease_id::text FROM task_workflow_leases WHERE task_id = %s", (fence.task_id,)
     )
@@ -74,21 +77,24 @@ async def their_acquire_then_release(
     await their_code.release(conn, fence.task_id, theirs)
 
 
-async def another_replica(conn: Any, store: WorkflowStore, fence: Fence, lease_id: str) -> None:
+async def another_replica(conn: Any, pool: Pool, fence: Fence, lease_id: str) -> None:
     await expire(conn, fence.task_id)
-    claim = await store.claim_for_resume(task_id=fence.task_id, holder_id="B", ttl_seconds=30)
+    claim = await workflow_rows.claim_for_resume(
+        pool, process=PROCESS, task_id=fence.task_id, holder_id="B", ttl_seconds=30
+    )
     assert claim.lease is not None
 
 
-async def a_cancel(conn: Any, store: WorkflowStore, fence: Fence, lease_id: str) -> None:
-    await store.cancel(fence.task_id, "enough")
+async def a_cancel(conn: Any, pool: Pool, fence: Fence, lease_id: str) -> None:
+    await workflow_rows.cancel(pool, fence.task_id, "enough")
 
 
-async def handed_over(conn: Any, store: WorkflowStore, fence: Fence, lease_id: str) -> None:
-    assert await store.release_lease(fence)  # a drain: the engine hands the lease on
+async def handed_over(conn: Any, pool: Pool, fence: Fence, lease_id: str) -> None:
+    # A drain: the engine hands the lease on.
+    assert await on_connection(pool, lambda conn: leases.release(conn, fence))
 
 
-async def paused(conn: Any, store: WorkflowStore, fence: Fence, lease_id: str) -> None:
+async def paused(conn: Any, pool: Pool, fence: Fence, lease_id: str) -> None:
     # As the checkpoint write that pauses a workflow leaves it: status waiting, lease released
     # (not handed over: nobody is to carry on until a person decides).
     await conn.execute(
@@ -115,38 +121,40 @@ async def paused(conn: Any, store: WorkflowStore, fence: Fence, lease_id: str) -
     ],
 )
 async def test_a_stop_is_recorded_only_when_another_writer_took_the_lease(
-    store: WorkflowStore, db_url: str, situation: Situation, expected: str
+    pool: Pool, db_url: str, situation: Situation, expected: str
 ) -> None:
-    fence, lease_id = await _started(store)
+    fence, lease_id = await _started(pool)
     async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
-        await situation(conn, store, fence, lease_id)
-    before = await store.get(fence.task_id)
-    assert await store.note_stopped(fence) == expected
-    after = await store.get(fence.task_id)
+        await situation(conn, pool, fence, lease_id)
+    before = await queries.get(pool, fence.task_id)
+    assert await workflow_rows.note_stopped(pool, fence) == expected
+    after = await queries.get(pool, fence.task_id)
     assert after.stopped_reason == expected
-    events = await store.events(fence.task_id, 1)
+    events = await queries.events(pool, fence.task_id, 1)
     if expected:
         assert after.event_seq == before.event_seq + 1 == events[-1].seq
         assert (events[-1].kind, events[-1].detail) == ("stopped", expected)
-        assert await store.note_stopped(fence) == ""  # once
-        assert (await store.get(fence.task_id)).event_seq == after.event_seq
+        assert await workflow_rows.note_stopped(pool, fence) == ""  # once
+        assert (await queries.get(pool, fence.task_id)).event_seq == after.event_seq
     else:
         assert after == before
         assert "stopped" not in {e.kind for e in events}
 
 
-async def test_a_resume_clears_it_and_so_does_the_end(store: WorkflowStore, db_url: str) -> None:
-    fence, lease_id = await _started(store)
+async def test_a_resume_clears_it_and_so_does_the_end(pool: Pool, db_url: str) -> None:
+    fence, lease_id = await _started(pool)
     async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
         await their_code.release(conn, fence.task_id, lease_id)
-    assert await store.note_stopped(fence)
-    claim = await store.claim_for_resume(task_id=fence.task_id, holder_id="x", ttl_seconds=30)
+    assert await workflow_rows.note_stopped(pool, fence)
+    claim = await workflow_rows.claim_for_resume(
+        pool, process=PROCESS, task_id=fence.task_id, holder_id="x", ttl_seconds=30
+    )
     assert claim.lease is not None and claim.record.stopped_reason == ""
-    assert (await store.get(fence.task_id)).stopped_reason == ""
+    assert (await queries.get(pool, fence.task_id)).stopped_reason == ""
 
-    fence, lease_id = await _started(store)
+    fence, lease_id = await _started(pool)
     async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
         await their_code.release(conn, fence.task_id, lease_id)
-    assert await store.note_stopped(fence)
-    cancelled, _ = await store.cancel(fence.task_id, "no longer wanted")
+    assert await workflow_rows.note_stopped(pool, fence)
+    cancelled, _ = await workflow_rows.cancel(pool, fence.task_id, "no longer wanted")
     assert cancelled.status == "CANCELLED" and cancelled.stopped_reason == ""

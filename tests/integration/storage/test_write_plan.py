@@ -16,7 +16,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from tests.support.helpers import new_task_id
 from workflow_engine.graph.state import initial_state
-from workflow_engine.storage import WorkflowStore
+from workflow_engine.storage import workflow_rows
 from workflow_engine.storage.group_commit import WRITE_BATCH, CheckpointRow, batch_params
 
 OTHERS = 3000  # workflows of other holders, their leases live
@@ -69,10 +69,11 @@ async def test_checkpoint_writes_scan_no_whole_table(db_url: str) -> None:
         await conn.execute(FILL)
     ours: list[tuple[str, int]] = []  # our workflows: task id, epoch
     async with AsyncConnectionPool(db_url, kwargs={"autocommit": True}, min_size=1) as pool:
-        store = WorkflowStore(pool)
         for _ in range(3):
             task_id = new_task_id()
-            started = await store.create(
+            started = await workflow_rows.create(
+                pool,
+                process="",
                 task_id=task_id,
                 holder_id="A",
                 idempotency_key=None,

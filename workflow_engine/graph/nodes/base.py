@@ -45,15 +45,7 @@ class NodeBase:
     def __init__(self, capabilities: Capabilities, jobs: JobTracker | None = None) -> None:
         self._caps = capabilities
         self._secrets = capabilities.context.secrets
-        self.jobs = (
-            jobs
-            or capabilities.jobs
-            or JobTracker(
-                capabilities.worker,
-                max_running=capabilities.max_running_jobs,
-                metrics=capabilities.context.metrics,
-            )
-        )
+        self.jobs = jobs or capabilities.jobs
 
 
 def accounted(

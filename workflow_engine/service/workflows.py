@@ -1,4 +1,4 @@
-"""The engine's use cases: start, resume, get, cancel and watch a task's workflow.
+"""The engine's use cases: start, resume, update, get, cancel and list a task's workflow.
 
 The gRPC servicer translates messages to and from these calls; everything that decides what
 happens lives here or below, so the same calls serve tests, benchmarks and other front ends.
@@ -6,13 +6,12 @@ happens lives here or below, so the same calls serve tests, benchmarks and other
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from workflow_engine.capabilities.protocols import TaskSource
-from workflow_engine.config import ENV_PREFIX, Settings
+from workflow_engine.config import Settings
 from workflow_engine.context import EngineContext
 from workflow_engine.domain.records import (
     Fence,
@@ -24,7 +23,7 @@ from workflow_engine.domain.records import (
     WorkflowQuery,
     WorkflowRecord,
 )
-from workflow_engine.domain.status import TERMINAL_STATUSES, WorkflowStatus
+from workflow_engine.domain.status import WorkflowStatus
 from workflow_engine.domain.task import Budget, TaskSpec
 from workflow_engine.errors import (
     InvalidState,
@@ -32,10 +31,6 @@ from workflow_engine.errors import (
     OutOfScope,
     RunEnded,
     ShuttingDown,
-    TaskNotFound,
-    TaskNotStartable,
-    TaskSourceUnavailable,
-    WorkflowEngineError,
     WorkflowExists,
     WorkflowNotFound,
 )
@@ -51,11 +46,20 @@ from workflow_engine.graph.state import (
 )
 from workflow_engine.runtime.events import EventHub
 from workflow_engine.runtime.manager import RunManager
-from workflow_engine.runtime.quotas import Quota
 from workflow_engine.runtime.run import Run
-from workflow_engine.secrets import state_secrets, step_secrets
+from workflow_engine.secrets import step_secrets
+from workflow_engine.service.checks import (
+    admits,
+    in_scope,
+    refuse_blocked,
+    resume_changes,
+    state_of,
+)
+from workflow_engine.service.task_by_id import task_by_id
+from workflow_engine.service.watch import Watches
+from workflow_engine.storage import leases, queries, workflow_rows
+from workflow_engine.storage.pool import Pool, on_connection
 from workflow_engine.storage.queries import MAX_HISTORY_EVENTS
-from workflow_engine.storage.workflows import WorkflowStore
 
 #: How long a change waits for a closing run of its workflow (one that wrote its last
 #: checkpoint, or was told to stop) to end before claiming the workflow itself. Such a run has
@@ -92,7 +96,7 @@ class WorkflowService:
         self,
         *,
         settings: Settings,
-        store: WorkflowStore,
+        pool: Pool,
         runs: RunManager,
         events: EventHub,
         check_startable: Callable[[TaskSpec], None],
@@ -105,21 +109,24 @@ class WorkflowService:
         self._secrets = context.secrets
         self._metrics = context.metrics
         self._settings = settings
-        self._store = store
+        self._pool = pool
+        # This process's name, recorded with every lease it takes (see `leases.acquire`).
+        self._process = settings.process
         self._runs = runs
         self._events = events
-        self._watch_poll = watch_poll_seconds
         self._on_task_stored = on_task_stored
         # The planner's and the worker's up-front checks (`Capabilities.check_startable`): a
         # task that cannot be planned or run is refused at start, not stored and FAILED later.
         self._check_startable = check_startable
         # Where a StartWorkflow without a task loads it by id.
         self._task_source = task_source
-        self._watches = Quota(
-            settings.max_watches_per_caller,
-            setting=f"{ENV_PREFIX}MAX_WATCHES_PER_CALLER",
-            holder="caller",
-            what="open watches",
+        self._watches = Watches(
+            pool=pool,
+            runs=runs,
+            events=events,
+            poll_seconds=watch_poll_seconds,
+            max_per_caller=settings.max_watches_per_caller,
+            secrets=context.secrets,
         )
 
     def _ttl(self, requested: int) -> float:
@@ -147,8 +154,8 @@ class WorkflowService:
         asked here.
         """
         if task is None:
-            task = await self._task_by_id(task_id, scope)
-        elif not _admits(scope, task.metadata.user_id, task.metadata.project_id):
+            task = await task_by_id(self._pool, self._task_source, task_id, scope)
+        elif not admits(scope, task.metadata.user_id, task.metadata.project_id):
             # The caller's own words (it chose the project and user): naming them tells nothing.
             raise OutOfScope(
                 "task.metadata: the caller may not start workflows of project "
@@ -164,7 +171,9 @@ class WorkflowService:
         tenant = task.metadata.project_id
         with self._runs.room_for(tenant):
             try:
-                outcome = await self._store.create(
+                outcome = await workflow_rows.create(
+                    self._pool,
+                    process=self._process,
                     task_id=task_id,
                     holder_id=holder,
                     idempotency_key=idempotency_key,
@@ -196,44 +205,6 @@ class WorkflowService:
             )
         return outcome
 
-    async def _task_by_id(self, task_id: str, scope: Scope | None) -> TaskSpec:
-        """The task source's task, for a start that sent none.
-
-        A task that already has a workflow is answered as before (ALREADY_RUNNING, ...) even
-        when the source now refuses it (closed since, deleted, unreachable): the task stored
-        with that workflow stands in, and nothing new is stored for it.
-
-        Another tenant's task (`scope` does not admit it) is answered as one the source does
-        not have, in its words: not whose it is, not that it is closed, not that it has a
-        workflow.
-        """
-        source = self._task_source
-        try:
-            task = await source.load(task_id)
-        except TaskNotStartable as refused:
-            if not _admits(scope, refused.user_id, refused.project_id):
-                raise TaskNotFound(task_id, source.where) from None
-            return await self._stored_instead(task_id, refused, scope)
-        except (TaskNotFound, TaskSourceUnavailable) as refused:
-            return await self._stored_instead(task_id, refused, scope)
-        if not _admits(scope, task.metadata.user_id, task.metadata.project_id):
-            raise TaskNotFound(task_id, source.where)
-        return task
-
-    async def _stored_instead(
-        self, task_id: str, refused: WorkflowEngineError, scope: Scope | None
-    ) -> TaskSpec:
-        """The task stored with the task's workflow, for a start the source refused; without
-        one, or when it is another tenant's, the source's refusal as it is."""
-        try:
-            await self._store.get(task_id)
-        except WorkflowNotFound:
-            raise refused from None
-        task = TaskSpec.from_json(await self._store.load_task(task_id))
-        if not _admits(scope, task.metadata.user_id, task.metadata.project_id):
-            raise refused from None
-        return task
-
     async def resume(
         self,
         *,
@@ -256,9 +227,9 @@ class WorkflowService:
         """
         ttl = self._ttl(lease_ttl_seconds)
         holder = holder_id or self._settings.holder_id
-        record = _in_scope(await self._store.get(task_id), scope)
-        _refuse_blocked(record)
-        changes = _resume_changes(record, decision, budget, actor or holder)
+        record = in_scope(await queries.get(self._pool, task_id), scope)
+        refuse_blocked(record)
+        changes = resume_changes(record, decision, budget, actor or holder)
         if changes:
             applied = await self._apply(record, holder, ttl, changes)
             return ResumeOutcome(applied.record, applied.lease, True, applied.status)
@@ -267,11 +238,15 @@ class WorkflowService:
             return ResumeOutcome(record, None, False, record.status)
         self._check_accepting()
         with self._runs.room_for(record.project_id):
-            claim = await self._store.claim_for_resume(
-                task_id=task_id, holder_id=holder, ttl_seconds=ttl
+            claim = await workflow_rows.claim_for_resume(
+                self._pool,
+                process=self._process,
+                task_id=task_id,
+                holder_id=holder,
+                ttl_seconds=ttl,
             )
             if claim.lease is None:
-                _refuse_blocked(claim.record)  # changed outside the engine since the read above
+                refuse_blocked(claim.record)  # changed outside the engine since the read above
                 return ResumeOutcome(claim.record, None, False, claim.record.status)
             self._launch_resumed(claim.record, holder, claim.lease, ttl)
         return ResumeOutcome(claim.record, claim.lease, True, claim.record.status)
@@ -285,13 +260,14 @@ class WorkflowService:
         anything is written when it does not fit. A blocked workflow (another writer changed
         its row) takes only a decision about that: accept their state, or fail it.
         """
-        record = _in_scope(await self._store.get(task_id), scope)
+        record = in_scope(await queries.get(self._pool, task_id), scope)
         if record.terminal:
             raise InvalidState(f"the workflow has ended ({record.status}); nothing to override")
         if override.accept_outside_state:
             return await self._accept_outside_state(record, override)
         if record.blocked_reason and override.fails:
-            ended = await self._store.end_blocked(
+            ended = await workflow_rows.end_blocked(
+                self._pool,
                 task_id,
                 f"failed by {override.actor}"
                 + (f": {override.reason}" if override.reason else "")
@@ -301,10 +277,10 @@ class WorkflowService:
                 + (f": {override.reason}" if override.reason else ""),
             )
             return Applied(ended, None, ended.status)
-        _refuse_blocked(record)
+        refuse_blocked(record)
         assert override.change is not None
         changes = [override.change]
-        state_changes.apply_all(changes, _state_of(record))  # refuse early; applied below
+        state_changes.apply_all(changes, state_of(record))  # refuse early; applied below
         return await self._apply(
             record, self._settings.holder_id, float(self._settings.lease_ttl_seconds), changes
         )
@@ -321,7 +297,9 @@ class WorkflowService:
         holder = self._settings.holder_id
         ttl = float(self._settings.lease_ttl_seconds)
         with self._runs.room_for(record.project_id):
-            claim = await self._store.restart_from(
+            claim = await workflow_rows.restart_from(
+                self._pool,
+                process=self._process,
                 task_id=record.task_id,
                 holder_id=holder,
                 ttl_seconds=ttl,
@@ -359,18 +337,22 @@ class WorkflowService:
                 return await self._applied(task_id, None, state)
             self._check_accepting()
             with self._runs.room_for(record.project_id):
-                claim = await self._store.claim_for_resume(
-                    task_id=task_id, holder_id=holder, ttl_seconds=ttl
+                claim = await workflow_rows.claim_for_resume(
+                    self._pool,
+                    process=self._process,
+                    task_id=task_id,
+                    holder_id=holder,
+                    ttl_seconds=ttl,
                 )
                 if claim.lease is None:
-                    _refuse_blocked(claim.record)
+                    refuse_blocked(claim.record)
                     raise InvalidState(
                         f"the workflow has ended ({claim.record.status}); nothing was changed"
                     )
                 try:  # refused by the state as claimed (it may have moved on): change nothing
-                    state_changes.apply_all(changes, _state_of(claim.record))
+                    state_changes.apply_all(changes, state_of(claim.record))
                 except Exception:
-                    await self._store.release_lease(
+                    await self._release(
                         Fence(task_id, claim.record.run_id, holder, claim.lease.epoch)
                     )
                     raise
@@ -378,6 +360,9 @@ class WorkflowService:
             state = await run.pending()[0]
             return await self._applied(task_id, claim.lease, state)
         raise InvalidState("the workflow's run kept changing hands; nothing was changed, retry")
+
+    async def _release(self, fence: Fence) -> None:
+        await on_connection(self._pool, lambda conn: leases.release(conn, fence))
 
     async def _settled_run(self, task_id: str) -> Run | None:
         """The run of `task_id` here that still takes changes; waits out a closing one."""
@@ -389,7 +374,7 @@ class WorkflowService:
         return None
 
     async def _applied(self, task_id: str, lease: Lease | None, state: WorkflowState) -> Applied:
-        record = await self._store.get(task_id)
+        record = await queries.get(self._pool, task_id)
         status = record.status
         if status == WorkflowStatus.RUNNING:  # not yet past the node the change leads to
             status = routing.committed_status(state, time.time())
@@ -401,7 +386,9 @@ class WorkflowService:
             return False
         holder = self._settings.holder_id
         ttl = float(self._settings.lease_ttl_seconds)
-        claim = await self._store.claim_for_resume(
+        claim = await workflow_rows.claim_for_resume(
+            self._pool,
+            process=self._process,
             task_id=task_id,
             holder_id=holder,
             ttl_seconds=ttl,
@@ -433,14 +420,14 @@ class WorkflowService:
         )
 
     async def get(self, task_id: str, scope: Scope | None = None) -> WorkflowRecord:
-        return _in_scope(await self._store.get(task_id), scope)
+        return in_scope(await queries.get(self._pool, task_id), scope)
 
     async def get_with_history(
         self, task_id: str, scope: Scope | None = None
     ) -> tuple[WorkflowRecord, Sequence[WorkflowEventRecord]]:
         """The workflow and its events, oldest first (the newest `MAX_HISTORY_EVENTS` of them)."""
-        record, history = await self._store.get_with_history(task_id, MAX_HISTORY_EVENTS)
-        return _in_scope(record, scope), history
+        record, history = await queries.get_with_history(self._pool, task_id, MAX_HISTORY_EVENTS)
+        return in_scope(record, scope), history
 
     async def _taken_in_scope(self, task_id: str, scope: Scope | None) -> None:
         """A start met an existing workflow: tell a scoped caller nothing about another
@@ -455,7 +442,7 @@ class WorkflowService:
     async def _check_scope(self, task_id: str, scope: Scope | None) -> None:
         """NOT_FOUND, as for a workflow that does not exist, unless `scope` admits it."""
         if scope is not None:
-            _in_scope(await self._store.get(task_id), scope)
+            in_scope(await queries.get(self._pool, task_id), scope)
 
     async def cancel(
         self, task_id: str, reason: str, actor: str = "", scope: Scope | None = None
@@ -467,18 +454,18 @@ class WorkflowService:
         cancel's notification reaches it).
         """
         await self._check_scope(task_id, scope)  # a workflow's owner never changes
-        record, cancelled = await self._store.cancel(task_id, reason, actor)
+        record, cancelled = await workflow_rows.cancel(self._pool, task_id, reason, actor)
         if cancelled:
             self._metrics.workflow_finished(
                 WorkflowStatus.CANCELLED, record.state.get("started_at")
             )
-            self._runs.cancel(task_id, jobs_in_flight(_state_of(record)))
+            self._runs.cancel(task_id, jobs_in_flight(state_of(record)))
             # An abandoned run ends within milliseconds; this bound is for one stuck on an
             # unreachable database, which the answer does not wait for.
             await self._runs.wait(task_id, CANCEL_RUN_WAIT_SECONDS)
         return record
 
-    async def watch(
+    def watch(
         self,
         task_id: str,
         from_sequence: int,
@@ -487,103 +474,11 @@ class WorkflowService:
         caller: str = "",
     ) -> AsyncIterator[WorkflowEventRecord]:
         """Yield the task's events from `from_sequence` on, ending after a terminal status;
-        with `kinds`, only events of those kinds and the terminal one.
-
-        Events this process wrote come from its event feed; the table is read only for what
-        the feed does not hold (see `runtime.events`). A `caller` (the authenticated identity)
-        with `max_watches_per_caller` open here is refused before anything is read.
-        """
-        next_seq = max(from_sequence, 1)
-        with self._watches.holding(caller):
-            await self._check_scope(task_id, scope)
-            with self._events.subscribe(task_id) as news:
-                record: WorkflowRecord | None = None
-                if not self._feed_holds_the_end(task_id, next_seq):
-                    # NOT_FOUND before anything is streamed; the table may be ahead of the feed.
-                    record = await self._store.get(task_id)
-                    self._secrets.add(state_secrets(record.state))  # it may run elsewhere
-                    news.stale = True
-                while True:
-                    news.woken.clear()  # before reading: a wake-up during the read is kept
-                    batch = None if news.stale else self._events.recent(task_id, next_seq)
-                    if batch is None:
-                        news.stale = False
-                        batch = await self._store.events(task_id, next_seq)
-                    for event in batch:
-                        next_seq = event.seq + 1
-                        ends = event.kind == "status" and event.status in TERMINAL_STATUSES
-                        if ends or kinds is None or event.kind in kinds:
-                            yield event
-                        if ends:
-                            return
-                    if batch:
-                        continue
-                    if record is not None and record.terminal and next_seq > record.event_seq:
-                        return
-                    try:
-                        await asyncio.wait_for(news.woken.wait(), self._watch_poll)
-                    except TimeoutError:
-                        record = await self._store.get(task_id)
-                        news.stale = True
-
-    def _feed_holds_the_end(self, task_id: str, from_seq: int) -> bool:
-        """Whether this process's event feed may stand in for the table at a watch's start: it
-        holds `from_seq`, and the table holds nothing newer that it does not know of (a run
-        here writes the workflow, and anyone else's event empties the feed; or its newest event
-        ended the workflow). A feed left by a run that went on elsewhere does not."""
-        if not self._events.recent(task_id, from_seq):
-            return False
-        return self._runs.is_live(task_id) or self._events.ended(task_id)
+        with `kinds`, only events of those kinds and the terminal one (see `watch`). A `caller`
+        (the authenticated identity) with `max_watches_per_caller` open here is refused before
+        anything is read."""
+        return self._watches.stream(task_id, from_sequence, scope, kinds, caller)
 
     async def list_workflows(self, query: WorkflowQuery) -> WorkflowPage:
         """One page of workflows matching `query`, newest update first (no state, no history)."""
-        return await self._store.list_workflows(query)
-
-
-def _admits(scope: Scope | None, user_id: str, project_id: str) -> bool:
-    return scope is None or scope.admits(user_id, project_id)
-
-
-def _in_scope(record: WorkflowRecord, scope: Scope | None) -> WorkflowRecord:
-    """`record`, or the NOT_FOUND of a workflow that does not exist when `scope` does not
-    admit it: another tenant cannot tell that it exists."""
-    if scope is not None and not scope.admits(record.user_id, record.project_id):
-        raise WorkflowNotFound(record.task_id)
-    return record
-
-
-def _refuse_blocked(record: WorkflowRecord) -> None:
-    """Refuse to run or change a workflow another writer changed (`blocked_reason`)."""
-    if record.blocked_reason and not record.terminal:
-        raise InvalidState(f"task {record.task_id} is blocked: {record.blocked_reason}")
-
-
-def _state_of(record: WorkflowRecord) -> WorkflowState:
-    """The record's state; a tampered one (not of its form) reads as empty, refused by the run."""
-    return state_or_empty(record.state)
-
-
-def _resume_changes(
-    record: WorkflowRecord, decision: Decision | None, budget: Budget | None, actor: str
-) -> list[Change]:
-    """What a ResumeWorkflow asks to change, checked against the row before anything is taken.
-
-    A tampered state is not validated here: the run refuses the checkpoint itself.
-    """
-    state = _state_of(record)
-    if record.status == WorkflowStatus.WAITING_FOR_APPROVAL and decision is None:
-        raise InvalidState(
-            "decision: required; the workflow waits for approval of step "
-            f"{(state.get('pending_approval') or {}).get('step_id')!r}"
-        )
-    if record.status == WorkflowStatus.SUSPENDED and budget is None:
-        raise InvalidState("budget: required; the workflow is SUSPENDED: " + (record.summary or ""))
-    if budget is not None and record.terminal:
-        raise InvalidState(f"budget: the workflow has ended ({record.status})")
-    changes: list[Change] = []
-    if decision is not None:
-        changes.append(lambda state: state_changes.decide(state, decision))
-    if budget is not None:
-        changes.append(lambda state: state_changes.raise_budget(state, budget, actor))
-    state_changes.apply_all(changes, state)  # refuse now what does not fit
-    return changes
+        return await queries.list_workflows(self._pool, query)

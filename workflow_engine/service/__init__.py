@@ -1,0 +1,11 @@
+"""The engine's use cases, below any transport: the gRPC servicer and the in-process `Engine`
+both call `WorkflowService`.
+
+`workflows` starts, resumes, updates, cancels, gets and lists workflows (`task_by_id` finds the
+task of a start that sent none); `watch` streams a workflow's events; `checks` holds the checks
+they make against a row before acting.
+"""
+
+from workflow_engine.service.workflows import Applied, ResumeOutcome, WorkflowService
+
+__all__ = ["Applied", "ResumeOutcome", "WorkflowService"]

@@ -73,3 +73,9 @@ def anchors(page: Path) -> set[str]:
         text = re.sub(r"[^\w\s-]", "", text).strip().lower()
         found.add(re.sub(r"[-\s]+", "-", text))
     return found
+
+
+def test_the_in_process_example_on_its_page_is_the_file() -> None:
+    page = (ROOT / "docs" / "python-api.md").read_text()
+    shown = page.split("```python\n", 1)[1].split("```", 1)[0]
+    assert shown == (ROOT / "examples" / "in_process.py").read_text()

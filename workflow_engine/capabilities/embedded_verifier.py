@@ -32,8 +32,7 @@ from workflow_engine.domain.task import (
     relative_path_problem,
 )
 from workflow_engine.errors import LinkOut, PatternError
-from workflow_engine.sandbox.beneath import exists_beneath
-from workflow_engine.sandbox.files import WORKER_NOTE
+from workflow_engine.sandbox import WORKER_NOTE, exists_beneath
 from workflow_engine.secrets import Secrets
 
 log = structlog.get_logger(__name__)

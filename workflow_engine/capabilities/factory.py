@@ -54,7 +54,7 @@ from workflow_engine.context import EngineContext
 from workflow_engine.domain.task import TaskSpec
 from workflow_engine.domain.values import JsonObject
 from workflow_engine.errors import CapabilityConfigError, UnknownCapability
-from workflow_engine.sandbox.grant import Confinement
+from workflow_engine.sandbox import Confinement
 
 T = TypeVar("T")
 

@@ -32,9 +32,7 @@ from types import TracebackType
 
 from workflow_engine.domain.jobs import JobRequest, JobResult
 from workflow_engine.domain.task import Step
-from workflow_engine.sandbox.files import TARGET
-from workflow_engine.sandbox.grant import Confinement, step_unfit
-from workflow_engine.sandbox.runner import JobRunner
+from workflow_engine.sandbox import TARGET, Confinement, JobRunner, step_unfit
 
 __all__ = ["TARGET", "LocalSandboxWorker"]
 

@@ -35,7 +35,7 @@ from workflow_engine.config import ENV_PREFIX, NodeSettings
 from workflow_engine.errors import ConfigError, NodeInUse
 from workflow_engine.node.job_runs import NodeJobs
 from workflow_engine.node.routes import create_app
-from workflow_engine.sandbox.grant import Confinement
+from workflow_engine.sandbox import Confinement
 
 log = structlog.get_logger(__name__)
 

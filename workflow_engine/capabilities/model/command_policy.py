@@ -54,7 +54,7 @@ import yaml
 
 from workflow_engine.config import ENV_PREFIX
 from workflow_engine.errors import CapabilityConfigError
-from workflow_engine.sandbox.files import SAFE_PATH
+from workflow_engine.sandbox import SAFE_PATH
 
 Verdict = Literal["allow", "approve", "deny"]
 _VERDICTS: tuple[Verdict, ...] = ("allow", "approve", "deny")

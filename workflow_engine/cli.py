@@ -83,32 +83,38 @@ def settings_from_args(args: argparse.Namespace, base: Settings) -> Settings:
         node = replace(
             base.node,
             **_given(
-                listen=args.listen,
-                data_dir=args.data_dir,
-                max_timeout_seconds=args.max_timeout_seconds,
-                default_timeout_seconds=args.default_timeout_seconds,
-                max_body_bytes=args.max_body_bytes,
-                drain_seconds=args.drain_seconds,
-                not_ready_file=args.not_ready_file,
-                tls_cert_file=args.tls_cert_file,
-                tls_key_file=args.tls_key_file,
+                args,
+                "listen",
+                "data_dir",
+                "max_timeout_seconds",
+                "default_timeout_seconds",
+                "max_body_bytes",
+                "drain_seconds",
+                "not_ready_file",
+                "tls_cert_file",
+                "tls_key_file",
             ),
         )
         if not node.token:
             raise ConfigError(f"{ENV_PREFIX}NODE_TOKEN: required by worker-node (its bearer token)")
         return base.with_overrides(node=node, log_level=args.log_level)
     return base.with_overrides(
-        database_url=args.database_url,
-        listen=args.listen,
-        data_dir=args.data_dir,
-        holder_id=args.holder_id,
-        processes=args.processes,
-        lease_ttl_seconds=args.lease_ttl_seconds,
-        log_level=args.log_level,
+        **_given(
+            args,
+            "database_url",
+            "listen",
+            "data_dir",
+            "holder_id",
+            "processes",
+            "lease_ttl_seconds",
+            "log_level",
+        )
     )
 
 
-def _given(**values: Any) -> dict[str, Any]:
+def _given(args: argparse.Namespace, *names: str) -> dict[str, Any]:
+    """The flags among `names` given on the command line (a setting of the same name each)."""
+    values = {name: getattr(args, name) for name in names}
     return {name: value for name, value in values.items() if value is not None}
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 import structlog
@@ -32,6 +33,18 @@ def read(path: str | Path) -> tuple[bytes, int]:
     with open(path, "rb") as file:  # a symbolic link (a Kubernetes Secret's) is followed
         mode = os.fstat(file.fileno()).st_mode
         return file.read(), mode
+
+
+def read_stripped(
+    where: str, path: str | Path, error: Callable[[str], Exception]
+) -> tuple[str, int]:
+    """A credential file's text, stripped, and its mode (see `read`); `error(message)`, the
+    message starting with `where` (the setting), when it cannot be read."""
+    try:
+        content, mode = read(path)
+    except OSError as exc:
+        raise error(f"{where}: cannot read {path}: {exc.strerror or exc}") from None
+    return content.decode("utf-8").strip(), mode
 
 
 def exposed(where: str, path: str | Path, mode: int, *, holds: str | None) -> str | None:

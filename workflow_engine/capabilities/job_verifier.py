@@ -21,7 +21,7 @@ from typing import Any
 
 from workflow_engine.capabilities.embedded_verifier import MachineVerifier
 from workflow_engine.capabilities.job_tracker import JobTracker
-from workflow_engine.capabilities.model.llm_verifier import combine, verification_brief
+from workflow_engine.capabilities.model.llm_verifier import checked_brief, combine
 from workflow_engine.capabilities.protocols import Worker
 from workflow_engine.domain.jobs import Finding, JobRequest, JobResult, Sandbox, Verification
 from workflow_engine.domain.task import AcceptanceCriterion, Step
@@ -63,9 +63,8 @@ class JobVerifier:
         criteria: Sequence[AcceptanceCriterion],
         preferences: Mapping[str, Any] | None = None,
     ) -> Verification:
-        checked = await self._machine.verify(step, result, criteria)
-        brief = verification_brief(
-            step, result, checked, criteria, preferences, self._excerpt_chars, self._secrets
+        checked, brief = await checked_brief(
+            self._machine, step, result, criteria, preferences, self._excerpt_chars, self._secrets
         )
         job = JobRequest(
             task_id=result.task_id,

@@ -7,7 +7,7 @@ happens lives here or below, so the same calls serve tests, benchmarks and other
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from workflow_engine.capabilities.protocols import TaskSource
@@ -16,6 +16,7 @@ from workflow_engine.context import EngineContext
 from workflow_engine.domain.records import (
     Fence,
     Lease,
+    ResumeClaim,
     Scope,
     StartOutcome,
     WorkflowEventRecord,
@@ -128,6 +129,11 @@ class WorkflowService:
             max_per_caller=settings.max_watches_per_caller,
             secrets=context.secrets,
         )
+        # Yield the task's events from a sequence number on, ending after a terminal status;
+        # with `kinds`, only events of those kinds and the terminal one; a `caller` (the
+        # authenticated identity) with `max_watches_per_caller` open here is refused before
+        # anything is read (see `Watches.stream`).
+        self.watch = self._watches.stream
 
     def _ttl(self, requested: int) -> float:
         """The lease TTL a request asked for (checked by the API), or the configured one."""
@@ -238,13 +244,7 @@ class WorkflowService:
             return ResumeOutcome(record, None, False, record.status)
         self._check_accepting()
         with self._runs.room_for(record.project_id):
-            claim = await workflow_rows.claim_for_resume(
-                self._pool,
-                process=self._process,
-                task_id=task_id,
-                holder_id=holder,
-                ttl_seconds=ttl,
-            )
+            claim = await self._claim(task_id, holder, ttl)
             if claim.lease is None:
                 refuse_blocked(claim.record)  # changed outside the engine since the read above
                 return ResumeOutcome(claim.record, None, False, claim.record.status)
@@ -337,13 +337,7 @@ class WorkflowService:
                 return await self._applied(task_id, None, state)
             self._check_accepting()
             with self._runs.room_for(record.project_id):
-                claim = await workflow_rows.claim_for_resume(
-                    self._pool,
-                    process=self._process,
-                    task_id=task_id,
-                    holder_id=holder,
-                    ttl_seconds=ttl,
-                )
+                claim = await self._claim(task_id, holder, ttl)
                 if claim.lease is None:
                     refuse_blocked(claim.record)
                     raise InvalidState(
@@ -360,6 +354,20 @@ class WorkflowService:
             state = await run.pending()[0]
             return await self._applied(task_id, claim.lease, state)
         raise InvalidState("the workflow's run kept changing hands; nothing was changed, retry")
+
+    async def _claim(
+        self, task_id: str, holder: str, ttl: float, max_recoveries: int | None = None
+    ) -> ResumeClaim:
+        """Take the lease of an unfinished workflow for a run in this process (see
+        `workflow_rows.claim_for_resume`: a finished or blocked one comes back without it)."""
+        return await workflow_rows.claim_for_resume(
+            self._pool,
+            process=self._process,
+            task_id=task_id,
+            holder_id=holder,
+            ttl_seconds=ttl,
+            max_recoveries=max_recoveries,
+        )
 
     async def _release(self, fence: Fence) -> None:
         await on_connection(self._pool, lambda conn: leases.release(conn, fence))
@@ -386,14 +394,7 @@ class WorkflowService:
             return False
         holder = self._settings.holder_id
         ttl = float(self._settings.lease_ttl_seconds)
-        claim = await workflow_rows.claim_for_resume(
-            self._pool,
-            process=self._process,
-            task_id=task_id,
-            holder_id=holder,
-            ttl_seconds=ttl,
-            max_recoveries=self._settings.recovery_max_attempts,
-        )
+        claim = await self._claim(task_id, holder, ttl, self._settings.recovery_max_attempts)
         if claim.lease is None:
             return False
         self._launch_resumed(claim.record, holder, claim.lease, ttl)
@@ -464,20 +465,6 @@ class WorkflowService:
             # unreachable database, which the answer does not wait for.
             await self._runs.wait(task_id, CANCEL_RUN_WAIT_SECONDS)
         return record
-
-    def watch(
-        self,
-        task_id: str,
-        from_sequence: int,
-        scope: Scope | None = None,
-        kinds: frozenset[str] | None = None,
-        caller: str = "",
-    ) -> AsyncIterator[WorkflowEventRecord]:
-        """Yield the task's events from `from_sequence` on, ending after a terminal status;
-        with `kinds`, only events of those kinds and the terminal one (see `watch`). A `caller`
-        (the authenticated identity) with `max_watches_per_caller` open here is refused before
-        anything is read."""
-        return self._watches.stream(task_id, from_sequence, scope, kinds, caller)
 
     async def list_workflows(self, query: WorkflowQuery) -> WorkflowPage:
         """One page of workflows matching `query`, newest update first (no state, no history)."""

@@ -6,7 +6,7 @@ RUNNING workflows that recovery claims.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from psycopg.types.json import Jsonb
 
@@ -89,15 +89,11 @@ async def claim_for_resume(
     handed over or let expire (see `leases.ORPHANED`), it is counted, and the claim that goes
     over the cap marks the workflow FAILED ("recovery attempts exhausted") instead.
     """
-    try:
-        return await in_transaction(
-            pool,
-            lambda conn: _claim_once(
-                conn, task_id, holder_id, process, ttl_seconds, max_recoveries
-            ),
-        )
-    except Refused:
-        raise await lease_held(pool, task_id) from None
+    return await _claimed(
+        pool,
+        task_id,
+        lambda conn: _claim_once(conn, task_id, holder_id, process, ttl_seconds, max_recoveries),
+    )
 
 
 async def _claim_once(
@@ -170,8 +166,15 @@ async def restart_from(
         await insert_event(conn, record, row[0], "overridden", row[1], detail, actor)
         return ResumeClaim(record=await lock_workflow(conn, task_id), lease=lease)
 
+    return await _claimed(pool, task_id, once)
+
+
+async def _claimed(
+    pool: Pool, task_id: str, claim: Callable[[Connection], Awaitable[ResumeClaim]]
+) -> ResumeClaim:
+    """`claim` in one transaction; a lease someone else holds is refused with their name."""
     try:
-        return await in_transaction(pool, once)
+        return await in_transaction(pool, claim)
     except Refused:
         raise await lease_held(pool, task_id) from None
 

@@ -61,11 +61,10 @@ class LlmVerifier:
         criteria: Sequence[AcceptanceCriterion],
         preferences: Mapping[str, Any] | None = None,
     ) -> Verification:
-        checked = await self._machine.verify(step, result, criteria)
-        brief = verification_brief(
+        checked, brief = await checked_brief(
+            self._machine,
             step,
             result,
-            checked,
             criteria,
             preferences,
             self._settings.excerpt_chars,
@@ -85,6 +84,22 @@ class LlmVerifier:
             self._settings.plan_attempts,
         )
         return combine(checked, judged)
+
+
+async def checked_brief(
+    machine: MachineVerifier,
+    step: Step,
+    result: JobResult,
+    criteria: Sequence[AcceptanceCriterion],
+    preferences: Mapping[str, Any] | None,
+    excerpt_chars: int,
+    secrets: Secrets,
+) -> tuple[Verification, JsonObject]:
+    """The machine checks' verdict on `result`, and the brief a judge is shown with it (see
+    `verification_brief`): the first half of every judging verifier."""
+    checked = await machine.verify(step, result, criteria)
+    brief = verification_brief(step, result, checked, criteria, preferences, excerpt_chars, secrets)
+    return checked, brief
 
 
 def verification_brief(

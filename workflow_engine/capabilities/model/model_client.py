@@ -125,13 +125,9 @@ def read_api_key(settings: LlmSettings, secrets: EngineSecrets) -> str:
     if not settings.api_key_file:
         return ""
     path = settings.api_key_file
-    try:
-        content, mode = secret_files.read(path)
-    except OSError as exc:
-        raise CapabilityConfigError(
-            f"{ENV_PREFIX}LLM_API_KEY_FILE: cannot read {path}: {exc.strerror}"
-        ) from None
-    key = content.decode("utf-8").strip()
+    key, mode = secret_files.read_stripped(
+        f"{ENV_PREFIX}LLM_API_KEY_FILE", path, CapabilityConfigError
+    )
     secrets.add_credentials([key])
     problem = secret_files.exposed(
         f"{ENV_PREFIX}LLM_API_KEY_FILE ({path})", path, mode, holds="the model's API key"

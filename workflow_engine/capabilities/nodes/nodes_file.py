@@ -178,13 +178,7 @@ def _token(entry: Mapping[str, Any], environ: Mapping[str, str], base_dir: Path,
     if not isinstance(token_file, str) or not token_file:
         raise NodesFileError(f"{at}.token_file: must name a file")
     path = base_dir / token_file  # an absolute token_file stays as it is
-    try:
-        content, mode = secret_files.read(path)
-    except OSError as exc:
-        raise NodesFileError(
-            f"{at}.token_file: cannot read {path}: {exc.strerror or exc}"
-        ) from None
-    token = content.decode("utf-8").strip()
+    token, mode = secret_files.read_stripped(f"{at}.token_file", path, NodesFileError)
     if not token:
         raise NodesFileError(f"{at}.token_file: {path} is empty")
     problem = secret_files.exposed(f"{at}.token_file ({path})", path, mode, holds="its token")

@@ -40,7 +40,7 @@ from google.protobuf import json_format
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.e2e.process import EngineProcess  # noqa: E402
+from tests.support.engine_process import EngineProcess  # noqa: E402
 from tests.support.helpers import new_task_id, wait_for_status  # noqa: E402
 from tests.support.llama_server import SERVERS  # noqa: E402
 from workflow_engine.v1 import workflow_engine_pb2 as pb  # noqa: E402

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import processes  # noqa: F401 (a fixture)
+from tests.support.engine_process import processes_fixture  # noqa: F401 (a fixture)
 from tests.support.llama_server import SERVERS, LlamaCppServer, LlamaServer
 
 ENABLED = os.environ.get("WORKFLOW_ENGINE_TEST_MODEL") == "1"

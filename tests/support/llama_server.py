@@ -25,7 +25,7 @@ from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 #: The model's environment; ``WORKFLOW_ENGINE_TEST_MODEL_VENV`` names another.
 MODEL_VENV = Path(os.environ.get("WORKFLOW_ENGINE_TEST_MODEL_VENV", ROOT / ".venv-model"))
 #: What the model tests serve, and the name the engine asks for.

@@ -100,7 +100,7 @@ class NodeProcess(ChildProcess):
         self._start(self.address)
 
 
-_ROOT = Path(__file__).resolve().parent.parent
+_ROOT = Path(__file__).resolve().parents[2]
 
 
 # Fixtures for the tests that drive one node of their own (import them into the test module).

@@ -48,7 +48,7 @@ LAYERS = [
         "checkpoint write (row checkpointer, group commit, psycopg)",
         ("checkpointer.py", "group_commit.py", "psycopg"),
     ),
-    ("local jobs (job runner, its files, namespaces)", ("capabilities/job_",)),
+    ("local jobs (job runner, its files, namespaces)", ("workflow_engine/sandbox/",)),
     ("node bodies and capabilities", ("workflow_engine/graph/nodes/", "capabilities/")),
     ("gRPC servicer and conversions (workflow_engine/api)", ("workflow_engine/api/",)),
     ("gRPC's Cython core (with --native)", ("cygrpc", "grpc/_cython")),

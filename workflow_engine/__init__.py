@@ -51,11 +51,13 @@ from workflow_engine.errors import (
     Unauthorized,
     UnknownCapability,
     UnreadableAnswer,
+    UnreadableStateFormat,
     UsageError,
     WorkflowEngineError,
     WorkflowExists,
     WorkflowNotFound,
 )
+from workflow_engine.version import __version__
 
 if TYPE_CHECKING:
     from workflow_engine.engine import Engine, WorkflowHandle, WorkflowResult
@@ -96,6 +98,7 @@ __all__ = [
     "Unauthorized",
     "UnknownCapability",
     "UnreadableAnswer",
+    "UnreadableStateFormat",
     "UsageError",
     "WorkflowEngineError",
     "WorkflowEventRecord",
@@ -105,9 +108,9 @@ __all__ = [
     "WorkflowRecord",
     "WorkflowResult",
     "WorkflowStatus",
+    "__version__",
     "settings_from_env",
 ]
-__version__ = "0.1.0"
 
 _LAZY = frozenset({"Engine", "WorkflowHandle", "WorkflowResult"})
 

@@ -35,6 +35,7 @@ from workflow_engine.domain.records import StartOutcome, WorkflowEventRecord, Wo
 from workflow_engine.domain.status import TERMINAL_STATUSES, WorkflowStatus
 from workflow_engine.domain.task import TaskSpec
 from workflow_engine.errors import InvalidArgument
+from workflow_engine.graph import formats
 from workflow_engine.graph.builder import build_graph
 from workflow_engine.graph.state import STATE_KEYS
 from workflow_engine.logs import mask_in_logs, unmask_in_logs
@@ -260,7 +261,9 @@ class Engine:
         settings, context = self.settings, self.context
         if context.faults:
             log.warning("fault_injection_enabled", faults=settings.faults)
-        checkpoints = RowCheckpointer(pool, state_keys=STATE_KEYS, context=context)
+        checkpoints = RowCheckpointer(
+            pool, state_keys=STATE_KEYS, context=context, upgrade=formats.upgrade
+        )
         runs = RunManager(
             graph=build_graph(caps),
             checkpoints=checkpoints,
@@ -291,6 +294,7 @@ class Engine:
                 recover=service.recover,
                 is_live=runs.is_live,
                 interval_seconds=settings.recovery_interval_seconds,
+                metrics=context.metrics,
             )
             recoverer.start()
         # Everything built so far (modules, the compiled graph, pools) lives as long as the

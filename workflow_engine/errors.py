@@ -130,6 +130,15 @@ class RunEnded(InvalidState):
         )
 
 
+class UnreadableStateFormat(InvalidState):
+    """The workflow's row is in a state format this engine does not read (a newer engine wrote
+    it): nothing was changed; a replica of that engine can act on it."""
+
+    def __init__(self, task_id: str, reason: str) -> None:
+        super().__init__(f"workflow {task_id}: {reason}", task_id=task_id)
+        self.reason = reason
+
+
 class ResourceExhausted(WorkflowEngineError):
     """A caller or tenant holds as much of something as a setting allows (running workflows,
     open watches); `setting` names that setting's variable. Nothing was stored: retry later."""

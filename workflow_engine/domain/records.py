@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
+from workflow_engine.domain.state_format import FIRST_STATE_FORMAT, readable
 from workflow_engine.domain.status import TERMINAL_STATUSES
 from workflow_engine.domain.values import JsonObject
 
@@ -64,10 +65,18 @@ class WorkflowRecord:
     #: Whose it is: the task metadata's user and project.
     user_id: str = ""
     project_id: str = ""
+    #: The state format of the row and the engine that last wrote it (`domain.state_format`).
+    state_format: int = FIRST_STATE_FORMAT
+    engine_version: str = ""
 
     @property
     def terminal(self) -> bool:
         return self.status in TERMINAL_STATUSES
+
+    @property
+    def readable(self) -> bool:
+        """Whether this engine reads the row's state format (and so may change the row)."""
+        return readable(self.state_format)
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ from workflow_engine.errors import LeaseHeld, WorkflowEngineError
 from workflow_engine.storage import workflow_rows
 from workflow_engine.storage.pool import Pool
 from workflow_engine.storage.retry import is_transient
+from workflow_engine.telemetry.metrics import Metrics
 
 log = structlog.get_logger(__name__)
 
@@ -33,8 +34,10 @@ class Recoverer:
         recover: Callable[[str], Awaitable[bool]],
         is_live: Callable[[str], bool],
         interval_seconds: float,
+        metrics: Metrics | None = None,
     ) -> None:
         self._pool = pool
+        self._metrics = Metrics() if metrics is None else metrics
         self._recover = recover
         self._is_live = is_live
         self._interval = interval_seconds
@@ -49,7 +52,9 @@ class Recoverer:
             await asyncio.gather(self._task, return_exceptions=True)
 
     async def sweep(self) -> int:
-        """Adopt what orphans this replica can; return how many it started running."""
+        """Adopt what orphans this replica can; return how many it started running. Count,
+        for the metric, the unfinished workflows a newer engine wrote (never adopted here)."""
+        self._metrics.unreadable_workflows(await workflow_rows.count_unreadable(self._pool))
         adopted = 0
         for task_id in await workflow_rows.orphans(self._pool):
             if self._is_live(task_id):

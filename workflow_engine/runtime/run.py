@@ -53,6 +53,7 @@ from workflow_engine.errors import (
     OutsideWrite,
     RunEnded,
     RunStopped,
+    UnreadableStateFormat,
     WorkflowEngineError,
 )
 from workflow_engine.graph.builder import FIRST, NODE_EVENT, NodeContext, WorkflowGraph
@@ -244,6 +245,10 @@ class Run:
             self.outcome = "blocked: changed outside the engine"
             log.warning("run_outside_write", last_node=self.last_node)
             await workflow_rows.block(self._pool, self._fence, OUTSIDE_CHANGE)
+        except UnreadableStateFormat as exc:
+            # A newer engine wrote the row: left as it is, for a replica that reads it.
+            self.outcome = "left alone: newer state format"
+            log.warning("run_unreadable_state_format", error=exc.message)
         except CheckpointCorrupt as exc:
             self.outcome = "failed: corrupt checkpoint"
             log.error("run_checkpoint_corrupt", error=exc.message)

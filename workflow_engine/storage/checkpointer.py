@@ -20,7 +20,7 @@ contract); the events table keeps what happened.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Generic, Protocol, TypeVar
@@ -30,17 +30,25 @@ from psycopg_pool import AsyncConnectionPool
 
 from workflow_engine.context import EngineContext
 from workflow_engine.domain.records import Fence, WorkflowEventRecord
+from workflow_engine.domain.state_format import STATE_FORMAT, readable, unreadable_reason
 from workflow_engine.domain.status import FINAL_STATUSES, WorkflowStatus
 from workflow_engine.domain.values import JsonObject
-from workflow_engine.errors import CheckpointCorrupt, LeaseLost, OutsideWrite
+from workflow_engine.errors import (
+    CheckpointCorrupt,
+    LeaseLost,
+    OutsideWrite,
+    UnreadableStateFormat,
+)
 from workflow_engine.secrets import redact, state_secrets
 from workflow_engine.storage.group_commit import CheckpointRow, GroupCommitter, WriteOutcome
 from workflow_engine.storage.retry import with_retry
+from workflow_engine.version import __version__
 
 # The last column says whether the row is still as the engine wrote it (see `OutsideWrite`).
 READ_CHECKPOINT = """
 SELECT state, checkpoint_id, checkpoint, checkpoint_metadata,
-       engine_owned AND NOT changed_outside AND blocked_reason = ''
+       engine_owned AND NOT changed_outside AND blocked_reason = '',
+       state_format, engine_version
   FROM workflow_checkpoints
  WHERE task_id = %(task_id)s
 """
@@ -54,6 +62,15 @@ T = TypeVar("T", bound=Mapping[str, Any])
 TRIGGER = "branch:to:"
 #: LangGraph's checkpoint format version, which the bookkeeping follows.
 FORMAT = 4
+
+
+#: Rewrites a stored row's state and checkpoint columns, of the given state format, into this
+#: engine's format (`graph.formats.upgrade`): (format, task id, state, checkpoint).
+Upgrade = Callable[[int, str, Any, Any], tuple[Any, Any]]
+
+
+def _as_is(state_format: int, task_id: str, state: Any, checkpoint: Any) -> tuple[Any, Any]:
+    return state, checkpoint
 
 
 class WriteObserver(Protocol):
@@ -144,9 +161,11 @@ class RowCheckpointer:
         *,
         state_keys: frozenset[str],
         context: EngineContext | None = None,
+        upgrade: Upgrade = _as_is,
     ) -> None:
         self._pool = pool
         self._state_keys = state_keys
+        self._upgrade = upgrade
         context = EngineContext() if context is None else context
         self._faults = context.faults
         self._secrets = context.secrets
@@ -164,9 +183,11 @@ class RowCheckpointer:
     async def read(self, task_id: str, nodes: Iterable[str]) -> Checkpoint[JsonObject] | None:
         """The task's checkpoint (None: there is none yet), whose next node is one of `nodes`.
 
-        Raises `OutsideWrite` when another writer changed the row, `CheckpointCorrupt` when it
-        is not a checkpoint this engine wrote. Its state is a JSON object, not yet checked
-        against the state's form: the run does that (storage knows no graph).
+        Raises `OutsideWrite` when another writer changed the row, `UnreadableStateFormat`
+        when a newer engine wrote it, `CheckpointCorrupt` when it is not a checkpoint this
+        engine wrote. A row of an older state format is upgraded (`upgrade`). Its state is a
+        JSON object, not yet checked against the state's form: the run does that (storage
+        knows no graph).
         """
 
         async def read() -> tuple[Any, ...] | None:
@@ -180,7 +201,12 @@ class RowCheckpointer:
             raise OutsideWrite(task_id)  # never resumed from blindly
         if row is None or row[1] is None:
             return None
-        state, checkpoint_id, stored, metadata, _ = row
+        state, checkpoint_id, stored, metadata, _, state_format, engine_version = row
+        if not readable(state_format):
+            reason = unreadable_reason(state_format, engine_version, __version__)
+            raise UnreadableStateFormat(task_id, reason)
+        if state_format != STATE_FORMAT:
+            state, stored = self._upgrade(state_format, task_id, state, stored)
         return _rebuild_checkpoint(task_id, state, checkpoint_id, stored, metadata, set(nodes))
 
     async def write(self, fence: Fence, checkpoint: Checkpoint[Any], event: JsonObject) -> None:

@@ -23,9 +23,11 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from workflow_engine.domain.records import WorkflowEventRecord
+from workflow_engine.domain.state_format import STATE_FORMAT
 from workflow_engine.storage import leases
 from workflow_engine.storage.retry import is_transient
 from workflow_engine.telemetry.metrics import Metrics
+from workflow_engine.version import __version__
 
 log = structlog.get_logger(__name__)
 
@@ -69,10 +71,10 @@ WITH input AS (
     INSERT INTO workflow_checkpoints AS c
         (id, task_id, state, last_node_id, updated_at, created_at, run_id, status, lease_epoch,
          checkpoint_id, checkpoint, checkpoint_metadata, event_seq, summary, error,
-         engine_owned)
+         engine_owned, state_format, engine_version)
     SELECT gen_random_uuid(), i.task_id, i.state, i.node, now(), now(), i.run_id, i.status,
            i.epoch, i.checkpoint_id, i.checkpoint, i.metadata, n.n_events, i.summary, i.error,
-           true
+           true, %(state_format)s, %(engine_version)s
       FROM input i JOIN lease USING (task_id) JOIN events_of n USING (task_id)
     ON CONFLICT (task_id) DO UPDATE SET
         state = EXCLUDED.state,
@@ -87,12 +89,16 @@ WITH input AS (
         event_seq = c.event_seq + EXCLUDED.event_seq,
         summary = EXCLUDED.summary,
         error = EXCLUDED.error,
-        recovery_attempts = 0
+        recovery_attempts = 0,
+        state_format = EXCLUDED.state_format,
+        engine_version = EXCLUDED.engine_version
     -- A retry after a commit whose answer was lost must not append the events twice; and a
-    -- row that is not the engine's, or that another writer changed since the engine's last
-    -- write, is not overwritten (the answer says "outside").
+    -- row that is not the engine's, that another writer changed since the engine's last
+    -- write, or that a newer engine wrote in a newer state format, is not overwritten (the
+    -- answer says "outside").
     WHERE c.checkpoint_id IS DISTINCT FROM EXCLUDED.checkpoint_id
       AND c.engine_owned AND NOT c.changed_outside AND c.blocked_reason = ''
+      AND c.state_format <= EXCLUDED.state_format
     RETURNING c.task_id, c.event_seq, c.updated_at
 ), released AS (
     UPDATE task_workflow_leases l
@@ -289,7 +295,9 @@ def batch_params(rows: Sequence[CheckpointRow]) -> dict[str, Any]:
                 }
                 for r in rows
             ]
-        )
+        ),
+        "state_format": STATE_FORMAT,
+        "engine_version": __version__,
     }
 
 

@@ -189,6 +189,14 @@ MIGRATIONS: list[LiteralString] = [
         -- taken by another writer); '' when it runs or ended. A resume clears it.
         ADD COLUMN IF NOT EXISTS stopped_reason text NOT NULL DEFAULT '';
     """,
+    # 6: which state format, and which engine, wrote the row (issue 51; see
+    # `domain.state_format`). The default stays 1 for good: a row an engine inserts without
+    # knowing the column is a format-1 row, as is every row written before it existed.
+    """
+    ALTER TABLE workflow_checkpoints
+        ADD COLUMN IF NOT EXISTS state_format integer NOT NULL DEFAULT 1,
+        ADD COLUMN IF NOT EXISTS engine_version text NOT NULL DEFAULT '';
+    """,
 ]
 
 

@@ -6,6 +6,7 @@ Reads only. `select_workflow` is also how the writes in `workflow_rows` read (an
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any, LiteralString
 
@@ -18,9 +19,11 @@ from workflow_engine.domain.records import (
     WorkflowQuery,
     WorkflowRecord,
 )
+from workflow_engine.domain.state_format import unreadable_reason
 from workflow_engine.domain.status import OUTSIDE_CHANGE
 from workflow_engine.errors import WorkflowNotFound
 from workflow_engine.storage.pool import Connection, Pool, in_transaction, on_connection
+from workflow_engine.version import __version__
 
 #: GetWorkflow's history holds at most this many events: the newest ones, oldest first.
 MAX_HISTORY_EVENTS = 1000
@@ -34,7 +37,7 @@ SELECT c.task_id::text AS task_id, c.run_id::text AS run_id, c.status, c.last_no
        l.holder_id AS lease_holder_id, l.expires_at AS lease_expires_at,
        CASE WHEN c.blocked_reason <> '' THEN c.blocked_reason
             WHEN c.changed_outside THEN %(outside_change)s ELSE '' END AS blocked_reason,
-       c.stopped_reason, c.user_id, c.project_id
+       c.stopped_reason, c.user_id, c.project_id, c.state_format, c.engine_version
   FROM workflow_checkpoints c
   LEFT JOIN task_workflow_leases l ON l.task_id = c.task_id
  WHERE c.task_id = %(task_id)s AND c.engine_owned
@@ -86,7 +89,13 @@ async def select_workflow(
     async with conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(query, {"task_id": task_id, "outside_change": OUTSIDE_CHANGE})
         row = await cur.fetchone()
-    return WorkflowRecord(**row) if row else None
+    if row is None:
+        return None
+    record = WorkflowRecord(**row)
+    if not record.readable:  # a newer engine's row: say why it is left alone
+        reason = unreadable_reason(record.state_format, record.engine_version, __version__)
+        record = dataclasses.replace(record, blocked_reason=reason)
+    return record
 
 
 async def get(pool: Pool, task_id: str) -> WorkflowRecord:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from workflow_engine.domain.records import WorkflowRecord
 from workflow_engine.domain.status import TERMINAL_STATUSES
-from workflow_engine.errors import LeaseHeld, WorkflowNotFound
+from workflow_engine.errors import LeaseHeld, UnreadableStateFormat, WorkflowNotFound
 from workflow_engine.storage import leases
 from workflow_engine.storage.pool import Connection, Pool
 from workflow_engine.storage.queries import select_workflow
@@ -87,11 +87,16 @@ async def lease_held(pool: Pool, task_id: str) -> LeaseHeld:
 
 
 async def lock_workflow(conn: Connection, task_id: str) -> WorkflowRecord:
-    """Lock the task's lease row, then its workflow row (that order; see `_LOCK_LEASE`)."""
+    """Lock the task's lease row, then its workflow row (that order; see `_LOCK_LEASE`).
+
+    Every change to a workflow's row starts here, so a row of a state format this engine does
+    not read is refused here (`UnreadableStateFormat`), before anything is written."""
     await conn.execute(_LOCK_LEASE, {"task_id": task_id})
     record = await select_workflow(conn, task_id, lock=True)
     if record is None:
         raise WorkflowNotFound(task_id)
+    if not record.readable:
+        raise UnreadableStateFormat(task_id, record.blocked_reason)
     return record
 
 

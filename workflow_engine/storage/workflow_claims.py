@@ -11,7 +11,13 @@ from collections.abc import Awaitable, Callable
 from psycopg.types.json import Jsonb
 
 from workflow_engine.domain.records import Fence, Lease, ResumeClaim
-from workflow_engine.domain.status import PAUSED_STATUSES, RECOVERY_EXHAUSTED, WorkflowStatus
+from workflow_engine.domain.state_format import FIRST_STATE_FORMAT, STATE_FORMAT
+from workflow_engine.domain.status import (
+    PAUSED_STATUSES,
+    RECOVERY_EXHAUSTED,
+    TERMINAL_STATUSES,
+    WorkflowStatus,
+)
 from workflow_engine.domain.values import JsonObject
 from workflow_engine.errors import InvalidState
 from workflow_engine.storage import leases
@@ -24,6 +30,7 @@ from workflow_engine.storage.row_writes import (
     write_block,
     write_status,
 )
+from workflow_engine.version import __version__
 
 # The engine's RUNNING workflows nobody is running: the engine handed their lease over (drain)
 # or let it expire (crash). Not one the orchestrator released or took, and not a blocked one.
@@ -32,13 +39,21 @@ _ORPHANS = (
 SELECT c.task_id::text
   FROM workflow_checkpoints c
   JOIN task_workflow_leases l ON l.task_id = c.task_id
- WHERE c.status = 'RUNNING' AND c.engine_owned AND c.blocked_reason = '' AND """
+ WHERE c.status = 'RUNNING' AND c.engine_owned AND c.blocked_reason = ''
+   AND c.state_format BETWEEN %(first_format)s AND %(state_format)s AND """
     + leases.ORPHANED
     + """
  ORDER BY c.updated_at
  LIMIT %(limit)s
 """
 )
+
+# The engine's unfinished workflows in a state format it does not read (a newer engine's).
+_COUNT_UNREADABLE = """
+SELECT count(*) FROM workflow_checkpoints
+ WHERE status = ANY(%(unfinished)s) AND engine_owned
+   AND state_format NOT BETWEEN %(first_format)s AND %(state_format)s
+"""
 
 _COUNT_RECOVERY = """
 UPDATE workflow_checkpoints SET recovery_attempts = recovery_attempts + 1
@@ -62,6 +77,8 @@ UPDATE workflow_checkpoints
        blocked_reason = '',
        changed_outside = false,
        recovery_attempts = 0,
+       state_format = %(state_format)s,
+       engine_version = %(engine_version)s,
        event_seq = event_seq + 1,
        updated_at = now()
  WHERE task_id = %(task_id)s
@@ -159,7 +176,13 @@ async def restart_from(
         outside = record.state if isinstance(record.state, dict) else {}
         cur = await conn.execute(
             _RESTART,
-            {"task_id": task_id, "state": Jsonb(state(outside)), "epoch": lease.epoch},
+            {
+                "task_id": task_id,
+                "state": Jsonb(state(outside)),
+                "epoch": lease.epoch,
+                "state_format": STATE_FORMAT,
+                "engine_version": __version__,
+            },
         )
         row = await cur.fetchone()
         assert row is not None
@@ -207,7 +230,27 @@ async def orphans(pool: Pool, limit: int = 100) -> list[str]:
     """Task ids of RUNNING workflows whose lease was released or has expired."""
 
     async def read(conn: Connection) -> list[str]:
-        cur = await conn.execute(_ORPHANS, {"limit": limit})
+        cur = await conn.execute(
+            _ORPHANS,
+            {"limit": limit, "first_format": FIRST_STATE_FORMAT, "state_format": STATE_FORMAT},
+        )
         return [row[0] for row in await cur.fetchall()]
+
+    return await on_connection(pool, read)
+
+
+async def count_unreadable(pool: Pool) -> int:
+    """How many of the engine's unfinished workflows are in a state format it does not read."""
+    unfinished = sorted(set(WorkflowStatus) - TERMINAL_STATUSES)
+    params = {
+        "unfinished": unfinished,
+        "first_format": FIRST_STATE_FORMAT,
+        "state_format": STATE_FORMAT,
+    }
+
+    async def read(conn: Connection) -> int:
+        cur = await conn.execute(_COUNT_UNREADABLE, params)
+        row = await cur.fetchone()
+        return int(row[0]) if row else 0
 
     return await on_connection(pool, read)

@@ -21,7 +21,12 @@ from workflow_engine.storage.row_writes import (
     write_block,
     write_status,
 )
-from workflow_engine.storage.workflow_claims import claim_for_resume, orphans, restart_from
+from workflow_engine.storage.workflow_claims import (
+    claim_for_resume,
+    count_unreadable,
+    orphans,
+    restart_from,
+)
 from workflow_engine.storage.workflow_start import create
 
 __all__ = [
@@ -29,6 +34,7 @@ __all__ = [
     "block",
     "cancel",
     "claim_for_resume",
+    "count_unreadable",
     "create",
     "end_blocked",
     "note_stopped",

@@ -12,12 +12,20 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from workflow_engine.domain.records import Lease, StartOutcome
+from workflow_engine.domain.state_format import STATE_FORMAT
 from workflow_engine.domain.status import WorkflowStatus
 from workflow_engine.domain.values import JsonObject
-from workflow_engine.errors import LeaseHeld, TaskNotFound, TaskNotStartable, WorkflowExists
+from workflow_engine.errors import (
+    LeaseHeld,
+    TaskNotFound,
+    TaskNotStartable,
+    UnreadableStateFormat,
+    WorkflowExists,
+)
 from workflow_engine.storage import leases, tasks
 from workflow_engine.storage.pool import Connection, Pool, on_connection
 from workflow_engine.storage.queries import select_workflow
+from workflow_engine.version import __version__
 
 # Every column the orchestrator's table has is given (its ORM creates it without defaults);
 # the row is marked as the engine's.
@@ -31,9 +39,11 @@ _START = (
 ), cp AS (
     INSERT INTO workflow_checkpoints
         (id, task_id, state, last_node_id, updated_at, created_at, run_id, status, lease_epoch,
-         idempotency_key, event_seq, user_id, project_id, engine_owned)
+         idempotency_key, event_seq, user_id, project_id, engine_owned, state_format,
+         engine_version)
     SELECT gen_random_uuid(), %(task_id)s, %(state)s, NULL, now(), now(), %(run_id)s,
-           'RUNNING', lease.epoch, %(idempotency_key)s, 1, %(user_id)s, %(project_id)s, true
+           'RUNNING', lease.epoch, %(idempotency_key)s, 1, %(user_id)s, %(project_id)s, true,
+           %(state_format)s, %(engine_version)s
       FROM lease
     RETURNING task_id
 ), task AS ("""
@@ -82,6 +92,8 @@ async def create(
         "user_id": str(metadata.get("user_id") or ""),
         "project_id": str(metadata.get("project_id") or ""),
         "spec": Jsonb(spec),
+        "state_format": STATE_FORMAT,
+        "engine_version": __version__,
     }
 
     async def start(conn: Connection) -> tuple[Any, ...] | None:
@@ -129,6 +141,8 @@ async def _explain_refused_start(
         lease = await leases.current(conn, task_id)
         record = await select_workflow(conn, task_id)
         foreign = record is None and await _foreign_row(conn, task_id)
+    if record is not None and not record.readable:
+        raise UnreadableStateFormat(task_id, record.blocked_reason)
     if foreign:
         raise TaskNotStartable(
             task_id,

@@ -57,6 +57,9 @@ class _Off:
     def observe(self, *_: Any) -> None:
         pass
 
+    def set(self, *_: Any) -> None:
+        pass
+
 
 _OFF = _Off()
 
@@ -110,6 +113,11 @@ class Metrics:
 
     def recovery_adopted(self) -> None:
         self._m["recovery_adoptions"].inc()
+
+    def unreadable_workflows(self, count: int) -> None:
+        """Unfinished workflows in a state format this engine does not read (see
+        `domain.state_format`), as the recovery sweep last counted them."""
+        self._m["unreadable_workflows"].set(count)
 
     def job_started(self, worker: str) -> None:
         self._m["jobs_in_flight"].labels(worker=worker).inc()
@@ -196,6 +204,13 @@ _DEFINITIONS: dict[str, Any] = {
     "recovery_adoptions": _counter(
         "workflow_engine_recovery_adoptions_total",
         "Workflows this process adopted from a runner that stopped or died",
+    ),
+    "unreadable_workflows": lambda registry: Gauge(
+        "workflow_engine_unreadable_workflows",
+        "Unfinished workflows whose rows a newer engine wrote in a state format this engine "
+        "does not read, which it leaves alone (a rolling deploy under way)",
+        registry=registry,
+        multiprocess_mode="max",
     ),
     "jobs_in_flight": lambda registry: Gauge(
         "workflow_engine_jobs_in_flight",

@@ -722,6 +722,9 @@ class Workflow(_message.Message):
     """Set when the engine will not run the workflow until an operator decides: another writer
     changed its state or last_node_id. UpdateWorkflow accept_outside_state, force_branch
     MARK_FAILED, or CancelWorkflow decide; ResumeWorkflow and other updates are refused.
+    Also set when a newer engine wrote the row in a state format this engine does not read
+    ("written by engine X in state format N; ..."): this engine then changes nothing of it,
+    and a replica of that engine or newer continues it.
     """
     stopped_reason: _builtins.str
     """Set when the workflow's run stopped although the workflow did not end (status stays

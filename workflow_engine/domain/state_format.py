@@ -1,0 +1,39 @@
+"""Which state format a workflow row holds, and whether this engine may touch it.
+
+Every row the engine writes records the state format it wrote (`state_format`) and the engine
+that wrote it (`engine_version`). The format is an integer that grows whenever what the row holds
+changes meaning: the state's form, the graph's node names, or its next-node triggers (the
+format's pieces are listed, and upgraded, in `workflow_engine.graph.formats`).
+
+A replica runs, resumes, decides on, recovers, cancels or overrides a workflow only when it
+reads that row's format. A row of a newer format (a newer engine wrote it during a rolling
+deploy) is left exactly as it is: no claim, no status, no block, no event; the calls that would
+change it are answered `FAILED_PRECONDITION` with `unreadable_reason`, which `GetWorkflow` also
+shows as the row's `blocked_reason`. A row of an older format is upgraded as it is read.
+"""
+
+from __future__ import annotations
+
+#: The format this engine writes, and the newest it reads.
+STATE_FORMAT = 2
+#: The oldest format this engine reads (upgrading it as it reads). Format 1 is every row written
+#: before rows recorded a format: the column's default, forever, so that a row inserted by an
+#: engine that does not know the column says what it is.
+FIRST_STATE_FORMAT = 1
+
+
+def readable(state_format: int) -> bool:
+    """Whether this engine reads (and so may change) a row of `state_format`."""
+    return FIRST_STATE_FORMAT <= state_format <= STATE_FORMAT
+
+
+def unreadable_reason(state_format: int, engine_version: str, this_version: str) -> str:
+    """Why a row of `state_format`, written by `engine_version`, is left alone ('' if not)."""
+    if readable(state_format):
+        return ""
+    writer = f"engine {engine_version}" if engine_version else "an unknown engine"
+    return (
+        f"written by {writer} in state format {state_format}; this engine ({this_version}) "
+        f"reads formats {FIRST_STATE_FORMAT} to {STATE_FORMAT}, so it leaves the workflow "
+        "alone: send the call to a replica of that engine or newer"
+    )

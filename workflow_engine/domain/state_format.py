@@ -21,6 +21,8 @@ STATE_FORMAT = 2
 #: engine that does not know the column says what it is.
 FIRST_STATE_FORMAT = 1
 
+_MAX_SHOWN = 64
+
 
 def readable(state_format: int) -> bool:
     """Whether this engine reads (and so may change) a row of `state_format`."""
@@ -31,7 +33,10 @@ def unreadable_reason(state_format: int, engine_version: str, this_version: str)
     """Why a row of `state_format`, written by `engine_version`, is left alone ('' if not)."""
     if readable(state_format):
         return ""
-    writer = f"engine {engine_version}" if engine_version else "an unknown engine"
+    # Whoever can write the row wrote this: shown short and printable (it goes into a status
+    # message, whose header a long or binary value would break).
+    shown = "".join(c if c.isprintable() else "?" for c in engine_version[:_MAX_SHOWN])
+    writer = f"engine {shown}" if shown else "an unknown engine"
     return (
         f"written by {writer} in state format {state_format}; this engine ({this_version}) "
         f"reads formats {FIRST_STATE_FORMAT} to {STATE_FORMAT}, so it leaves the workflow "

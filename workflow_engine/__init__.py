@@ -14,6 +14,11 @@ import this package too, and need none of the engine.
 
 from __future__ import annotations
 
+#: The engine's version, and the one place it is written: the package's metadata takes it from
+#: here (pyproject.toml), and `--version`, the `workflow_engine_build_info` metric and the image
+#: labels say it; CHANGELOG.md's newest release is this one (tests/unit/test_release.py).
+__version__ = "0.14.0"
+
 from typing import TYPE_CHECKING
 
 from workflow_engine.config import Settings, settings_from_env
@@ -107,8 +112,6 @@ __all__ = [
     "WorkflowStatus",
     "settings_from_env",
 ]
-__version__ = "0.1.0"
-
 _LAZY = frozenset({"Engine", "WorkflowHandle", "WorkflowResult"})
 
 

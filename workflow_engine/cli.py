@@ -1,5 +1,6 @@
 """The `workflow-engine` command: `serve` (the default), `migrate` and `worker-node`, and the
-client commands for people (`start`, `get`, `watch`, `list`, ...: `client.subcommands`).
+client commands for people (`start`, `get`, `watch`, `list`, ...: `client.subcommands`);
+`--version` says which engine this is.
 
 Settings come from ``WORKFLOW_ENGINE_*`` environment variables; flags override them. For
 `worker-node`, `--listen` and `--data-dir` are the node's own (``WORKFLOW_ENGINE_NODE_*``), and
@@ -17,6 +18,7 @@ from typing import Any
 
 import structlog
 
+from workflow_engine import __version__
 from workflow_engine.client import subcommands as client_commands
 from workflow_engine.config import ENV_PREFIX, Settings, settings_from_env
 from workflow_engine.errors import ConfigError, NodeInUse
@@ -41,6 +43,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "command", nargs="?", default="serve", choices=["serve", "migrate", "worker-node"]
     )
+    parser.add_argument("--version", action="version", version=f"workflow-engine {__version__}")
     parser.add_argument("--database-url", help="PostgreSQL URL (default: embedded server)")
     parser.add_argument(
         "--listen",

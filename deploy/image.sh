@@ -12,10 +12,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# The version is written once, in workflow_engine/__init__.py: the image's tag and its
+# The version is written once, in workflow_engine/version.py: the image's tag and its
 # org.opencontainers.image.version label are it.
-VERSION=$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' workflow_engine/__init__.py)
-[ -n "$VERSION" ] || { echo "no __version__ in workflow_engine/__init__.py" >&2; exit 1; }
+VERSION=$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' workflow_engine/version.py)
+[ -n "$VERSION" ] || { echo "no __version__ in workflow_engine/version.py" >&2; exit 1; }
 IMAGE=${IMAGE:-localhost/workflow-engine:$VERSION}
 BASE_PACKAGES=python3,python3-venv,ca-certificates,util-linux,procps,tini
 PG_PACKAGES=postgresql-15

@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DIST=${DIST:-dist}
-VERSION=$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' workflow_engine/__init__.py)
+VERSION=$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' workflow_engine/version.py)
 WHEEL=$DIST/workflow_engine-$VERSION-py3-none-any.whl
 [ -f "$WHEEL" ] || { echo "dist-check: no $WHEEL (make dist builds it)" >&2; exit 1; }
 [ -f "$DIST/workflow_engine-$VERSION.tar.gz" ] || { echo "dist-check: no sdist in $DIST" >&2; exit 1; }

@@ -14,11 +14,6 @@ import this package too, and need none of the engine.
 
 from __future__ import annotations
 
-#: The engine's version, and the one place it is written: the package's metadata takes it from
-#: here (pyproject.toml), and `--version`, the `workflow_engine_build_info` metric and the image
-#: labels say it; CHANGELOG.md's newest release is this one (tests/unit/test_release.py).
-__version__ = "0.14.0"
-
 from typing import TYPE_CHECKING
 
 from workflow_engine.config import Settings, settings_from_env
@@ -61,6 +56,7 @@ from workflow_engine.errors import (
     WorkflowExists,
     WorkflowNotFound,
 )
+from workflow_engine.version import __version__ as __version__  # written there, once
 
 if TYPE_CHECKING:
     from workflow_engine.engine import Engine, WorkflowHandle, WorkflowResult

@@ -18,7 +18,6 @@ from typing import Any
 
 import structlog
 
-from workflow_engine import __version__
 from workflow_engine.client import subcommands as client_commands
 from workflow_engine.config import ENV_PREFIX, Settings, settings_from_env
 from workflow_engine.errors import ConfigError, NodeInUse
@@ -28,6 +27,7 @@ from workflow_engine.serving import auth_of, serve, server_credentials
 from workflow_engine.storage.database import database_url, migrate_database
 from workflow_engine.supervisor import supervise
 from workflow_engine.under_supervisor import supervised
+from workflow_engine.version import __version__
 
 log = structlog.get_logger(__name__)
 

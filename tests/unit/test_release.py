@@ -1,5 +1,6 @@
 """The version is said the same everywhere: CHANGELOG.md's newest release is
-`workflow_engine.__version__`, which `workflow-engine --version` prints and the package's
+`workflow_engine.__version__` (written in `workflow_engine/version.py`), which
+`workflow-engine --version` prints and the package's
 metadata takes; and the changelog keeps its form (Keep a Changelog 1.1.0: a dated release
 heading each, newest first)."""
 
@@ -123,4 +124,4 @@ def test_the_package_metadata_takes_the_version_from_the_package() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert "version" not in project["project"] and "version" in project["project"]["dynamic"]
     attr = project["tool"]["setuptools"]["dynamic"]["version"]["attr"]
-    assert attr == "workflow_engine.__version__"
+    assert attr == "workflow_engine.version.__version__"

@@ -35,7 +35,7 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import start_http_server
 
-from workflow_engine import __version__
+from workflow_engine.version import __version__
 
 #: Seconds: node and job durations reach from milliseconds to hours.
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800)

@@ -7,6 +7,7 @@ heading each, newest first)."""
 from __future__ import annotations
 
 import os
+import platform
 import re
 import subprocess
 import sys
@@ -16,6 +17,8 @@ from pathlib import Path
 import pytest
 
 from workflow_engine import __version__
+from workflow_engine.sandbox import wrapper
+from workflow_engine.telemetry import metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 CHANGELOG = ROOT / "CHANGELOG.md"
@@ -125,3 +128,15 @@ def test_the_package_metadata_takes_the_version_from_the_package() -> None:
     assert "version" not in project["project"] and "version" in project["project"]["dynamic"]
     attr = project["tool"]["setuptools"]["dynamic"]["version"]["attr"]
     assert attr == "workflow_engine.version.__version__"
+
+
+def test_build_info_names_the_version_and_how_jobwrap_was_built(tmp_path: Path) -> None:
+    assert metrics.JOBWRAP == wrapper.JOBWRAP  # the one telemetry names without importing it
+    info = metrics.build_info()
+    assert info["version"] == __version__ and info["python"] == platform.python_version()
+    # make install builds it, static where the C library allows.
+    assert info["jobwrap"] in ("static", "dynamic")
+    assert metrics.jobwrap_linkage(tmp_path / "missing") == "absent"
+    (tmp_path / "script").write_text("#!/bin/sh\n")
+    assert metrics.jobwrap_linkage(tmp_path / "script") == "unknown"
+    assert metrics.jobwrap_linkage(Path(sys.executable).resolve()) == "dynamic"

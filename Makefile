@@ -10,7 +10,7 @@ PROTO_OUT := workflow_engine/v1
 JOBWRAP := workflow_engine/sandbox/jobwrap
 JOBWRAP_FLAGS = -O2 -Wall -Wextra -o $(JOBWRAP) $(JOBWRAP).c
 
-.PHONY: install node-tools go-tools image-tools image image-test run migrate test test-pooler test-model eval-model model-server pgbouncer chaos lint docs fmt proto proto-check bench bench-pooler profile clean
+.PHONY: install node-tools go-tools image-tools image image-test dist dist-check run migrate test test-pooler test-model eval-model model-server pgbouncer chaos lint docs fmt proto proto-check bench bench-pooler profile clean
 
 install: $(STAMP) $(JOBWRAP)
 
@@ -64,6 +64,15 @@ image: image-tools
 	deploy/image.sh build
 image-test: install image
 	deploy/image.sh test
+
+# The release's files: the sdist and the wheel (python -m build, in an isolated environment as
+# a release build would be; the wheel's build compiles jobwrap, setup.py), into dist/.
+# `dist-check` installs that wheel into a fresh venv and serves from it (tools/check_dist.sh).
+dist: install
+	rm -rf dist
+	$(BIN)/python -m build --outdir dist .
+dist-check: dist
+	tools/check_dist.sh
 
 run: install
 	$(BIN)/workflow-engine serve
@@ -184,4 +193,4 @@ proto-check: install
 	rm -rf $$tmp; echo "proto: generated code is up to date"
 
 clean:
-	rm -rf $(VENV) $(JOBWRAP) .mypy_cache .ruff_cache .pytest_cache *.egg-info
+	rm -rf $(VENV) $(JOBWRAP) .mypy_cache .ruff_cache .pytest_cache *.egg-info dist build

@@ -4,14 +4,19 @@
 #
 #   deploy/image.sh build   the base images (Debian 12 by mmdebstrap, kept in podman's
 #                           storage between runs), then deploy/Dockerfile with buildah
-#   deploy/image.sh test    the image beside a PostgreSQL container: reflection, the README
+#   deploy/image.sh test    its version label and --version, then
+#                           the image beside a PostgreSQL container: reflection, the README
 #                           workflow, health, its user, a read-only root, no zombies, readiness
 #                           following the database, a SIGTERM drain, and a SIGTERM
 #                           during start-up
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-IMAGE=${IMAGE:-localhost/workflow-engine:0.1.0}
+# The version is written once, in workflow_engine/version.py: the image's tag and its
+# org.opencontainers.image.version label are it.
+VERSION=$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' workflow_engine/version.py)
+[ -n "$VERSION" ] || { echo "no __version__ in workflow_engine/version.py" >&2; exit 1; }
+IMAGE=${IMAGE:-localhost/workflow-engine:$VERSION}
 BASE_PACKAGES=python3,python3-venv,ca-certificates,util-linux,procps,tini
 PG_PACKAGES=postgresql-15
 # Named for what they hold, so a changed package list makes a new base.
@@ -49,6 +54,7 @@ build() {
   local digest
   digest=$(podman image inspect --format '{{.Digest}}' "$BASE")
   buildah bud --quiet --layers --format docker --isolation chroot "${ca[@]}" --build-arg "BASE=$BASE" \
+    --build-arg "VERSION=$VERSION" \
     --label "org.opencontainers.image.base.name=$BASE" \
     --label "org.opencontainers.image.base.digest=$digest" \
     -f deploy/Dockerfile -t "$IMAGE" . >/dev/null
@@ -78,6 +84,12 @@ test_image() {
   cleanup
   say "PostgreSQL beside it on 127.0.0.1:$PG_PORT"
   start_pg
+  local label
+  label=$(podman image inspect --format '{{index .Labels "org.opencontainers.image.version"}}' "$IMAGE")
+  [ "$label" = "$VERSION" ] || fail "the image's version label is '$label', not $VERSION"
+  [ "$("${RUN[@]}" --rm "$IMAGE" --version)" = "workflow-engine $VERSION" ] ||
+    fail "the image's workflow-engine --version does not say $VERSION"
+  say "version $VERSION: the image's label and its workflow-engine --version"
   say "the engine: read-only root, a data volume, its own user, on 127.0.0.1:$PORT"
   "${RUN[@]}" -d --name we-image-test --network host --read-only --tmpfs /tmp \
     -v we-image-test-data:/home/engine/data --security-opt seccomp=unconfined \

@@ -57,7 +57,7 @@ from workflow_engine.errors import (
     WorkflowExists,
     WorkflowNotFound,
 )
-from workflow_engine.version import __version__
+from workflow_engine.version import __version__ as __version__  # written there, once
 
 if TYPE_CHECKING:
     from workflow_engine.engine import Engine, WorkflowHandle, WorkflowResult

@@ -1,5 +1,6 @@
 """The `workflow-engine` command: `serve` (the default), `migrate` and `worker-node`, and the
-client commands for people (`start`, `get`, `watch`, `list`, ...: `client.subcommands`).
+client commands for people (`start`, `get`, `watch`, `list`, ...: `client.subcommands`);
+`--version` says which engine this is.
 
 Settings come from ``WORKFLOW_ENGINE_*`` environment variables; flags override them. For
 `worker-node`, `--listen` and `--data-dir` are the node's own (``WORKFLOW_ENGINE_NODE_*``), and
@@ -26,6 +27,7 @@ from workflow_engine.serving import auth_of, serve, server_credentials
 from workflow_engine.storage.database import database_url, migrate_database
 from workflow_engine.supervisor import supervise
 from workflow_engine.under_supervisor import supervised
+from workflow_engine.version import __version__
 
 log = structlog.get_logger(__name__)
 
@@ -41,6 +43,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "command", nargs="?", default="serve", choices=["serve", "migrate", "worker-node"]
     )
+    parser.add_argument("--version", action="version", version=f"workflow-engine {__version__}")
     parser.add_argument("--database-url", help="PostgreSQL URL (default: embedded server)")
     parser.add_argument(
         "--listen",

@@ -19,6 +19,7 @@ from tests.support.engine_process import EngineProcess
 from tests.support.helpers import new_task_id, shell_step, task, wait_for_status
 from tests.support.model_server import ModelServer
 from tests.support.otlp_receiver import OtlpReceiver
+from workflow_engine import __version__
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
 
@@ -76,6 +77,12 @@ async def test_metrics_count_workflows_nodes_jobs_leases_and_calls(
             await pb_grpc.WorkflowEngineStub(channel).GetWorkflow(missing)
     samples = scrape(engine)
 
+    # make install builds jobwrap, static where the C library allows it.
+    built = [
+        value(samples, "workflow_engine_build_info", version=__version__, jobwrap=linkage)
+        for linkage in ("static", "dynamic")
+    ]
+    assert sum(built) == 1
     assert value(samples, "workflow_engine_workflows_started_total") == 1
     assert value(samples, "workflow_engine_workflows_finished_total", status="SUCCEEDED") == 1
     assert value(samples, "gen_ai_workflow_duration_seconds_count", status="SUCCEEDED") == 1
@@ -106,6 +113,11 @@ async def test_several_processes_are_served_as_one_sum(
     for _ in range(4):  # a channel each: the kernel spreads them over both processes
         assert (await run_to_end(engine, TWO_STEPS)).status == pb.SUCCEEDED
     samples = scrape(engine)
+    # One build, one series: each process sets it, the sum serves their maximum.
+    assert [(n, dict(labels)["version"]) for n, labels in samples if "build_info" in n] == [
+        ("workflow_engine_build_info", __version__)
+    ]
+    assert value(samples, "workflow_engine_build_info") == 1
     assert value(samples, "workflow_engine_workflows_started_total") == 4
     assert value(samples, "workflow_engine_job_duration_seconds_count") == 8
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import yaml
 
+from workflow_engine import __version__
 from workflow_engine.config import ENV_PREFIX, env_names
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -123,11 +124,23 @@ def test_the_worker_node_serves_tls_from_a_secret_and_never_plaintext_beyond_loo
     assert "WORKFLOW_ENGINE_NODE_ALLOW_PLAINTEXT_REMOTE" not in env
 
 
+def test_every_image_tag_and_the_dockerfiles_version_label_are_the_engines_version() -> None:
+    tags = set()
+    for path in DEPLOY.rglob("*.yaml"):
+        tags |= set(re.findall(r"\bworkflow-engine:([\w.+-]+)", path.read_text()))
+    assert tags == {__version__}, "deploy/ names the image by a version that is not the engine's"
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    assert re.findall(r"^ARG VERSION=(.*)$", dockerfile, re.MULTILINE) == [__version__]
+    assert 'org.opencontainers.image.version="${VERSION}"' in dockerfile
+    # image.sh reads it from the package, where the version is written.
+    assert "__version__" in (DEPLOY / "image.sh").read_text()
+
+
 def test_containers_are_built_once_reap_restart_and_say_when_they_are_healthy() -> None:
     services = yaml.safe_load((DEPLOY / "compose.yaml").read_text())["services"]
     ours = ("engine-1", "engine-2", "worker-node-1")
     assert [name for name in ours if "build" in services[name]] == ["engine-1"]
-    assert {services[name]["image"] for name in ours} == {"workflow-engine:0.1.0"}
+    assert {services[name]["image"] for name in ours} == {f"workflow-engine:{__version__}"}
     for name in ours:
         assert services[name]["init"] is True and services[name]["restart"] == "unless-stopped"
     for name in ("engine-1", "engine-2"):

@@ -19,7 +19,10 @@ processes runs one engine.
 
 from __future__ import annotations
 
+import platform
+import struct
 import time
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import (
@@ -31,6 +34,8 @@ from prometheus_client import (
     multiprocess,
 )
 from prometheus_client.exposition import start_http_server
+
+from workflow_engine.version import __version__
 
 #: Seconds: node and job durations reach from milliseconds to hours.
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800)
@@ -79,6 +84,7 @@ class Metrics:
             self.registry = CollectorRegistry(auto_describe=True)
             self._m = {name: make(self.registry) for name, make in _DEFINITIONS.items()}
             self.enabled = True
+            self._m["build_info"].labels(**build_info()).set(1)
         return self.registry
 
     # -- what the engine reports ------------------------------------------------------------
@@ -155,6 +161,41 @@ def _counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Any:
     return lambda registry: Counter(name, doc, labels, registry=registry)
 
 
+#: The local job wrapper as the package builds it (`sandbox.wrapper.JOBWRAP`; named here so
+#: that telemetry imports no layer of the engine).
+JOBWRAP = Path(__file__).parents[1] / "sandbox" / "jobwrap"
+_PT_INTERP = 3  # an ELF program header naming the dynamic loader
+
+
+def build_info() -> dict[str, str]:
+    """The labels of ``workflow_engine_build_info``: which engine this is (its version, the
+    Python running it) and how its job wrapper was built (`jobwrap_linkage`)."""
+    return {
+        "version": __version__,
+        "python": platform.python_version(),
+        "jobwrap": jobwrap_linkage(JOBWRAP),
+    }
+
+
+def jobwrap_linkage(path: Path) -> str:
+    """static, dynamic (it names a loader: ld.so must be there for every job), absent (not
+    built: jobs use the shell wrapper, or are refused as root), or unknown (not a 64-bit ELF)."""
+    try:
+        with path.open("rb") as file:
+            header = file.read(64)
+            if header[:5] != b"\x7fELF\x02" or len(header) < 64:
+                return "unknown"
+            order = "<" if header[5] == 1 else ">"
+            (phoff,) = struct.unpack_from(order + "Q", header, 32)
+            size, count = struct.unpack_from(order + "HH", header, 54)
+            file.seek(phoff)
+            table = file.read(size * count)
+    except OSError:
+        return "absent"
+    types = (struct.unpack_from(order + "I", table, i * size)[0] for i in range(count))
+    return "dynamic" if _PT_INTERP in types else "static"
+
+
 _MODEL_LABELS = ("gen_ai_operation_name", "gen_ai_request_model", "workflow_engine_purpose")
 #: Attribute -> a maker of the metric in a registry.
 _DEFINITIONS: dict[str, Any] = {
@@ -209,6 +250,15 @@ _DEFINITIONS: dict[str, Any] = {
         "workflow_engine_unreadable_workflows",
         "Unfinished workflows whose rows a newer engine wrote in a state format this engine "
         "does not read, which it leaves alone (a rolling deploy under way)",
+        registry=registry,
+        multiprocess_mode="max",
+    ),
+    # Several engine processes each set it: their files are read as their maximum, one series.
+    "build_info": lambda registry: Gauge(
+        "workflow_engine_build_info",
+        "Always 1: which engine serves (version, python) and how its jobwrap was built "
+        "(static, dynamic, absent)",
+        ("version", "python", "jobwrap"),
         registry=registry,
         multiprocess_mode="max",
     ),

@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 
 from setuptools import setup
+from setuptools.command.bdist_wheel import bdist_wheel
 from setuptools.command.build_py import build_py
 
 SOURCE = Path("workflow_engine/sandbox/jobwrap.c")
@@ -41,4 +42,18 @@ class BuildPyWithJobwrap(build_py):
             compile_jobwrap(Path(self.build_lib) / SOURCE.with_suffix(""))
 
 
-setup(cmdclass={"build_py": BuildPyWithJobwrap})
+class PlatformWheel(bdist_wheel):
+    """The wheel holds jobwrap, a program for this machine's processor: tag it for this
+    platform (py3-none-linux_x86_64, ...), not as pure Python (py3-none-any), so that pip
+    never installs it where jobwrap cannot run."""
+
+    def finalize_options(self) -> None:
+        super().finalize_options()
+        self.root_is_pure = False
+
+    def get_tag(self) -> tuple[str, str, str]:
+        _, _, platform = super().get_tag()
+        return "py3", "none", platform
+
+
+setup(cmdclass={"build_py": BuildPyWithJobwrap, "bdist_wheel": PlatformWheel})

@@ -12,8 +12,9 @@ cd "$(dirname "$0")/.."
 
 DIST=${DIST:-dist}
 VERSION=$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' workflow_engine/version.py)
-WHEEL=$DIST/workflow_engine-$VERSION-py3-none-any.whl
-[ -f "$WHEEL" ] || { echo "dist-check: no $WHEEL (make dist builds it)" >&2; exit 1; }
+# Tagged for this machine's platform: it holds jobwrap, a program for this processor.
+WHEEL=$(ls "$DIST"/workflow_engine-"$VERSION"-py3-none-linux_*.whl 2>/dev/null | head -n 1)
+[ -n "$WHEEL" ] || { echo "dist-check: no platform wheel for $VERSION in $DIST (make dist builds it)" >&2; exit 1; }
 [ -f "$DIST/workflow_engine-$VERSION.tar.gz" ] || { echo "dist-check: no sdist in $DIST" >&2; exit 1; }
 
 WORK=$(mktemp -d)

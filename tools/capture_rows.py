@@ -322,10 +322,10 @@ def _checkout(commit: str, into: Path) -> Path:
         check=True,
     )
     source = worktree / f"{JOBWRAP}.c"
-    if source.exists():
-        subprocess.run(
-            [CC, "-O2", "-static", "-o", str(worktree / JOBWRAP), str(source)], check=True
-        )
+    if source.exists():  # as its Makefile builds it: static if this host can, else not
+        built = [CC, "-O2", "-o", str(worktree / JOBWRAP), str(source)]
+        if subprocess.run([*built, "-static"], check=False).returncode != 0:
+            subprocess.run(built, check=True)
     return worktree
 
 

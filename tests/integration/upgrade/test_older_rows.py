@@ -126,6 +126,8 @@ async def finish(replica: RunningEngine, older: OlderRows) -> pb.Workflow:
     if older.checkpoint["status"] == "WAITING_FOR_APPROVAL":
         waiting = await replica.stub.GetWorkflow(pb.GetWorkflowRequest(task_id=task_id))
         assert waiting.status == pb.WAITING_FOR_APPROVAL
+        pending = older.checkpoint["state"]["pending_approval"]
+        assert waiting.pending_approval.step_id == pending["step_id"]
         decision = pb.ApprovalDecision(step_id=waiting.pending_approval.step_id, verdict=pb.APPROVE)
         answer = await replica.stub.ResumeWorkflow(
             pb.ResumeWorkflowRequest(task_id=task_id, decision=decision)

@@ -52,7 +52,9 @@ from tests.support import database, older_rows
 from tests.support.helpers import wait_for_status
 from tests.support.older_rows import OlderRows
 from workflow_engine.config import Settings
+from workflow_engine.domain.state_format import STATE_FORMAT
 from workflow_engine.v1 import workflow_engine_pb2 as pb
+from workflow_engine.version import __version__
 
 CASES = older_rows.all_cases()
 Job = tuple[str, int]  # step id, attempt
@@ -164,13 +166,27 @@ def assert_events_continue(older: OlderRows, now: list[dict[str, Any]], last: in
     assert len(now) > len(kept)
 
 
+async def written_by(url: str, task_id: str) -> tuple[int, str]:
+    """The row's state format and the engine that wrote it."""
+    async with await psycopg.AsyncConnection.connect(url) as conn:
+        cur = await conn.execute(
+            "SELECT state_format, engine_version FROM workflow_checkpoints WHERE task_id = %s",
+            (task_id,),
+        )
+        row = await cur.fetchone()
+    assert row is not None
+    return int(row[0]), str(row[1])
+
+
 @pytest.mark.parametrize("share_jobs", [True, False], ids=["shared-jobs", "own-jobs"])
 @pytest.mark.parametrize("older", CASES, ids=[case.name for case in CASES])
 async def test_an_older_engines_workflow_runs_to_the_end_with_every_job_once(
     pg_server_url: str, settings: Settings, older: OlderRows, share_jobs: bool
 ) -> None:
     async with upgraded(pg_server_url, settings, older, share_jobs=share_jobs) as (replica, url):
+        assert (await written_by(url, older.task_id))[0] == 1  # before formats: format 1
         done = await finish(replica, older)
+        assert await written_by(url, older.task_id) == (STATE_FORMAT, __version__)
         assert done.status == pb.SUCCEEDED, done.error
         now_events, last = await history(url, older.task_id)
     state = json_format.MessageToDict(done.state)

@@ -57,6 +57,9 @@ class _Off:
     def observe(self, *_: Any) -> None:
         pass
 
+    def set(self, *_: Any) -> None:
+        pass
+
 
 _OFF = _Off()
 
@@ -110,6 +113,17 @@ class Metrics:
 
     def recovery_adopted(self) -> None:
         self._m["recovery_adoptions"].inc()
+
+    def retention_pruned(self, workflows: int, rows: dict[str, int]) -> None:
+        """A retention batch pruned `workflows`, deleting `rows` rows by table."""
+        self._m["retention_workflows"].inc(workflows)
+        for table, count in rows.items():
+            if count:
+                self._m["retention_rows"].labels(table=table).inc(count)
+
+    def retention_round_done(self) -> None:
+        """A retention round left nothing due (now)."""
+        self._m["retention_last_round"].set(time.time())
 
     def job_started(self, worker: str) -> None:
         self._m["jobs_in_flight"].labels(worker=worker).inc()
@@ -196,6 +210,21 @@ _DEFINITIONS: dict[str, Any] = {
     "recovery_adoptions": _counter(
         "workflow_engine_recovery_adoptions_total",
         "Workflows this process adopted from a runner that stopped or died",
+    ),
+    "retention_workflows": _counter(
+        "workflow_engine_retention_pruned_workflows_total",
+        "Finished workflows whose events and task retention removed",
+    ),
+    "retention_rows": _counter(
+        "workflow_engine_retention_removed_rows_total",
+        "Rows retention deleted, by table (workflow_events, workflow_tasks, ...)",
+        ("table",),
+    ),
+    "retention_last_round": lambda registry: Gauge(
+        "workflow_engine_retention_last_round_timestamp_seconds",
+        "When this engine last finished a retention round with nothing left due",
+        registry=registry,
+        multiprocess_mode="max",
     ),
     "jobs_in_flight": lambda registry: Gauge(
         "workflow_engine_jobs_in_flight",

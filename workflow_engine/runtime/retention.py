@@ -1,0 +1,106 @@
+"""Retention in the background: every replica looks for finished workflows that are due, every
+`interval_seconds`, and prunes them batch by batch (`storage.retention`).
+
+Each batch holds the fleet's retention lock for its own short transaction only; a replica that
+finds it taken leaves the round to whoever holds it and looks again at its next interval. So
+one replica prunes at a time, without a connection held for it, and a replica that dies
+mid-batch leaves nothing half done (its transaction rolls back, the lock goes with it).
+`workflow-engine prune` runs the same rounds on demand (`prune_all`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+
+import structlog
+
+from workflow_engine.config import RetentionSettings
+from workflow_engine.storage.pool import Connection, Pool
+from workflow_engine.storage.retention import Pruned, prune_batch
+from workflow_engine.storage.retry import is_transient
+from workflow_engine.telemetry.metrics import Metrics
+
+log = structlog.get_logger(__name__)
+
+DAY_SECONDS = 86400.0
+# A breath between two batches, so that other work on the same rows and tables goes first.
+_PAUSE_SECONDS = 0.02
+
+
+async def prune_all(
+    connection: Callable[[], AbstractAsyncContextManager[Connection]],
+    *,
+    older_than_seconds: float,
+    delete_rows: bool,
+    batch_size: int,
+    wait: bool = False,
+    metrics: Metrics | None = None,
+) -> Pruned | None:
+    """Prune every workflow due now, batch by batch, each on a `connection()` of its own;
+    what was removed. `None` when another batch held the retention lock first (with `wait`,
+    wait for it instead), which ends the round for this caller after what it pruned so far."""
+    total = Pruned()
+    while True:
+        async with connection() as conn:
+            pruned = await prune_batch(
+                conn,
+                older_than_seconds=older_than_seconds,
+                delete_rows=delete_rows,
+                limit=batch_size,
+                wait=wait,
+            )
+        if pruned is None:
+            return total if total.workflows else None
+        if metrics is not None and pruned.workflows:
+            metrics.retention_pruned(pruned.workflows, pruned.tables)
+        total += pruned
+        if not pruned.workflows:  # nothing due is left (or what is, somebody writes now)
+            if metrics is not None:
+                metrics.retention_round_done()
+            return total
+        await asyncio.sleep(_PAUSE_SECONDS)
+
+
+class Pruner:
+    """This replica's retention loop (started by the engine when `days` is above 0)."""
+
+    def __init__(self, *, pool: Pool, settings: RetentionSettings, metrics: Metrics) -> None:
+        self._pool = pool
+        self._settings = settings
+        self._metrics = metrics
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="retention")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def round(self) -> Pruned | None:
+        """Prune what is due now (see `prune_all`)."""
+        settings = self._settings
+        return await prune_all(
+            self._pool.connection,
+            older_than_seconds=settings.days * DAY_SECONDS,
+            delete_rows=settings.delete_rows,
+            batch_size=settings.batch_size,
+            metrics=self._metrics,
+        )
+
+    async def _loop(self) -> None:
+        while True:
+            # Jitter keeps replicas started together from looking in lockstep.
+            interval = self._settings.interval_seconds
+            await asyncio.sleep(interval * random.uniform(0.5, 1.0))  # noqa: S311
+            try:
+                pruned = await self.round()
+                if pruned is not None and pruned.workflows:
+                    log.info("retention_pruned", workflows=pruned.workflows, **pruned.tables)
+            except Exception as exc:
+                if not is_transient(exc):
+                    log.warning("retention_round_failed", error=repr(exc))

@@ -15,11 +15,14 @@ import random
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 
+import psycopg
 import structlog
 
-from workflow_engine.config import RetentionSettings
+from workflow_engine.config import ENV_PREFIX, RetentionSettings, Settings
+from workflow_engine.errors import ConfigError
+from workflow_engine.storage.database import database_url, open_pool, run_migrations
 from workflow_engine.storage.pool import Connection, Pool
-from workflow_engine.storage.retention import Pruned, prune_batch
+from workflow_engine.storage.retention import Pruned, count_due, prune_batch
 from workflow_engine.storage.retry import is_transient
 from workflow_engine.telemetry.metrics import Metrics
 
@@ -62,6 +65,57 @@ async def prune_all(
                 metrics.retention_round_done()
             return total
         await asyncio.sleep(_PAUSE_SECONDS)
+
+
+async def prune_command(settings: Settings, older_than_days: float, *, dry_run: bool) -> str:
+    """`workflow-engine prune`: one round now, waiting for the background's batches, with the
+    settings' `delete_rows`; what it removed (or, with `dry_run`, would remove, changing
+    nothing: not even the schema), as lines to print."""
+    older_than = older_than_days * DAY_SECONDS
+    delete_rows = settings.retention.delete_rows
+    async with database_url(settings) as url:
+        pool = await open_pool(url, settings)
+        try:
+            if dry_run:
+                async with pool.connection() as conn:
+                    pruned = await _counted(conn, older_than, delete_rows)
+            else:
+                await run_migrations(pool)
+                found = await prune_all(
+                    pool.connection,
+                    older_than_seconds=older_than,
+                    delete_rows=delete_rows,
+                    batch_size=settings.retention.batch_size,
+                    wait=True,
+                )
+                pruned = found or Pruned()
+        finally:
+            await pool.close()
+    return report(pruned, older_than_days, delete_rows=delete_rows, dry_run=dry_run)
+
+
+async def _counted(conn: Connection, older_than: float, delete_rows: bool) -> Pruned:
+    try:
+        return await count_due(conn, older_than_seconds=older_than, delete_rows=delete_rows)
+    except psycopg.errors.UndefinedColumn:
+        raise ConfigError(
+            "the database's schema is older than this engine's: run `workflow-engine migrate`"
+        ) from None
+
+
+def report(pruned: Pruned, older_than_days: float, *, delete_rows: bool, dry_run: bool) -> str:
+    """`prune`'s answer: the workflows, then the rows of each table (one ``table: n`` a line)."""
+    verb = "would prune" if dry_run else "pruned"
+    lines = [
+        f"{verb} {pruned.workflows} finished workflow(s) last changed more than "
+        f"{older_than_days:g} day(s) ago" + (" (dry run: nothing was changed)" if dry_run else "")
+    ]
+    for table, rows in pruned.tables.items():
+        note = ""
+        if table == "workflow_checkpoints" and not delete_rows:
+            note = f"  (rows kept: {ENV_PREFIX}RETENTION_DELETE_ROWS is false)"
+        lines.append(f"{table}: {rows}{note}")
+    return "\n".join(lines)
 
 
 class Pruner:

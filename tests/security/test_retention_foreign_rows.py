@@ -27,7 +27,9 @@ TABLES = ("workflow_checkpoints", "workflow_events", "workflow_tasks", "task_wor
 
 @pytest.fixture
 async def pool(db_url: str) -> AsyncIterator[Pool]:
-    async with AsyncConnectionPool(db_url, kwargs={"autocommit": True}, min_size=1) as pool:
+    async with AsyncConnectionPool(
+        db_url, kwargs={"autocommit": True, "prepare_threshold": None}, min_size=1
+    ) as pool:
         yield pool
 
 

@@ -27,7 +27,9 @@ EVENTS = 6
 
 @pytest.fixture
 async def pool(db_url: str) -> AsyncIterator[Pool]:
-    async with AsyncConnectionPool(db_url, kwargs={"autocommit": True}, min_size=2) as pool:
+    async with AsyncConnectionPool(
+        db_url, kwargs={"autocommit": True, "prepare_threshold": None}, min_size=2
+    ) as pool:
         yield pool
 
 

@@ -68,7 +68,7 @@ async def test_retention_prunes_what_is_due_while_workflows_run(settings: Settin
     settings = replace(
         settings,
         worker="simulated",
-        retention=RetentionSettings(days=30, batch_size=50, interval_seconds=0.3),
+        retention=RetentionSettings(days=30, batch_size=20, interval_seconds=0.3),
     )
     engine = Engine(settings)
     registry = engine.context.metrics.enable()
@@ -83,9 +83,12 @@ async def test_retention_prunes_what_is_due_while_workflows_run(settings: Settin
             )
         # Workflows running while the pruner works through the due ones.
         handles = [await engine.start(_task(4, 0.3)) for _ in range(30)]
+        pruned_at_start = _pruned(registry)
         results = await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), 120)
         assert {r.status for r in results} == {WorkflowStatus.SUCCEEDED}
         due = [t for ids in due_rows.values() for t in ids] + finished
+        # The pruner was at work while they ran: not done when they started, on since.
+        assert pruned_at_start < len(due) and _pruned(registry) > pruned_at_start
         pruned = await _wait_for_pruned(registry, len(due))
         # A pruned workflow's watch still ends, with its final status.
         events = [e async for e in engine.workflow(due_rows["failed"][0]).events()]
@@ -119,15 +122,19 @@ async def test_retention_prunes_what_is_due_while_workflows_run(settings: Settin
     assert _sample(registry, "workflow_tasks") == len(due)
 
 
+def _pruned(registry: CollectorRegistry) -> int:
+    """The pruned workflows the metric counts so far."""
+    value = registry.get_sample_value("workflow_engine_retention_pruned_workflows_total")
+    return int(value or 0)
+
+
 async def _wait_for_pruned(registry: CollectorRegistry, count: int) -> int:
-    """The pruned workflows counted by the metric, once they reach `count` (or 60 s pass)."""
-    pruned = None
-    for _ in range(600):
-        pruned = registry.get_sample_value("workflow_engine_retention_pruned_workflows_total")
-        if pruned is not None and pruned >= count:
-            return int(pruned)
+    """The pruned workflows counted by the metric, once they reach `count` (or 90 s pass)."""
+    for _ in range(900):
+        if _pruned(registry) >= count:
+            break
         await asyncio.sleep(0.1)
-    return int(pruned or 0)
+    return _pruned(registry)
 
 
 def _sample(registry: CollectorRegistry, table: str) -> float:

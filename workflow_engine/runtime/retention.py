@@ -30,8 +30,10 @@ from workflow_engine.telemetry.metrics import Metrics
 log = structlog.get_logger(__name__)
 
 DAY_SECONDS = 86400.0
-# Between two batches, at least as long as the last one took: the pruner uses the database at
-# most half of the time, so the writes of running workflows keep theirs.
+# Between two batches, `_IDLE_RATIO` times as long as the last one took: the pruner has the
+# database a quarter of the time at most, so the writes of running workflows keep theirs (a
+# round still prunes hundreds of workflows a second, far more than finish).
+_IDLE_RATIO = 3.0
 _MIN_PAUSE_SECONDS = 0.02
 
 
@@ -67,7 +69,7 @@ async def prune_all(
             if metrics is not None:
                 metrics.retention_round_done()
             return total
-        await asyncio.sleep(max(_MIN_PAUSE_SECONDS, time.monotonic() - started))
+        await asyncio.sleep(max(_MIN_PAUSE_SECONDS, _IDLE_RATIO * (time.monotonic() - started)))
 
 
 async def prune_command(settings: Settings, older_than_days: float, *, dry_run: bool) -> str:

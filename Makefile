@@ -139,12 +139,14 @@ chaos: install
 
 # What one local `true` job costs through the default worker (CPU of the engine and of the job's
 # processes), durability's cost side by side with the peers (table, JSON,
-# bench-results/throughput.png), then what one workflow costs in statements and commits.
+# bench-results/throughput.png), then what one workflow costs in statements and commits, and
+# what retention costs a checkpoint write meanwhile.
 bench: install pgbouncer
 	$(BIN)/python benchmarks/job_cost.py
 	$(BIN)/python benchmarks/compare.py
 	$(BIN)/python benchmarks/grpc_floor.py
 	$(BIN)/python benchmarks/node_cost.py
+	$(BIN)/python benchmarks/retention_cost.py
 	$(BIN)/python benchmarks/pooler.py
 
 # Watch delay and throughput direct vs behind a transaction-mode PgBouncer (bench-results/pooler.*).

@@ -1,5 +1,5 @@
-"""The `workflow-engine` command: `serve` (the default), `migrate` and `worker-node`, and the
-client commands for people (`start`, `get`, `watch`, `list`, ...: `client.subcommands`);
+"""The `workflow-engine` command: `serve` (the default), `migrate`, `prune` and `worker-node`,
+and the client commands for people (`start`, `get`, `watch`, `list`, ...: `client.subcommands`);
 `--version` says which engine this is.
 
 Settings come from ``WORKFLOW_ENGINE_*`` environment variables; flags override them. For
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -20,9 +21,10 @@ import structlog
 
 from workflow_engine.client import subcommands as client_commands
 from workflow_engine.config import ENV_PREFIX, Settings, settings_from_env
-from workflow_engine.errors import ConfigError, NodeInUse
+from workflow_engine.errors import ConfigError, NodeInUse, UsageError
 from workflow_engine.logs import configure_logging
 from workflow_engine.node import node_tls_context, serve_node
+from workflow_engine.runtime.retention import prune_command
 from workflow_engine.serving import auth_of, serve, server_credentials
 from workflow_engine.storage.database import database_url, migrate_database
 from workflow_engine.supervisor import supervise
@@ -41,7 +43,10 @@ def _parser() -> argparse.ArgumentParser:
         "reject,update} --help.",
     )
     parser.add_argument(
-        "command", nargs="?", default="serve", choices=["serve", "migrate", "worker-node"]
+        "command",
+        nargs="?",
+        default="serve",
+        choices=["serve", "migrate", "prune", "worker-node"],
     )
     parser.add_argument("--version", action="version", version=f"workflow-engine {__version__}")
     parser.add_argument("--database-url", help="PostgreSQL URL (default: embedded server)")
@@ -62,6 +67,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--lease-ttl-seconds", type=int, help="default lease time to live")
     parser.add_argument("--log-level", help="debug, info, warning or error")
+    prune = parser.add_argument_group("prune")
+    prune.add_argument(
+        "--older-than",
+        type=float,
+        metavar="DAYS",
+        help="prune finished workflows whose row last changed more than DAYS ago (0: all)",
+    )
+    prune.add_argument(
+        "--dry-run", action="store_true", help="print what prune would remove; change nothing"
+    )
     node = parser.add_argument_group("worker-node")
     node.add_argument(
         "--max-timeout-seconds", type=int, help="cap on a job's timeout (default 3600, max 10800)"
@@ -127,6 +142,14 @@ async def _migrate(settings: Settings) -> None:
     log.info("migrated", migrations=applied)
 
 
+def _check_prune_args(args: argparse.Namespace) -> None:
+    days = args.older_than
+    if days is None:
+        raise UsageError("prune: --older-than DAYS is required")
+    if not 0 <= days < math.inf:
+        raise UsageError(f"prune: --older-than: expected 0 or more days, got {days}")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in client_commands.COMMANDS:
@@ -139,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
             settings.check_exposure()
             auth_of(settings)  # a tokens file that cannot be used stops the start here
             server_credentials(settings)
+        elif args.command == "prune":
+            _check_prune_args(args)
         elif args.command == "worker-node":
             settings.node.check_exposure()
             node_tls_context(settings.node)  # a certificate that cannot be used stops it here
@@ -148,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "migrate":
             asyncio.run(_migrate(settings))
+        elif args.command == "prune":
+            print(asyncio.run(prune_command(settings, args.older_than, dry_run=args.dry_run)))
         elif args.command == "worker-node":
             asyncio.run(serve_node(settings.node))
         elif settings.processes > 1 and not supervised():

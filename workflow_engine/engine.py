@@ -1,5 +1,5 @@
 """The engine in one object, and the one place it is assembled: database, pool, migrations,
-capabilities, job tracker, graph, runs, events, use cases, recovery.
+capabilities, job tracker, graph, runs, events, use cases, recovery, retention.
 
 `Engine` runs in its caller's event loop, with or without the gRPC server in front of it:
 
@@ -43,6 +43,7 @@ from workflow_engine.runtime.collector import Collector
 from workflow_engine.runtime.events import EventHub
 from workflow_engine.runtime.manager import RunManager
 from workflow_engine.runtime.recovery import Recoverer
+from workflow_engine.runtime.retention import Pruner
 from workflow_engine.service import WorkflowService
 from workflow_engine.storage import orchestrator_nodes, orchestrator_tasks, tasks
 from workflow_engine.storage.checkpointer import RowCheckpointer
@@ -127,6 +128,7 @@ class _Parts:
     events: EventHub
     service: WorkflowService
     recoverer: Recoverer | None
+    pruner: Pruner | None
     collector: Collector
 
 
@@ -297,13 +299,17 @@ class Engine:
                 metrics=context.metrics,
             )
             recoverer.start()
+        pruner = None
+        if settings.retention.days > 0:
+            pruner = Pruner(pool=pool, settings=settings.retention, metrics=context.metrics)
+            pruner.start()
         # Everything built so far (modules, the compiled graph, pools) lives as long as the
         # engine: move it out of the collector's reach, so the full collections that workflow
         # churn triggers do not walk it again and again; and so on for the survivors of slow
         # full collections (in-flight runs), see `runtime.collector`.
         collector = Collector()
         collector.install()
-        return _Parts(pool, checkpoints, runs, events, service, recoverer, collector)
+        return _Parts(pool, checkpoints, runs, events, service, recoverer, pruner, collector)
 
     async def close(self, *, drain_timeout: float | None = None) -> None:
         """Drain the runs (see `RunManager.drain`), close connections, then the embedded server."""
@@ -314,6 +320,8 @@ class Engine:
         timeout = self.settings.drain_timeout_seconds if drain_timeout is None else drain_timeout
         if parts.recoverer is not None:
             await parts.recoverer.close()
+        if parts.pruner is not None:
+            await parts.pruner.close()
         await parts.runs.drain(timeout)
         # The capabilities' resources, then the pool, then the embedded server: the reverse of
         # their opening. The checkpoint writer and the event feed go before the pool.

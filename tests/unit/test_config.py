@@ -307,6 +307,18 @@ def test_job_directories_are_kept_a_week_unless_told_otherwise() -> None:
                 settings_from_env({f"WORKFLOW_ENGINE_{name}": bad})
 
 
+def test_finished_workflows_are_pruned_after_30_days_rows_kept_unless_told_otherwise() -> None:
+    default = settings_from_env({}).retention
+    assert (default.days, default.delete_rows) == (30, False)
+    s = settings_from_env(
+        {"WORKFLOW_ENGINE_RETENTION_DAYS": "0", "WORKFLOW_ENGINE_RETENTION_DELETE_ROWS": "true"}
+    ).retention
+    assert (s.days, s.delete_rows) == (0, True)
+    for name, bad in (("DAYS", "-1"), ("BATCH_SIZE", "0"), ("INTERVAL_SECONDS", "0")):
+        with pytest.raises(ValueError, match=rf"^WORKFLOW_ENGINE_RETENTION_{name}: expected"):
+            settings_from_env({f"WORKFLOW_ENGINE_RETENTION_{name}": bad})
+
+
 def test_tenant_limits_are_settings_that_cap_nothing_by_default() -> None:
     default = settings_from_env({})
     assert default.max_running_jobs == 64

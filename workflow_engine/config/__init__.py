@@ -22,6 +22,7 @@ from workflow_engine.config.sections import (
     McpSettings,
     NodeSettings,
     NodesSettings,
+    RetentionSettings,
     is_loopback,
 )
 from workflow_engine.config.settings import LISTEN_NONE, Settings
@@ -38,6 +39,7 @@ __all__ = [
     "McpSettings",
     "NodeSettings",
     "NodesSettings",
+    "RetentionSettings",
     "Settings",
     "env_names",
     "is_loopback",

@@ -1,5 +1,5 @@
-"""The settings' sections: the local jobs, the ``mcp`` task source, the worker node, the
-``nodes`` worker and the model, each a frozen dataclass that `Settings` holds as a field and
+"""The settings' sections: the local jobs, retention, the ``mcp`` task source, the worker node,
+the ``nodes`` worker and the model, each a frozen dataclass that `Settings` holds as a field and
 reads from ``WORKFLOW_ENGINE_<SECTION>_<FIELD>`` (`config.env`)."""
 
 from __future__ import annotations
@@ -70,6 +70,33 @@ class JobSettings:
             raise ConfigError(
                 f"{ENV_PREFIX}JOB_RETENTION_SECONDS: expected 0 (keep) or more seconds"
             )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RetentionSettings:
+    """What the engine keeps of finished workflows (``WORKFLOW_ENGINE_RETENTION_*``)."""
+
+    #: A finished workflow's (SUCCEEDED, FAILED, CANCELLED) events, all but the last, and its
+    #: stored task are removed this many days after its row last changed, in the background
+    #: (one replica at a time); `workflow-engine prune` does it on demand. 0: kept for good.
+    days: int = 30
+    #: Remove its ``workflow_checkpoints`` row too (which the orchestrator reads), its last
+    #: event, and its lease row where the engine took the lease last. A row the engine did not
+    #: write is never touched.
+    delete_rows: bool = False
+    #: Workflows pruned per transaction: each batch is one short transaction.
+    batch_size: int = 200
+    #: How often each replica looks for finished workflows that are due.
+    interval_seconds: float = 600.0
+
+    def __post_init__(self) -> None:
+        prefix = f"{ENV_PREFIX}RETENTION_"
+        if self.days < 0:
+            raise ConfigError(f"{prefix}DAYS: expected 0 (keep everything) or more days")
+        if not 1 <= self.batch_size <= 10_000:
+            raise ConfigError(f"{prefix}BATCH_SIZE: expected 1 to 10000")
+        if not 0 < self.interval_seconds <= 86400:
+            raise ConfigError(f"{prefix}INTERVAL_SECONDS: expected 0 < seconds <= 86400")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

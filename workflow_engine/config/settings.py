@@ -17,6 +17,7 @@ from workflow_engine.config.sections import (
     McpSettings,
     NodeSettings,
     NodesSettings,
+    RetentionSettings,
     is_loopback,
 )
 from workflow_engine.domain.jobs import MAX_LIMIT
@@ -103,6 +104,8 @@ class Settings:
     recovery_enabled: bool = True
     recovery_interval_seconds: float = 5.0
     recovery_max_attempts: int = 5
+    #: What is kept of finished workflows, and for how long (see `runtime.retention`).
+    retention: RetentionSettings = field(default_factory=RetentionSettings)
     #: Fault injection for the fault suite only; see `workflow_engine.faults`.
     faults: str = ""
     #: Which implementation each capability uses (see `capabilities.factory` for the choices).

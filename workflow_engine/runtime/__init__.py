@@ -1,8 +1,8 @@
 """Live runs in this process: one asyncio task each, their heartbeats, and watch wake-ups.
 
 What the engine uses (`__all__`): `RunManager` (the runs), `Run`, `EventHub` (watch wake-ups),
-`Recoverer` (automatic recovery), `Readiness` (health), `Collector` (metrics of the runs) and
-`Quota` (a tenant's cap). Their modules are internal.
+`Recoverer` (automatic recovery), `Pruner` (retention), `Readiness` (health), `Collector`
+(metrics of the runs) and `Quota` (a tenant's cap). Their modules are internal.
 """
 
 from workflow_engine.runtime.collector import Collector
@@ -11,6 +11,16 @@ from workflow_engine.runtime.manager import RunManager
 from workflow_engine.runtime.quotas import Quota
 from workflow_engine.runtime.readiness import Readiness
 from workflow_engine.runtime.recovery import Recoverer
+from workflow_engine.runtime.retention import Pruner
 from workflow_engine.runtime.run import Run
 
-__all__ = ["Collector", "EventHub", "Quota", "Readiness", "Recoverer", "Run", "RunManager"]
+__all__ = [
+    "Collector",
+    "EventHub",
+    "Pruner",
+    "Quota",
+    "Readiness",
+    "Recoverer",
+    "Run",
+    "RunManager",
+]

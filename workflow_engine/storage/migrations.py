@@ -197,6 +197,17 @@ MIGRATIONS: list[LiteralString] = [
         ADD COLUMN IF NOT EXISTS state_format integer NOT NULL DEFAULT 1,
         ADD COLUMN IF NOT EXISTS engine_version text NOT NULL DEFAULT '';
     """,
+    # 7: retention (issue 51). A finished workflow's events are pruned once it is old, all but
+    # the one that ended it; `pruned_seq` is its `event_seq` then, so a row is due again only
+    # if it gained events since. The index finds the due rows (key true) and, when the rows
+    # themselves go too, the pruned ones (key false) without walking anyone else's.
+    """
+    ALTER TABLE workflow_checkpoints
+        ADD COLUMN IF NOT EXISTS pruned_seq bigint NOT NULL DEFAULT 0;
+    CREATE INDEX IF NOT EXISTS workflow_checkpoints_finished_idx
+        ON workflow_checkpoints ((event_seq > pruned_seq), updated_at)
+     WHERE engine_owned AND status IN ('SUCCEEDED', 'FAILED', 'CANCELLED');
+    """,
 ]
 
 

@@ -125,6 +125,17 @@ class Metrics:
         `domain.state_format`), as the recovery sweep last counted them."""
         self._m["unreadable_workflows"].set(count)
 
+    def retention_pruned(self, workflows: int, rows: dict[str, int]) -> None:
+        """A retention batch pruned `workflows`, deleting `rows` rows by table."""
+        self._m["retention_workflows"].inc(workflows)
+        for table, count in rows.items():
+            if count:
+                self._m["retention_rows"].labels(table=table).inc(count)
+
+    def retention_round_done(self) -> None:
+        """A retention round left nothing due (now)."""
+        self._m["retention_last_round"].set(time.time())
+
     def job_started(self, worker: str) -> None:
         self._m["jobs_in_flight"].labels(worker=worker).inc()
 
@@ -259,6 +270,21 @@ _DEFINITIONS: dict[str, Any] = {
         "Always 1: which engine serves (version, python) and how its jobwrap was built "
         "(static, dynamic, absent)",
         ("version", "python", "jobwrap"),
+        registry=registry,
+        multiprocess_mode="max",
+    ),
+    "retention_workflows": _counter(
+        "workflow_engine_retention_pruned_workflows_total",
+        "Finished workflows whose events and task retention removed",
+    ),
+    "retention_rows": _counter(
+        "workflow_engine_retention_removed_rows_total",
+        "Rows retention deleted, by table (workflow_events, workflow_tasks, ...)",
+        ("table",),
+    ),
+    "retention_last_round": lambda registry: Gauge(
+        "workflow_engine_retention_last_round_timestamp_seconds",
+        "When this engine last finished a retention round with nothing left due",
         registry=registry,
         multiprocess_mode="max",
     ),

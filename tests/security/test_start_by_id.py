@@ -176,3 +176,24 @@ async def test_over_mcp_another_tenants_task_answers_as_one_that_does_not_exist(
         assert started.status == pb.STARTED
     finally:
         await stop_engine(running)
+
+
+async def test_a_workflow_whose_stored_task_retention_removed_answers_the_same(
+    engine: RunningEngine, orchestrator_url: str
+) -> None:
+    """As above, after retention removed the task stored with the workflow too: there is no
+    task to answer from, so the source's own refusal is the answer, to both tenants."""
+    task_id = await insert_task_at(
+        orchestrator_url, prompt="$ true", created_by=USER_A, project_id=PROJECT_A
+    )
+    await engine.stub.StartWorkflow(
+        pb.StartWorkflowRequest(task_id=task_id), metadata=md("a-orchestrator")
+    )
+    done = await wait_for_status(engine.stub, task_id, metadata=md("a-orchestrator"))
+    assert done.status == pb.SUCCEEDED, done.error
+    async with await psycopg.AsyncConnection.connect(orchestrator_url, autocommit=True) as conn:
+        await conn.execute("DELETE FROM tasks WHERE id = %s", (task_id,))
+        await conn.execute("DELETE FROM workflow_tasks WHERE task_id = %s", (task_id,))
+    await answers_as_if_missing(engine, orchestrator_url, task_id)
+    code, said = await refusal(engine, task_id, "a-orchestrator")
+    assert code == grpc.StatusCode.NOT_FOUND and "tasks table" in said, said

@@ -15,10 +15,10 @@ _FILL = """
 WITH rows AS (
     INSERT INTO workflow_checkpoints
         (id, task_id, state, last_node_id, updated_at, created_at, run_id, status,
-         event_seq, engine_owned)
+         event_seq, engine_owned, state_format)
     SELECT gen_random_uuid(), gen_random_uuid(), '{}'::jsonb, 'finalize_summary',
            now() - make_interval(secs => %(age)s * 86400), now() - interval '400 days',
-           gen_random_uuid(), %(status)s, %(events)s, %(owned)s
+           gen_random_uuid(), %(status)s, %(events)s, %(owned)s, %(state_format)s
       FROM generate_series(1, %(count)s)
     RETURNING task_id, run_id
 ), events AS (
@@ -50,7 +50,7 @@ class Kind:
     """One kind of workflow row to fill in.
 
     `lease`: ``free`` (released, the engine's), ``held`` (live, someone's), ``theirs`` (free,
-    last taken by the orchestrator) or ``none`` (no lease row).
+    last taken by the orchestrator) or ``none`` (no lease row). `state_format`: the row's.
     """
 
     status: str
@@ -59,6 +59,7 @@ class Kind:
     events: int = 6
     owned: bool = True
     lease: str = "free"
+    state_format: int = 1  # a newer engine's (past this one's `STATE_FORMAT`) is left to it
 
 
 async def fill(conn: Any, kind: Kind) -> list[str]:
@@ -72,6 +73,7 @@ async def fill(conn: Any, kind: Kind) -> list[str]:
             "events": kind.events,
             "owned": kind.owned,
             "lease": kind.lease,
+            "state_format": kind.state_format,
         },
     )
     return [row[0] for row in await cur.fetchall()]

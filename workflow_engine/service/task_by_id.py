@@ -47,12 +47,14 @@ async def _stored_instead(
     pool: Pool, task_id: str, refused: WorkflowEngineError, scope: Scope | None
 ) -> TaskSpec:
     """The task stored with the task's workflow, for a start the source refused; without
-    one, or when it is another tenant's, the source's refusal as it is."""
+    one (no workflow, or retention removed its task), or when it is another tenant's, the
+    source's refusal as it is."""
     try:
         await queries.get(pool, task_id)
+        stored = await tasks.load(pool, task_id)
     except WorkflowNotFound:
         raise refused from None
-    task = TaskSpec.from_json(await tasks.load(pool, task_id))
+    task = TaskSpec.from_json(stored)
     if not admits(scope, task.metadata.user_id, task.metadata.project_id):
         raise refused from None
     return task

@@ -3,7 +3,8 @@ time.
 
 A workflow is due when its row is the engine's (`engine_owned`), it has ended (SUCCEEDED,
 FAILED, CANCELLED), its row last changed (`updated_at`) before the cutoff, and it has events
-not pruned yet (`event_seq > pruned_seq`; with `delete_rows`, any such row is due). Pruning
+not pruned yet (`event_seq > pruned_seq`; with `delete_rows`, any such row is due), and this
+engine reads its state format (a newer engine's row is left to it). Pruning
 removes its events but the one that ended it (so that a watch still ends, with its final
 status), and its task (`workflow_tasks`); the row is kept, marked (`pruned_seq`), since the
 orchestrator reads it. With `delete_rows` the row goes too, with the last event, and so does
@@ -23,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import LiteralString
 
+from workflow_engine.domain.state_format import FIRST_STATE_FORMAT, STATE_FORMAT
 from workflow_engine.storage.pool import Connection
 
 # Any fixed 64-bit number unlikely to collide with an application's own advisory locks (the
@@ -37,7 +39,8 @@ _DUE = (
     _FINISHED
     + """
    AND (c.event_seq > c.pruned_seq) = ANY(%(keys)s)
-   AND c.updated_at < now() - make_interval(secs => %(older_than)s)"""
+   AND c.updated_at < now() - make_interval(secs => %(older_than)s)
+   AND c.state_format BETWEEN %(first_format)s AND %(state_format)s"""
 )
 
 # A batch never waits long for a lock, nor runs long: either fails it, and it is tried again at
@@ -156,6 +159,9 @@ def _params(older_than_seconds: float, delete_rows: bool) -> dict[str, object]:
         "older_than": older_than_seconds,
         "keys": [True, False] if delete_rows else [True],
         "all": delete_rows,
+        # A row of a state format this engine does not read is a newer engine's to prune.
+        "first_format": FIRST_STATE_FORMAT,
+        "state_format": STATE_FORMAT,
     }
 
 

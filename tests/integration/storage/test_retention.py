@@ -1,9 +1,9 @@
 """Retention's SQL on a real database: exactly what is due goes, in batches, and nothing else.
 
 Due: the engine's rows (`engine_owned`), finished (SUCCEEDED, FAILED, CANCELLED), last changed
-before the cutoff, with nobody holding their lease. Pruned: their events but the last status
-event, and their task; the row is kept (marked) unless rows are deleted too, and then its
-lease row goes where the engine took it last.
+before the cutoff, with nobody holding their lease, in a state format this engine reads.
+Pruned: their events but the last status event, and their task; the row is kept (marked) unless
+rows are deleted too, and then its lease row goes where the engine took it last.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from tests.support.retention_rows import Kind, fill, snapshot
+from workflow_engine.domain.state_format import STATE_FORMAT
 from workflow_engine.runtime.retention import DAY_SECONDS, prune_all
 from workflow_engine.storage import retention
 from workflow_engine.storage.pool import Pool
@@ -46,6 +47,8 @@ async def _fill_all(pool: Pool) -> dict[str, list[str]]:
         "suspended_old": Kind("SUSPENDED", 90, 10),
         "held_old": Kind("SUCCEEDED", 90, 10, lease="held"),
         "foreign_old": Kind("SUCCEEDED", 90, 10, owned=False),
+        "newer_format_old": Kind("SUCCEEDED", 90, 10, state_format=STATE_FORMAT + 1),
+        "due_this_format": Kind("FAILED", 90, 3, state_format=STATE_FORMAT),
     }
     async with pool.connection() as conn:
         return {name: await fill(conn, kind) for name, kind in kinds.items()}

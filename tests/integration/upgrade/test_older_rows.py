@@ -1,12 +1,13 @@
 """Workflows older engines left mid-way run to the end on today's engine, each job once.
 
 The rows are `tests/fixtures/older_rows/<commit>/<case>.json`, made by really running the
-engine of 30ae8d1 (issue 5's) and of 8fddea0 (main before issue 51) and stopping it in each
-case (`tools/capture_rows.py`): waiting for approval (stopped with SIGTERM), killed with SIGKILL
-mid-job, killed during a retry's second attempt, and killed while one of two parallel steps
-still ran. `tests.support.older_rows` loads them at the schema they were written with and
-upgrades it; today's engine then recovers the killed ones (their lease expired long ago) and
-is sent the approval the paused one waits for.
+engine of 30ae8d1 (issue 5's), of 8fddea0 (main before issue 51; both state format 1) and of
+58b0b81 (0.14.0, state format 2) and stopping it in each case (`tools/capture_rows.py`):
+waiting for approval (stopped with SIGTERM), killed with SIGKILL mid-job, killed during a
+retry's second attempt, and killed while one of two parallel steps still ran.
+`tests.support.older_rows` loads them at the schema they were written with and upgrades it;
+today's engine then recovers the killed ones (their lease expired long ago) and is sent the
+approval the paused one waits for.
 
 How runs are counted. A job runs as a user of its own, in a mount namespace with a private
 /tmp, so what it leaves is not where a test could count it; the engine's side is: a local job
@@ -184,7 +185,9 @@ async def test_an_older_engines_workflow_runs_to_the_end_with_every_job_once(
     pg_server_url: str, settings: Settings, older: OlderRows, share_jobs: bool
 ) -> None:
     async with upgraded(pg_server_url, settings, older, share_jobs=share_jobs) as (replica, url):
-        assert (await written_by(url, older.task_id))[0] == 1  # before formats: format 1
+        # As written: format 1 before rows recorded one (no such column), else the row's own.
+        written = older.rows["workflow_checkpoints"][0].get("state_format", 1)
+        assert (await written_by(url, older.task_id))[0] == written
         done = await finish(replica, older)
         assert await written_by(url, older.task_id) == (STATE_FORMAT, __version__)
         assert done.status == pb.SUCCEEDED, done.error

@@ -15,7 +15,7 @@ import json
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, LiteralString
 
 import grpc
 import psycopg
@@ -135,6 +135,15 @@ async def test_another_tenants_workflow_whose_task_left_the_table_answers_the_sa
 ) -> None:
     # The task is gone from their table, its workflow is not: the engine answers from the task
     # stored with the workflow, which is A's.
+    task_id = await finished_then_gone(engine, orchestrator_url)
+    await answers_as_if_missing(engine, orchestrator_url, task_id)
+
+
+async def finished_then_gone(
+    engine: RunningEngine, orchestrator_url: str, *also: LiteralString
+) -> str:
+    """A task of A's whose workflow A ran to the end, then deleted from their tasks table
+    (and with `also`, these statements run on it too)."""
     task_id = await insert_task_at(
         orchestrator_url, prompt="$ true", created_by=USER_A, project_id=PROJECT_A
     )
@@ -144,8 +153,9 @@ async def test_another_tenants_workflow_whose_task_left_the_table_answers_the_sa
     done = await wait_for_status(engine.stub, task_id, metadata=md("a-orchestrator"))
     assert done.status == pb.SUCCEEDED, done.error
     async with await psycopg.AsyncConnection.connect(orchestrator_url, autocommit=True) as conn:
-        await conn.execute("DELETE FROM tasks WHERE id = %s", (task_id,))
-    await answers_as_if_missing(engine, orchestrator_url, task_id)
+        for statement in ("DELETE FROM tasks WHERE id = %(id)s", *also):
+            await conn.execute(statement, {"id": task_id})
+    return task_id
 
 
 @pytest.fixture
@@ -183,17 +193,8 @@ async def test_a_workflow_whose_stored_task_retention_removed_answers_the_same(
 ) -> None:
     """As above, after retention removed the task stored with the workflow too: there is no
     task to answer from, so the source's own refusal is the answer, to both tenants."""
-    task_id = await insert_task_at(
-        orchestrator_url, prompt="$ true", created_by=USER_A, project_id=PROJECT_A
-    )
-    await engine.stub.StartWorkflow(
-        pb.StartWorkflowRequest(task_id=task_id), metadata=md("a-orchestrator")
-    )
-    done = await wait_for_status(engine.stub, task_id, metadata=md("a-orchestrator"))
-    assert done.status == pb.SUCCEEDED, done.error
-    async with await psycopg.AsyncConnection.connect(orchestrator_url, autocommit=True) as conn:
-        await conn.execute("DELETE FROM tasks WHERE id = %s", (task_id,))
-        await conn.execute("DELETE FROM workflow_tasks WHERE task_id = %s", (task_id,))
+    removed = "DELETE FROM workflow_tasks WHERE task_id = %(id)s"
+    task_id = await finished_then_gone(engine, orchestrator_url, removed)
     await answers_as_if_missing(engine, orchestrator_url, task_id)
     code, said = await refusal(engine, task_id, "a-orchestrator")
     assert code == grpc.StatusCode.NOT_FOUND and "tasks table" in said, said

@@ -14,7 +14,6 @@ must act, so the case cannot pass because nothing ran.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from dataclasses import replace
 
 import grpc
@@ -41,16 +40,6 @@ UPDATE workflow_checkpoints
        event_seq = event_seq + 1, updated_at = now()
  WHERE task_id = %(task_id)s
 """
-
-
-@pytest.fixture
-async def engine(settings: Settings) -> AsyncIterator[RunningEngine]:
-    """A replica with recovery sweeping every 0.3 s."""
-    replica = await start_engine(settings)
-    try:
-        yield replica
-    finally:
-        await stop_engine(replica)
 
 
 async def waiting(engine: RunningEngine) -> str:
@@ -109,16 +98,16 @@ async def call(engine: RunningEngine, name: str, task_id: str) -> object:
 
 @pytest.mark.parametrize("name", list(CALLS))
 async def test_a_call_that_would_change_a_newer_row_is_refused_and_changes_nothing(
-    engine: RunningEngine, db_url: str, name: str
+    running: RunningEngine, db_url: str, name: str
 ) -> None:
-    task_id = await waiting(engine)
+    task_id = await waiting(running)
     await as_newer(db_url, task_id)
     before = await snapshot(db_url)
 
     with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await call(engine, name, task_id)
+        await call(running, name, task_id)
     refused(caught.value)
-    shown = await engine.stub.GetWorkflow(pb.GetWorkflowRequest(task_id=task_id))
+    shown = await running.stub.GetWorkflow(pb.GetWorkflowRequest(task_id=task_id))
     for words in SAYS:
         assert words in shown.blocked_reason
     await asyncio.sleep(1)  # three recovery sweeps
@@ -126,20 +115,20 @@ async def test_a_call_that_would_change_a_newer_row_is_refused_and_changes_nothi
 
 
 async def test_the_same_calls_act_on_a_row_of_this_engines_format(
-    engine: RunningEngine, db_url: str
+    running: RunningEngine, db_url: str
 ) -> None:
     """The control: each call above changes a row this engine reads (a start is refused as
     the workflow exists, not for its format)."""
     for name in ("decision", "override", "cancel"):
-        task_id = await waiting(engine)
+        task_id = await waiting(running)
         await as_newer(db_url, task_id, state_format=STATE_FORMAT)
         before = await snapshot(db_url)
-        await call(engine, name, task_id)
-        await wait_for_status(engine.stub, task_id, {pb.SUCCEEDED, pb.FAILED, pb.CANCELLED})
+        await call(running, name, task_id)
+        await wait_for_status(running.stub, task_id, {pb.SUCCEEDED, pb.FAILED, pb.CANCELLED})
         assert await snapshot(db_url) != before
-    task_id = await waiting(engine)
+    task_id = await waiting(running)
     with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await call(engine, "start", task_id)
+        await call(running, "start", task_id)
     assert caught.value.code() == grpc.StatusCode.ALREADY_EXISTS
 
 
@@ -184,24 +173,24 @@ def rows_of(snap: dict[str, list[object]], task_id: str) -> list[object]:
 
 
 async def test_a_row_of_a_format_older_than_any_this_engine_reads_is_left_alone_too(
-    engine: RunningEngine, db_url: str
+    running: RunningEngine, db_url: str
 ) -> None:
-    task_id = await waiting(engine)
+    task_id = await waiting(running)
     await as_newer(db_url, task_id, state_format=0)
     before = await snapshot(db_url)
     with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await call(engine, "decision", task_id)
+        await call(running, "decision", task_id)
     assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "state format 0" in (caught.value.details() or "")
     assert await snapshot(db_url) == before
 
 
 async def test_rows_this_engine_writes_record_its_format_and_version(
-    engine: RunningEngine, db_url: str
+    running: RunningEngine, db_url: str
 ) -> None:
     from workflow_engine import __version__
 
-    task_id = await waiting(engine)
+    task_id = await waiting(running)
     async with await psycopg.AsyncConnection.connect(db_url) as conn:
         cur = await conn.execute(
             "SELECT state_format, engine_version FROM workflow_checkpoints WHERE task_id = %s",

@@ -15,11 +15,13 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import grpc
 import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
+from psycopg_pool import AsyncConnectionPool
 
 from tests.support import database
 from tests.support.helpers import open_to_jobs
@@ -98,8 +100,6 @@ async def template_db(pg_server_url: str) -> AsyncIterator[str]:
         await admin.execute(f"DROP DATABASE IF EXISTS {TEMPLATE_DB} WITH (FORCE)")
         await admin.execute(f"CREATE DATABASE {TEMPLATE_DB}")
     url = make_conninfo(pg_server_url, dbname=TEMPLATE_DB)
-    from psycopg_pool import AsyncConnectionPool
-
     async with AsyncConnectionPool(url, kwargs={"autocommit": True}, min_size=1) as pool:
         await run_migrations(pool)
     yield TEMPLATE_DB
@@ -117,6 +117,16 @@ async def db_url(pg_server_url: str, template_db: str) -> AsyncIterator[str]:
     yield database.ROUTE.client(name)
     async with await psycopg.AsyncConnection.connect(pg_server_url, autocommit=True) as admin:
         await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture
+async def autocommit_pool(db_url: str) -> AsyncIterator[AsyncConnectionPool[Any]]:
+    """A pool of autocommit connections on the test's database, without prepared statements
+    (so it works behind a transaction-mode pooler too)."""
+    async with AsyncConnectionPool(
+        db_url, kwargs={"autocommit": True, "prepare_threshold": None}, min_size=1
+    ) as pool:
+        yield pool
 
 
 @pytest.fixture

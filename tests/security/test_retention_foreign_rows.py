@@ -8,12 +8,10 @@ written them), and the rows the orchestrator's own stub runner leaves: the most 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
 import pytest
-from psycopg_pool import AsyncConnectionPool
 
 from tests.integration.orchestrator import their_code
 from tests.support.helpers import new_task_id
@@ -26,11 +24,8 @@ TABLES = ("workflow_checkpoints", "workflow_events", "workflow_tasks", "task_wor
 
 
 @pytest.fixture
-async def pool(db_url: str) -> AsyncIterator[Pool]:
-    async with AsyncConnectionPool(
-        db_url, kwargs={"autocommit": True, "prepare_threshold": None}, min_size=1
-    ) as pool:
-        yield pool
+def pool(autocommit_pool: Pool) -> Pool:
+    return autocommit_pool
 
 
 async def _rows(conn: Any, task_ids: list[str]) -> dict[str, list[Any]]:

@@ -8,12 +8,10 @@ rows are deleted too, and then its lease row goes where the engine took it last.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
 import pytest
-from psycopg_pool import AsyncConnectionPool
 
 from tests.support.retention_rows import Kind, fill, snapshot
 from workflow_engine.domain.state_format import STATE_FORMAT
@@ -27,11 +25,8 @@ EVENTS = 6
 
 
 @pytest.fixture
-async def pool(db_url: str) -> AsyncIterator[Pool]:
-    async with AsyncConnectionPool(
-        db_url, kwargs={"autocommit": True, "prepare_threshold": None}, min_size=2
-    ) as pool:
-        yield pool
+def pool(autocommit_pool: Pool) -> Pool:
+    return autocommit_pool
 
 
 async def _fill_all(pool: Pool) -> dict[str, list[str]]:

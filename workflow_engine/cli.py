@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import math
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -21,6 +20,7 @@ import structlog
 
 from workflow_engine.client import subcommands as client_commands
 from workflow_engine.config import ENV_PREFIX, Settings, settings_from_env
+from workflow_engine.config.sections import MAX_RETENTION_DAYS
 from workflow_engine.errors import ConfigError, NodeInUse, UsageError
 from workflow_engine.logs import configure_logging
 from workflow_engine.node import node_tls_context, serve_node
@@ -146,8 +146,10 @@ def _check_prune_args(args: argparse.Namespace) -> None:
     days = args.older_than
     if days is None:
         raise UsageError("prune: --older-than DAYS is required")
-    if not 0 <= days < math.inf:
-        raise UsageError(f"prune: --older-than: expected 0 or more days, got {days}")
+    if not 0 <= days <= MAX_RETENTION_DAYS:
+        raise UsageError(
+            f"prune: --older-than: expected 0 to {MAX_RETENTION_DAYS} days, got {days}"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -212,7 +212,8 @@ async def test_the_prune_command(db_url: str, tmp_path: Path) -> None:
         gone = await snapshot(conn, due)
         assert (gone.events, gone.tasks, gone.checkpoints, gone.leases) == ({}, 0, 0, 0)
 
-    code, _, err = await _prune("--older-than", "-1", db_url=db_url)
-    assert code == 2 and "--older-than" in err, err
+    for bad in ("-1", "nan", "1e300"):  # 1e300 days: past PostgreSQL's intervals
+        code, _, err = await _prune("--older-than", bad, db_url=db_url)
+        assert code == 2 and "--older-than" in err, err
     code, _, err = await _prune(db_url=db_url)
     assert code == 2 and "--older-than" in err, err

@@ -314,7 +314,12 @@ def test_finished_workflows_are_pruned_after_30_days_rows_kept_unless_told_other
         {"WORKFLOW_ENGINE_RETENTION_DAYS": "0", "WORKFLOW_ENGINE_RETENTION_DELETE_ROWS": "true"}
     ).retention
     assert (s.days, s.delete_rows) == (0, True)
-    for name, bad in (("DAYS", "-1"), ("BATCH_SIZE", "0"), ("INTERVAL_SECONDS", "0")):
+    for name, bad in (
+        ("DAYS", "-1"),
+        ("DAYS", "100000000000"),  # past PostgreSQL's intervals: every round would fail
+        ("BATCH_SIZE", "0"),
+        ("INTERVAL_SECONDS", "0"),
+    ):
         with pytest.raises(ValueError, match=rf"^WORKFLOW_ENGINE_RETENTION_{name}: expected"):
             settings_from_env({f"WORKFLOW_ENGINE_RETENTION_{name}": bad})
 

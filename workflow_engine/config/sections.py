@@ -72,6 +72,10 @@ class JobSettings:
             )
 
 
+#: The longest retention (a thousand years): PostgreSQL's intervals reach about 178 million.
+MAX_RETENTION_DAYS = 365_000
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RetentionSettings:
     """What the engine keeps of finished workflows (``WORKFLOW_ENGINE_RETENTION_*``)."""
@@ -91,8 +95,10 @@ class RetentionSettings:
 
     def __post_init__(self) -> None:
         prefix = f"{ENV_PREFIX}RETENTION_"
-        if self.days < 0:
-            raise ConfigError(f"{prefix}DAYS: expected 0 (keep everything) or more days")
+        if not 0 <= self.days <= MAX_RETENTION_DAYS:  # PostgreSQL's intervals end before long
+            raise ConfigError(
+                f"{prefix}DAYS: expected 0 (keep everything) to {MAX_RETENTION_DAYS} days"
+            )
         if not 1 <= self.batch_size <= 10_000:
             raise ConfigError(f"{prefix}BATCH_SIZE: expected 1 to 10000")
         if not 0 < self.interval_seconds <= 86400:

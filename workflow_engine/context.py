@@ -1,4 +1,4 @@
-"""What one engine instance owns and hands down: its secrets, its metrics, its fault plan.
+"""What one engine instance owns and hands down: its clock, secrets, metrics and fault plan.
 
 The `Engine` builds one `EngineContext` (`for_settings`) and gives it to what it builds: the
 capabilities (through `Lent`), the runs, the checkpointer, the service and the API. Nothing of
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from workflow_engine.clock import Clock, SystemClock
 from workflow_engine.config import Settings
 from workflow_engine.faults import FaultPlan
 from workflow_engine.secrets import EngineSecrets
@@ -18,7 +19,11 @@ from workflow_engine.telemetry.metrics import Metrics
 
 @dataclass(frozen=True, slots=True)
 class EngineContext:
-    """One engine's secrets (for its logs, errors and answers), metrics and injected faults."""
+    """One engine's clock, secrets (for its logs, errors and answers), metrics and injected
+    faults."""
+
+    #: The time every timed rule reads (see `workflow_engine.clock`).
+    clock: Clock = field(default_factory=SystemClock)
 
     secrets: EngineSecrets = field(default_factory=EngineSecrets)
     #: Off unless `Settings.metrics_listen` is set (the engine enables them as it starts).

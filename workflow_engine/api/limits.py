@@ -52,6 +52,8 @@ COUNTED: Mapping[str, tuple[int, str]] = {
     _V1 + "ListWorkflowsRequest.statuses": (MAX_STATUSES, "statuses"),
     _V1 + "WatchWorkflowRequest.kinds": (MAX_EVENT_KINDS, "kinds"),
     _V1 + "UpdateWorkflowRequest.set_state": (MAX_SET_STATE_KEYS, "fields"),
+    # A schedule has seven fields one may replace; a mask naming each twice is still small.
+    _V1 + "UpdateScheduleRequest.update_mask": (16, "field names"),
 }
 #: JSON's lists and objects: no limit of their own (a JSON value is weighed by its bytes).
 JSON_LISTS = frozenset({"google.protobuf.Struct.fields", "google.protobuf.ListValue.values"})

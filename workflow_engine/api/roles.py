@@ -25,7 +25,7 @@ READER = "reader"
 ROLE_NAMES = (ORCHESTRATOR, OPERATOR, READER)
 
 #: Methods that change nothing: every role may call them with any field.
-READ = frozenset({"GetWorkflow", "ListWorkflows", "WatchWorkflow"})
+READ = frozenset({"GetWorkflow", "ListWorkflows", "WatchWorkflow", "GetSchedule", "ListSchedules"})
 
 _ORCHESTRATOR = frozenset({ORCHESTRATOR})
 _DECIDES = frozenset({ORCHESTRATOR, OPERATOR})
@@ -63,6 +63,10 @@ FIELDS: Mapping[str, Mapping[str, frozenset[str]]] = {
         "accept_outside_state": _DECIDES,
     },
     "CancelWorkflow": {"task_id": _DECIDES, "reason": _DECIDES},
+    # Schedules start workflows: the orchestrator's, as starts are.
+    "CreateSchedule": {"schedule": _ORCHESTRATOR},
+    "UpdateSchedule": {"schedule": _ORCHESTRATOR, "update_mask": _ORCHESTRATOR},
+    "DeleteSchedule": {"schedule_id": _ORCHESTRATOR},
 }
 #: (role, method) -> the field without which that role may not send it: an operator's
 #: ResumeWorkflow answers an approval; continuing a workflow under a lease is the

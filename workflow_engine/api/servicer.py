@@ -182,3 +182,21 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
         workflow = convert.workflow_to_proto(applied.record, engine_secrets=self.secrets)
         workflow.status = convert.status_to_proto(applied.status)
         return workflow
+
+    # Schedules: the contract is in place; the service behind it comes with issue 52's
+    # schedules part. Until then each answers UNIMPLEMENTED (gRPC's own answer for a method a
+    # server does not serve).
+    async def CreateSchedule(self, request: pb.CreateScheduleRequest, context: Context) -> Any:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "schedules are not served yet")
+
+    async def GetSchedule(self, request: pb.GetScheduleRequest, context: Context) -> Any:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "schedules are not served yet")
+
+    async def ListSchedules(self, request: pb.ListSchedulesRequest, context: Context) -> Any:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "schedules are not served yet")
+
+    async def UpdateSchedule(self, request: pb.UpdateScheduleRequest, context: Context) -> Any:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "schedules are not served yet")
+
+    async def DeleteSchedule(self, request: pb.DeleteScheduleRequest, context: Context) -> Any:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "schedules are not served yet")

@@ -106,6 +106,14 @@ class Settings:
     recovery_max_attempts: int = 5
     #: What is kept of finished workflows, and for how long (see `runtime.retention`).
     retention: RetentionSettings = field(default_factory=RetentionSettings)
+    #: How often each replica looks for what time makes due: approval requests that expired,
+    #: waiting workflows past their deadline, and schedule slots. The most a timer fires late.
+    timer_interval_seconds: float = 1.0
+    #: Fire schedules on this replica (every replica may: each slot fires once across them).
+    schedules_enabled: bool = True
+    #: A slot fired later than this after its time counts as missed (the engine was down): the
+    #: schedule's catch-up policy decides whether it still starts a workflow.
+    schedule_missed_after_seconds: float = 60.0
     #: Fault injection for the fault suite only; see `workflow_engine.faults`.
     faults: str = ""
     #: Which implementation each capability uses (see `capabilities.factory` for the choices).
@@ -174,6 +182,12 @@ class Settings:
         if not 0 < self.readiness_interval_seconds <= 300:
             raise ConfigError(
                 f"{ENV_PREFIX}READINESS_INTERVAL_SECONDS: expected 0 < seconds <= 300"
+            )
+        if not 0 < self.timer_interval_seconds <= 60:
+            raise ConfigError(f"{ENV_PREFIX}TIMER_INTERVAL_SECONDS: expected 0 < seconds <= 60")
+        if not 0 < self.schedule_missed_after_seconds <= 86400:
+            raise ConfigError(
+                f"{ENV_PREFIX}SCHEDULE_MISSED_AFTER_SECONDS: expected 0 < seconds <= 86400"
             )
         if not 1 <= self.processes <= MAX_PROCESSES:
             raise ConfigError(f"{ENV_PREFIX}PROCESSES: expected 1 to {MAX_PROCESSES}")

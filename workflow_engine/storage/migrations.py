@@ -208,6 +208,47 @@ MIGRATIONS: list[LiteralString] = [
         ON workflow_checkpoints ((event_seq > pruned_seq), updated_at)
      WHERE engine_owned AND status IN ('SUCCEEDED', 'FAILED', 'CANCELLED');
     """,
+    # 8: time as an input (issue 52). `wake_at` is when a waiting workflow must be looked at
+    # again without anyone asking (its approval request expires, or its deadline passes); it is
+    # written with the checkpoint that begins the wait, so it survives every restart, and the
+    # timer sweep of whichever replica is alive finds the due rows by this index.
+    """
+    ALTER TABLE workflow_checkpoints
+        ADD COLUMN IF NOT EXISTS wake_at timestamptz;
+    CREATE INDEX IF NOT EXISTS workflow_checkpoints_wake_idx
+        ON workflow_checkpoints (wake_at)
+     WHERE engine_owned AND wake_at IS NOT NULL;
+    """,
+    # 9: schedules (issue 52). A schedule starts a workflow from a template at each slot of
+    # its calendar; `next_fire_time` is stored before anything waits for it, and a slot's
+    # workflow names its schedule and slot (its task id is derived from both).
+    """
+    CREATE TABLE IF NOT EXISTS workflow_schedules (
+        schedule_id      text PRIMARY KEY,
+        project_id       text NOT NULL DEFAULT '',
+        user_id          text NOT NULL DEFAULT '',
+        cron             text NOT NULL,
+        time_zone        text NOT NULL DEFAULT '',
+        task             jsonb,
+        template_task_id text NOT NULL DEFAULT '',
+        overlap          text NOT NULL,
+        catch_up         text NOT NULL,
+        paused           boolean NOT NULL DEFAULT false,
+        next_fire_time   timestamptz,
+        last_fire_time   timestamptz,
+        last_task_id     text NOT NULL DEFAULT '',
+        created_by       text NOT NULL DEFAULT '',
+        created_at       timestamptz NOT NULL DEFAULT now(),
+        updated_at       timestamptz NOT NULL DEFAULT now()
+    );
+    CREATE INDEX IF NOT EXISTS workflow_schedules_due_idx
+        ON workflow_schedules (next_fire_time) WHERE NOT paused;
+    ALTER TABLE workflow_checkpoints
+        ADD COLUMN IF NOT EXISTS schedule_id text,
+        ADD COLUMN IF NOT EXISTS schedule_slot timestamptz;
+    CREATE INDEX IF NOT EXISTS workflow_checkpoints_schedule_idx
+        ON workflow_checkpoints (schedule_id, updated_at) WHERE schedule_id IS NOT NULL;
+    """,
 ]
 
 

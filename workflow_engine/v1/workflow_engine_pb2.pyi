@@ -179,6 +179,54 @@ Workflow.stopped_reason), actor names the holder that took it.
 """
 Global___EventKind: _TypeAlias = EventKind  # noqa: Y015
 
+class _OverlapPolicy:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _OverlapPolicyEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_OverlapPolicy.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    OVERLAP_POLICY_UNSPECIFIED: _OverlapPolicy.ValueType  # 0
+    """SKIP."""
+    SKIP: _OverlapPolicy.ValueType  # 1
+    """The slot is skipped (last_fire_time still moves on; nothing starts)."""
+    ALLOW: _OverlapPolicy.ValueType  # 2
+    """The slot starts its workflow regardless."""
+
+class OverlapPolicy(_OverlapPolicy, metaclass=_OverlapPolicyEnumTypeWrapper):
+    """Whether a slot starts a workflow while the schedule's previous one has not finished."""
+
+OVERLAP_POLICY_UNSPECIFIED: OverlapPolicy.ValueType  # 0
+"""SKIP."""
+SKIP: OverlapPolicy.ValueType  # 1
+"""The slot is skipped (last_fire_time still moves on; nothing starts)."""
+ALLOW: OverlapPolicy.ValueType  # 2
+"""The slot starts its workflow regardless."""
+Global___OverlapPolicy: _TypeAlias = OverlapPolicy  # noqa: Y015
+
+class _CatchUpPolicy:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _CatchUpPolicyEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_CatchUpPolicy.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    CATCH_UP_POLICY_UNSPECIFIED: _CatchUpPolicy.ValueType  # 0
+    """SKIP_MISSED."""
+    SKIP_MISSED: _CatchUpPolicy.ValueType  # 1
+    """Missed slots start nothing; the next slot fires as usual."""
+    RUN_ONCE: _CatchUpPolicy.ValueType  # 2
+    """The latest missed slot starts one workflow; earlier missed ones start nothing."""
+
+class CatchUpPolicy(_CatchUpPolicy, metaclass=_CatchUpPolicyEnumTypeWrapper):
+    """What a schedule does about slots that passed while no engine could fire them (downtime)."""
+
+CATCH_UP_POLICY_UNSPECIFIED: CatchUpPolicy.ValueType  # 0
+"""SKIP_MISSED."""
+SKIP_MISSED: CatchUpPolicy.ValueType  # 1
+"""Missed slots start nothing; the next slot fires as usual."""
+RUN_ONCE: CatchUpPolicy.ValueType  # 2
+"""The latest missed slot starts one workflow; earlier missed ones start nothing."""
+Global___CatchUpPolicy: _TypeAlias = CatchUpPolicy  # noqa: Y015
+
 @_typing.final
 class StartWorkflowRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
@@ -373,6 +421,54 @@ class ApprovalDecision(_message.Message):
 Global___ApprovalDecision: _TypeAlias = ApprovalDecision  # noqa: Y015
 
 @_typing.final
+class ApprovalTimeout(_message.Message):
+    """What happens to a step whose approval request nobody answers in time
+    (Step.on_approval_timeout). A message only to scope the values: REJECT is also a Verdict.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    class _Action:
+        ValueType = _typing.NewType("ValueType", _builtins.int)
+        V: _TypeAlias = ValueType  # noqa: Y015
+
+    class _ActionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[ApprovalTimeout._Action.ValueType], _builtins.type):
+        DESCRIPTOR: _descriptor.EnumDescriptor
+        ACTION_UNSPECIFIED: ApprovalTimeout._Action.ValueType  # 0
+        """The task's default (TaskSpec.on_approval_timeout), else REJECT."""
+        REJECT: ApprovalTimeout._Action.ValueType  # 1
+        """The step fails with a reason saying the request expired, and so does the workflow
+        (recorded as an APPROVAL_DECIDED event with actor "deadline").
+        """
+        SUSPEND: ApprovalTimeout._Action.ValueType  # 2
+        """The workflow is SUSPENDED with a summary; ResumeWorkflow continues it and the step asks
+        for approval again, with a new deadline.
+        """
+
+    class Action(_Action, metaclass=_ActionEnumTypeWrapper): ...
+    ACTION_UNSPECIFIED: ApprovalTimeout.Action.ValueType  # 0
+    """The task's default (TaskSpec.on_approval_timeout), else REJECT."""
+    REJECT: ApprovalTimeout.Action.ValueType  # 1
+    """The step fails with a reason saying the request expired, and so does the workflow
+    (recorded as an APPROVAL_DECIDED event with actor "deadline").
+    """
+    SUSPEND: ApprovalTimeout.Action.ValueType  # 2
+    """The workflow is SUSPENDED with a summary; ResumeWorkflow continues it and the step asks
+    for approval again, with a new deadline.
+    """
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ApprovalTimeout: _TypeAlias = ApprovalTimeout  # noqa: Y015
+
+@_typing.final
 class Budget(_message.Message):
     """Per-workflow limits. Hitting one ends the run SUSPENDED, with a summary of what was done and
     what remains; ResumeWorkflow with a raised budget continues it. 0 means no limit.
@@ -389,7 +485,10 @@ class Budget(_message.Message):
     max_consecutive_attempts: _builtins.int
     """Attempts in a row at one step."""
     deadline_seconds: _builtins.int
-    """Seconds from the workflow's first start."""
+    """Seconds from the workflow's first start. It also ends a workflow that waits for approval:
+    a WAITING_FOR_APPROVAL workflow past its deadline is SUSPENDED by whichever replica is
+    alive (pending_approval.expires_at shows the earlier of the two deadlines).
+    """
     max_model_tokens: _builtins.int
     """Model tokens (prompt and completion) of the llm planner and verifier, all calls together."""
     def __init__(
@@ -489,6 +588,7 @@ class ListWorkflowsRequest(_message.Message):
     UPDATED_BEFORE_FIELD_NUMBER: _builtins.int
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    SCHEDULE_ID_FIELD_NUMBER: _builtins.int
     user_id: _builtins.str
     """TaskSpec.metadata filters; empty means any."""
     project_id: _builtins.str
@@ -496,6 +596,8 @@ class ListWorkflowsRequest(_message.Message):
     """1 to 500; 0 means 50."""
     page_token: _builtins.str
     """next_page_token of the previous page; empty for the first."""
+    schedule_id: _builtins.str
+    """Only the workflows this schedule started; empty means any."""
     @_builtins.property
     def statuses(self) -> _containers.RepeatedScalarFieldContainer[Global___WorkflowStatus.ValueType]:
         """Any of these statuses; empty means all."""
@@ -516,10 +618,11 @@ class ListWorkflowsRequest(_message.Message):
         updated_before: _timestamp_pb2.Timestamp | None = ...,
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
+        schedule_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["updated_after", b"updated_after", "updated_before", b"updated_before"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token", "project_id", b"project_id", "statuses", b"statuses", "updated_after", b"updated_after", "updated_before", b"updated_before", "user_id", b"user_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token", "project_id", b"project_id", "schedule_id", b"schedule_id", "statuses", b"statuses", "updated_after", b"updated_after", "updated_before", b"updated_before", "user_id", b"user_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -711,6 +814,8 @@ class Workflow(_message.Message):
     PENDING_APPROVAL_FIELD_NUMBER: _builtins.int
     BLOCKED_REASON_FIELD_NUMBER: _builtins.int
     STOPPED_REASON_FIELD_NUMBER: _builtins.int
+    SCHEDULE_ID_FIELD_NUMBER: _builtins.int
+    SCHEDULE_SLOT_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     run_id: _builtins.str
     status: Global___WorkflowStatus.ValueType
@@ -732,6 +837,8 @@ class Workflow(_message.Message):
     another holder") or took it. Nothing runs it until ResumeWorkflow, which continues it from
     its last checkpoint and clears this; automatic recovery leaves it alone.
     """
+    schedule_id: _builtins.str
+    """The schedule that started it, and the slot it was started for; empty otherwise."""
     @_builtins.property
     def state(self) -> _struct_pb2.Struct: ...
     @_builtins.property
@@ -746,6 +853,8 @@ class Workflow(_message.Message):
     def pending_approval(self) -> Global___ApprovalRequest:
         """Set while WAITING_FOR_APPROVAL."""
 
+    @_builtins.property
+    def schedule_slot(self) -> _timestamp_pb2.Timestamp: ...
     def __init__(
         self,
         *,
@@ -763,10 +872,12 @@ class Workflow(_message.Message):
         pending_approval: Global___ApprovalRequest | None = ...,
         blocked_reason: _builtins.str = ...,
         stopped_reason: _builtins.str = ...,
+        schedule_id: _builtins.str = ...,
+        schedule_slot: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["lease_expires_at", b"lease_expires_at", "pending_approval", b"pending_approval", "state", b"state", "updated_at", b"updated_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["lease_expires_at", b"lease_expires_at", "pending_approval", b"pending_approval", "schedule_slot", b"schedule_slot", "state", b"state", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocked_reason", b"blocked_reason", "error", b"error", "history", b"history", "last_node_id", b"last_node_id", "lease_expires_at", b"lease_expires_at", "lease_holder_id", b"lease_holder_id", "pending_approval", b"pending_approval", "run_id", b"run_id", "state", b"state", "status", b"status", "stopped_reason", b"stopped_reason", "summary", b"summary", "task_id", b"task_id", "updated_at", b"updated_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocked_reason", b"blocked_reason", "error", b"error", "history", b"history", "last_node_id", b"last_node_id", "lease_expires_at", b"lease_expires_at", "lease_holder_id", b"lease_holder_id", "pending_approval", b"pending_approval", "run_id", b"run_id", "schedule_id", b"schedule_id", "schedule_slot", b"schedule_slot", "state", b"state", "status", b"status", "stopped_reason", b"stopped_reason", "summary", b"summary", "task_id", b"task_id", "updated_at", b"updated_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -804,15 +915,27 @@ class ApprovalRequest(_message.Message):
     ENV_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     REQUESTED_AT_FIELD_NUMBER: _builtins.int
+    EXPIRES_AT_FIELD_NUMBER: _builtins.int
+    ON_TIMEOUT_FIELD_NUMBER: _builtins.int
     step_id: _builtins.str
     description: _builtins.str
     reason: _builtins.str
+    on_timeout: Global___ApprovalTimeout.Action.ValueType
+    """What happens then: REJECT or SUSPEND (the workflow deadline always
+    suspends).
+    """
     @_builtins.property
     def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
     def env(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
     @_builtins.property
     def requested_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def expires_at(self) -> _timestamp_pb2.Timestamp:
+        """When the request expires (the earlier of the step's approval timeout and the workflow's
+        deadline); unset when it never does. Stored when the wait begins: a restart keeps it.
+        """
+
     def __init__(
         self,
         *,
@@ -822,10 +945,12 @@ class ApprovalRequest(_message.Message):
         env: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         reason: _builtins.str = ...,
         requested_at: _timestamp_pb2.Timestamp | None = ...,
+        expires_at: _timestamp_pb2.Timestamp | None = ...,
+        on_timeout: Global___ApprovalTimeout.Action.ValueType = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["requested_at", b"requested_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["expires_at", b"expires_at", "requested_at", b"requested_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "description", b"description", "env", b"env", "reason", b"reason", "requested_at", b"requested_at", "step_id", b"step_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "description", b"description", "env", b"env", "expires_at", b"expires_at", "on_timeout", b"on_timeout", "reason", b"reason", "requested_at", b"requested_at", "step_id", b"step_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -894,6 +1019,8 @@ class TaskSpec(_message.Message):
     MAX_ATTEMPTS_PER_STEP_FIELD_NUMBER: _builtins.int
     BUDGET_FIELD_NUMBER: _builtins.int
     MAX_PARALLEL_STEPS_FIELD_NUMBER: _builtins.int
+    APPROVAL_TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
+    ON_APPROVAL_TIMEOUT_FIELD_NUMBER: _builtins.int
     prompt: _builtins.str
     max_attempts_per_step: _builtins.int
     """Attempts allowed for each step before the workflow fails; 0 means the default (3)."""
@@ -901,6 +1028,11 @@ class TaskSpec(_message.Message):
     """Steps run at the same time, at most; 0 means the default (4). Steps run in parallel only
     when the plan uses depends_on; a plan without it runs its steps in order.
     """
+    approval_timeout_seconds: _builtins.int
+    """Defaults for every step that requires approval and sets none of its own (model-planned
+    steps included); 0 / unspecified: the request never expires.
+    """
+    on_approval_timeout: Global___ApprovalTimeout.Action.ValueType
     @_builtins.property
     def acceptance_criteria(self) -> _containers.RepeatedCompositeFieldContainer[Global___AcceptanceCriterion]: ...
     @_builtins.property
@@ -928,10 +1060,12 @@ class TaskSpec(_message.Message):
         max_attempts_per_step: _builtins.int = ...,
         budget: Global___Budget | None = ...,
         max_parallel_steps: _builtins.int = ...,
+        approval_timeout_seconds: _builtins.int = ...,
+        on_approval_timeout: Global___ApprovalTimeout.Action.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "metadata", b"metadata"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acceptance_criteria", b"acceptance_criteria", "budget", b"budget", "max_attempts_per_step", b"max_attempts_per_step", "max_parallel_steps", b"max_parallel_steps", "metadata", b"metadata", "preferences", b"preferences", "prompt", b"prompt", "steps", b"steps"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acceptance_criteria", b"acceptance_criteria", "approval_timeout_seconds", b"approval_timeout_seconds", "budget", b"budget", "max_attempts_per_step", b"max_attempts_per_step", "max_parallel_steps", b"max_parallel_steps", "metadata", b"metadata", "on_approval_timeout", b"on_approval_timeout", "preferences", b"preferences", "prompt", b"prompt", "steps", b"steps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -998,6 +1132,8 @@ class Step(_message.Message):
     REQUIRED_LABELS_FIELD_NUMBER: _builtins.int
     SECRET_ENV_FIELD_NUMBER: _builtins.int
     LIMITS_FIELD_NUMBER: _builtins.int
+    APPROVAL_TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
+    ON_APPROVAL_TIMEOUT_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """Unique within the task; letters, digits, '-', '_' and '.'. Defaults to step-<n>."""
     description: _builtins.str
@@ -1009,6 +1145,11 @@ class Step(_message.Message):
     """OCI image for a worker node that runs images. The local sandbox runs commands on its own
     host and refuses a step that names one (the attempt fails with a finding saying so).
     """
+    approval_timeout_seconds: _builtins.int
+    """With requires_approval: seconds the approval request waits for a decision, from when it is
+    made; then on_approval_timeout applies. 0 means the task's default (never, without one).
+    """
+    on_approval_timeout: Global___ApprovalTimeout.Action.ValueType
     @_builtins.property
     def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """argv; never run through a shell. Required, non-empty."""
@@ -1059,10 +1200,12 @@ class Step(_message.Message):
         required_labels: _abc.Iterable[_builtins.str] | None = ...,
         secret_env: _abc.Iterable[_builtins.str] | None = ...,
         limits: Global___ResourceLimits | None = ...,
+        approval_timeout_seconds: _builtins.int = ...,
+        on_approval_timeout: Global___ApprovalTimeout.Action.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["limits", b"limits"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "depends_on", b"depends_on", "description", b"description", "env", b"env", "expect", b"expect", "id", b"id", "image", b"image", "limits", b"limits", "required_labels", b"required_labels", "requires_approval", b"requires_approval", "secret_env", b"secret_env", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_timeout_seconds", b"approval_timeout_seconds", "command", b"command", "depends_on", b"depends_on", "description", b"description", "env", b"env", "expect", b"expect", "id", b"id", "image", b"image", "limits", b"limits", "on_approval_timeout", b"on_approval_timeout", "required_labels", b"required_labels", "requires_approval", b"requires_approval", "secret_env", b"secret_env", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1192,3 +1335,238 @@ class TaskMetadata(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___TaskMetadata: _TypeAlias = TaskMetadata  # noqa: Y015
+
+@_typing.final
+class Schedule(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCHEDULE_ID_FIELD_NUMBER: _builtins.int
+    CRON_FIELD_NUMBER: _builtins.int
+    TIME_ZONE_FIELD_NUMBER: _builtins.int
+    TASK_FIELD_NUMBER: _builtins.int
+    OVERLAP_FIELD_NUMBER: _builtins.int
+    CATCH_UP_FIELD_NUMBER: _builtins.int
+    PAUSED_FIELD_NUMBER: _builtins.int
+    NEXT_FIRE_TIME_FIELD_NUMBER: _builtins.int
+    LAST_FIRE_TIME_FIELD_NUMBER: _builtins.int
+    TEMPLATE_TASK_ID_FIELD_NUMBER: _builtins.int
+    LAST_TASK_ID_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    UPDATED_AT_FIELD_NUMBER: _builtins.int
+    CREATED_BY_FIELD_NUMBER: _builtins.int
+    schedule_id: _builtins.str
+    """A UUID; CreateSchedule generates one when empty."""
+    cron: _builtins.str
+    """Five cron fields (minute hour day-of-month month day-of-week), a macro (@hourly, @daily,
+    @weekly, @monthly, @yearly) or an interval, "@every 30s" (s, m or h; at least 1s), whose
+    slots are whole multiples of the interval since the Unix epoch. Required.
+    """
+    time_zone: _builtins.str
+    """IANA time zone the cron fields are read in, e.g. "Europe/Berlin"; empty means UTC."""
+    overlap: Global___OverlapPolicy.ValueType
+    catch_up: Global___CatchUpPolicy.ValueType
+    paused: _builtins.bool
+    template_task_id: _builtins.str
+    """Instead of `task`: a task id whose task the task source loads at every slot (when tasks
+    come from the orchestrator's table); each slot's workflow still gets its own task id.
+    """
+    last_task_id: _builtins.str
+    """The task id of the workflow the schedule started last; set by the engine."""
+    created_by: _builtins.str
+    """Who created it (the authenticated caller); set by the engine."""
+    @_builtins.property
+    def task(self) -> Global___TaskSpec:
+        """The template of every slot's task. Its metadata gets the labels schedule_id and
+        schedule_slot. Either this or template_task_id.
+        """
+
+    @_builtins.property
+    def next_fire_time(self) -> _timestamp_pb2.Timestamp:
+        """The next slot that will fire (unset while paused); set by the engine."""
+
+    @_builtins.property
+    def last_fire_time(self) -> _timestamp_pb2.Timestamp:
+        """The last slot handled (fired or skipped); unset before the first. Set by the engine."""
+
+    @_builtins.property
+    def created_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def updated_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        schedule_id: _builtins.str = ...,
+        cron: _builtins.str = ...,
+        time_zone: _builtins.str = ...,
+        task: Global___TaskSpec | None = ...,
+        overlap: Global___OverlapPolicy.ValueType = ...,
+        catch_up: Global___CatchUpPolicy.ValueType = ...,
+        paused: _builtins.bool = ...,
+        next_fire_time: _timestamp_pb2.Timestamp | None = ...,
+        last_fire_time: _timestamp_pb2.Timestamp | None = ...,
+        template_task_id: _builtins.str = ...,
+        last_task_id: _builtins.str = ...,
+        created_at: _timestamp_pb2.Timestamp | None = ...,
+        updated_at: _timestamp_pb2.Timestamp | None = ...,
+        created_by: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "last_fire_time", b"last_fire_time", "next_fire_time", b"next_fire_time", "task", b"task", "updated_at", b"updated_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["catch_up", b"catch_up", "created_at", b"created_at", "created_by", b"created_by", "cron", b"cron", "last_fire_time", b"last_fire_time", "last_task_id", b"last_task_id", "next_fire_time", b"next_fire_time", "overlap", b"overlap", "paused", b"paused", "schedule_id", b"schedule_id", "task", b"task", "template_task_id", b"template_task_id", "time_zone", b"time_zone", "updated_at", b"updated_at"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Schedule: _TypeAlias = Schedule  # noqa: Y015
+
+@_typing.final
+class CreateScheduleRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCHEDULE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def schedule(self) -> Global___Schedule:
+        """schedule_id, cron, time_zone, task or template_task_id, overlap, catch_up, paused; the
+        engine's fields are ignored.
+        """
+
+    def __init__(
+        self,
+        *,
+        schedule: Global___Schedule | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["schedule", b"schedule"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["schedule", b"schedule"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateScheduleRequest: _TypeAlias = CreateScheduleRequest  # noqa: Y015
+
+@_typing.final
+class GetScheduleRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCHEDULE_ID_FIELD_NUMBER: _builtins.int
+    schedule_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        schedule_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["schedule_id", b"schedule_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetScheduleRequest: _TypeAlias = GetScheduleRequest  # noqa: Y015
+
+@_typing.final
+class ListSchedulesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    page_size: _builtins.int
+    """1 to 500; 0 means 50."""
+    page_token: _builtins.str
+    """next_page_token of the previous page; empty for the first."""
+    def __init__(
+        self,
+        *,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListSchedulesRequest: _TypeAlias = ListSchedulesRequest  # noqa: Y015
+
+@_typing.final
+class ListSchedulesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCHEDULES_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Empty on the last page."""
+    @_builtins.property
+    def schedules(self) -> _containers.RepeatedCompositeFieldContainer[Global___Schedule]: ...
+    def __init__(
+        self,
+        *,
+        schedules: _abc.Iterable[Global___Schedule] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_page_token", b"next_page_token", "schedules", b"schedules"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListSchedulesResponse: _TypeAlias = ListSchedulesResponse  # noqa: Y015
+
+@_typing.final
+class UpdateScheduleRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCHEDULE_FIELD_NUMBER: _builtins.int
+    UPDATE_MASK_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def schedule(self) -> Global___Schedule:
+        """schedule_id names the schedule; the fields update_mask names are replaced."""
+
+    @_builtins.property
+    def update_mask(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Any of: paused, cron, time_zone, task, template_task_id, overlap, catch_up. Required."""
+
+    def __init__(
+        self,
+        *,
+        schedule: Global___Schedule | None = ...,
+        update_mask: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["schedule", b"schedule"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["schedule", b"schedule", "update_mask", b"update_mask"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateScheduleRequest: _TypeAlias = UpdateScheduleRequest  # noqa: Y015
+
+@_typing.final
+class DeleteScheduleRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCHEDULE_ID_FIELD_NUMBER: _builtins.int
+    schedule_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        schedule_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["schedule_id", b"schedule_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteScheduleRequest: _TypeAlias = DeleteScheduleRequest  # noqa: Y015
+
+@_typing.final
+class DeleteScheduleResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteScheduleResponse: _TypeAlias = DeleteScheduleResponse  # noqa: Y015

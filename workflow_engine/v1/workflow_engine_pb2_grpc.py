@@ -69,6 +69,31 @@ class WorkflowEngineStub:
                 request_serializer=workflow__engine_dot_v1_dot_workflow__engine__pb2.UpdateWorkflowRequest.SerializeToString,
                 response_deserializer=workflow__engine_dot_v1_dot_workflow__engine__pb2.Workflow.FromString,
                 _registered_method=True)
+        self.CreateSchedule = channel.unary_unary(
+                '/workflow_engine.v1.WorkflowEngine/CreateSchedule',
+                request_serializer=workflow__engine_dot_v1_dot_workflow__engine__pb2.CreateScheduleRequest.SerializeToString,
+                response_deserializer=workflow__engine_dot_v1_dot_workflow__engine__pb2.Schedule.FromString,
+                _registered_method=True)
+        self.GetSchedule = channel.unary_unary(
+                '/workflow_engine.v1.WorkflowEngine/GetSchedule',
+                request_serializer=workflow__engine_dot_v1_dot_workflow__engine__pb2.GetScheduleRequest.SerializeToString,
+                response_deserializer=workflow__engine_dot_v1_dot_workflow__engine__pb2.Schedule.FromString,
+                _registered_method=True)
+        self.ListSchedules = channel.unary_unary(
+                '/workflow_engine.v1.WorkflowEngine/ListSchedules',
+                request_serializer=workflow__engine_dot_v1_dot_workflow__engine__pb2.ListSchedulesRequest.SerializeToString,
+                response_deserializer=workflow__engine_dot_v1_dot_workflow__engine__pb2.ListSchedulesResponse.FromString,
+                _registered_method=True)
+        self.UpdateSchedule = channel.unary_unary(
+                '/workflow_engine.v1.WorkflowEngine/UpdateSchedule',
+                request_serializer=workflow__engine_dot_v1_dot_workflow__engine__pb2.UpdateScheduleRequest.SerializeToString,
+                response_deserializer=workflow__engine_dot_v1_dot_workflow__engine__pb2.Schedule.FromString,
+                _registered_method=True)
+        self.DeleteSchedule = channel.unary_unary(
+                '/workflow_engine.v1.WorkflowEngine/DeleteSchedule',
+                request_serializer=workflow__engine_dot_v1_dot_workflow__engine__pb2.DeleteScheduleRequest.SerializeToString,
+                response_deserializer=workflow__engine_dot_v1_dot_workflow__engine__pb2.DeleteScheduleResponse.FromString,
+                _registered_method=True)
 
 
 class WorkflowEngineServicer:
@@ -130,6 +155,43 @@ class WorkflowEngineServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateSchedule(self, request, context):
+        """Schedules start a workflow from a task template on a calendar (see docs/schedules.md). Each
+        slot starts at most one workflow across all replicas: its task id is derived from the
+        schedule and the slot time (a UUIDv5), so two replicas firing one slot meet at the lease.
+        Tenant-scoped like workflows: a caller sees and changes only its projects' and users'.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetSchedule(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSchedules(self, request, context):
+        """Newest first, paginated.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateSchedule(self, request, context):
+        """Pause, resume, or replace the calendar or the template; fields not in update_mask are kept.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteSchedule(self, request, context):
+        """Removes the schedule; the workflows it started are kept.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkflowEngineServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -167,6 +229,31 @@ def add_WorkflowEngineServicer_to_server(servicer, server):
                     servicer.UpdateWorkflow,
                     request_deserializer=workflow__engine_dot_v1_dot_workflow__engine__pb2.UpdateWorkflowRequest.FromString,
                     response_serializer=workflow__engine_dot_v1_dot_workflow__engine__pb2.Workflow.SerializeToString,
+            ),
+            'CreateSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateSchedule,
+                    request_deserializer=workflow__engine_dot_v1_dot_workflow__engine__pb2.CreateScheduleRequest.FromString,
+                    response_serializer=workflow__engine_dot_v1_dot_workflow__engine__pb2.Schedule.SerializeToString,
+            ),
+            'GetSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSchedule,
+                    request_deserializer=workflow__engine_dot_v1_dot_workflow__engine__pb2.GetScheduleRequest.FromString,
+                    response_serializer=workflow__engine_dot_v1_dot_workflow__engine__pb2.Schedule.SerializeToString,
+            ),
+            'ListSchedules': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSchedules,
+                    request_deserializer=workflow__engine_dot_v1_dot_workflow__engine__pb2.ListSchedulesRequest.FromString,
+                    response_serializer=workflow__engine_dot_v1_dot_workflow__engine__pb2.ListSchedulesResponse.SerializeToString,
+            ),
+            'UpdateSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateSchedule,
+                    request_deserializer=workflow__engine_dot_v1_dot_workflow__engine__pb2.UpdateScheduleRequest.FromString,
+                    response_serializer=workflow__engine_dot_v1_dot_workflow__engine__pb2.Schedule.SerializeToString,
+            ),
+            'DeleteSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteSchedule,
+                    request_deserializer=workflow__engine_dot_v1_dot_workflow__engine__pb2.DeleteScheduleRequest.FromString,
+                    response_serializer=workflow__engine_dot_v1_dot_workflow__engine__pb2.DeleteScheduleResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -358,6 +445,141 @@ class WorkflowEngine:
             '/workflow_engine.v1.WorkflowEngine/UpdateWorkflow',
             workflow__engine_dot_v1_dot_workflow__engine__pb2.UpdateWorkflowRequest.SerializeToString,
             workflow__engine_dot_v1_dot_workflow__engine__pb2.Workflow.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/workflow_engine.v1.WorkflowEngine/CreateSchedule',
+            workflow__engine_dot_v1_dot_workflow__engine__pb2.CreateScheduleRequest.SerializeToString,
+            workflow__engine_dot_v1_dot_workflow__engine__pb2.Schedule.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/workflow_engine.v1.WorkflowEngine/GetSchedule',
+            workflow__engine_dot_v1_dot_workflow__engine__pb2.GetScheduleRequest.SerializeToString,
+            workflow__engine_dot_v1_dot_workflow__engine__pb2.Schedule.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSchedules(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/workflow_engine.v1.WorkflowEngine/ListSchedules',
+            workflow__engine_dot_v1_dot_workflow__engine__pb2.ListSchedulesRequest.SerializeToString,
+            workflow__engine_dot_v1_dot_workflow__engine__pb2.ListSchedulesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/workflow_engine.v1.WorkflowEngine/UpdateSchedule',
+            workflow__engine_dot_v1_dot_workflow__engine__pb2.UpdateScheduleRequest.SerializeToString,
+            workflow__engine_dot_v1_dot_workflow__engine__pb2.Schedule.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/workflow_engine.v1.WorkflowEngine/DeleteSchedule',
+            workflow__engine_dot_v1_dot_workflow__engine__pb2.DeleteScheduleRequest.SerializeToString,
+            workflow__engine_dot_v1_dot_workflow__engine__pb2.DeleteScheduleResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -61,6 +61,19 @@ class WorkflowEngineStub:
     fenced by the lease, validated, and recorded in the history with who made it. The answer's
     status is the one the workflow has or is committed to (FAILED for a forced mark_failed).
     """
+    CreateSchedule: _grpc.UnaryUnaryMultiCallable[_workflow_engine_pb2.CreateScheduleRequest, _workflow_engine_pb2.Schedule]
+    """Schedules start a workflow from a task template on a calendar (see docs/schedules.md). Each
+    slot starts at most one workflow across all replicas: its task id is derived from the
+    schedule and the slot time (a UUIDv5), so two replicas firing one slot meet at the lease.
+    Tenant-scoped like workflows: a caller sees and changes only its projects' and users'.
+    """
+    GetSchedule: _grpc.UnaryUnaryMultiCallable[_workflow_engine_pb2.GetScheduleRequest, _workflow_engine_pb2.Schedule]
+    ListSchedules: _grpc.UnaryUnaryMultiCallable[_workflow_engine_pb2.ListSchedulesRequest, _workflow_engine_pb2.ListSchedulesResponse]
+    """Newest first, paginated."""
+    UpdateSchedule: _grpc.UnaryUnaryMultiCallable[_workflow_engine_pb2.UpdateScheduleRequest, _workflow_engine_pb2.Schedule]
+    """Pause, resume, or replace the calendar or the template; fields not in update_mask are kept."""
+    DeleteSchedule: _grpc.UnaryUnaryMultiCallable[_workflow_engine_pb2.DeleteScheduleRequest, _workflow_engine_pb2.DeleteScheduleResponse]
+    """Removes the schedule; the workflows it started are kept."""
 
 @_typing.type_check_only
 class WorkflowEngineAsyncStub(WorkflowEngineStub):
@@ -91,6 +104,19 @@ class WorkflowEngineAsyncStub(WorkflowEngineStub):
     fenced by the lease, validated, and recorded in the history with who made it. The answer's
     status is the one the workflow has or is committed to (FAILED for a forced mark_failed).
     """
+    CreateSchedule: _aio.UnaryUnaryMultiCallable[_workflow_engine_pb2.CreateScheduleRequest, _workflow_engine_pb2.Schedule]  # type: ignore[assignment]
+    """Schedules start a workflow from a task template on a calendar (see docs/schedules.md). Each
+    slot starts at most one workflow across all replicas: its task id is derived from the
+    schedule and the slot time (a UUIDv5), so two replicas firing one slot meet at the lease.
+    Tenant-scoped like workflows: a caller sees and changes only its projects' and users'.
+    """
+    GetSchedule: _aio.UnaryUnaryMultiCallable[_workflow_engine_pb2.GetScheduleRequest, _workflow_engine_pb2.Schedule]  # type: ignore[assignment]
+    ListSchedules: _aio.UnaryUnaryMultiCallable[_workflow_engine_pb2.ListSchedulesRequest, _workflow_engine_pb2.ListSchedulesResponse]  # type: ignore[assignment]
+    """Newest first, paginated."""
+    UpdateSchedule: _aio.UnaryUnaryMultiCallable[_workflow_engine_pb2.UpdateScheduleRequest, _workflow_engine_pb2.Schedule]  # type: ignore[assignment]
+    """Pause, resume, or replace the calendar or the template; fields not in update_mask are kept."""
+    DeleteSchedule: _aio.UnaryUnaryMultiCallable[_workflow_engine_pb2.DeleteScheduleRequest, _workflow_engine_pb2.DeleteScheduleResponse]  # type: ignore[assignment]
+    """Removes the schedule; the workflows it started are kept."""
 
 class WorkflowEngineServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -160,5 +186,48 @@ class WorkflowEngineServicer(metaclass=_abc_1.ABCMeta):
         fenced by the lease, validated, and recorded in the history with who made it. The answer's
         status is the one the workflow has or is committed to (FAILED for a forced mark_failed).
         """
+
+    @_abc_1.abstractmethod
+    def CreateSchedule(
+        self,
+        request: _workflow_engine_pb2.CreateScheduleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_workflow_engine_pb2.Schedule, _abc.Awaitable[_workflow_engine_pb2.Schedule]]:
+        """Schedules start a workflow from a task template on a calendar (see docs/schedules.md). Each
+        slot starts at most one workflow across all replicas: its task id is derived from the
+        schedule and the slot time (a UUIDv5), so two replicas firing one slot meet at the lease.
+        Tenant-scoped like workflows: a caller sees and changes only its projects' and users'.
+        """
+
+    @_abc_1.abstractmethod
+    def GetSchedule(
+        self,
+        request: _workflow_engine_pb2.GetScheduleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_workflow_engine_pb2.Schedule, _abc.Awaitable[_workflow_engine_pb2.Schedule]]: ...
+
+    @_abc_1.abstractmethod
+    def ListSchedules(
+        self,
+        request: _workflow_engine_pb2.ListSchedulesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_workflow_engine_pb2.ListSchedulesResponse, _abc.Awaitable[_workflow_engine_pb2.ListSchedulesResponse]]:
+        """Newest first, paginated."""
+
+    @_abc_1.abstractmethod
+    def UpdateSchedule(
+        self,
+        request: _workflow_engine_pb2.UpdateScheduleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_workflow_engine_pb2.Schedule, _abc.Awaitable[_workflow_engine_pb2.Schedule]]:
+        """Pause, resume, or replace the calendar or the template; fields not in update_mask are kept."""
+
+    @_abc_1.abstractmethod
+    def DeleteSchedule(
+        self,
+        request: _workflow_engine_pb2.DeleteScheduleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_workflow_engine_pb2.DeleteScheduleResponse, _abc.Awaitable[_workflow_engine_pb2.DeleteScheduleResponse]]:
+        """Removes the schedule; the workflows it started are kept."""
 
 def add_WorkflowEngineServicer_to_server(servicer: WorkflowEngineServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -24,7 +24,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
-from workflow_engine.domain.values import JsonObject
+from workflow_engine.domain.task import TaskSpec
+from workflow_engine.domain.values import JsonObject, parse
 from workflow_engine.errors import InvalidArgument
 
 MAX_CRON_CHARS = 256
@@ -54,6 +55,7 @@ CatchUp = Literal["SKIP_MISSED", "RUN_ONCE"]
 Outcome = Literal["started", "skipped", "missed"]
 #: Every slot's task id is uuid5(SLOT_NAMESPACE, "<schedule_id>/<slot as UTC ISO 8601>").
 SLOT_NAMESPACE = uuid.UUID("6b0c2a4e-52a1-5c3e-9d7f-5c8e0a1d3e52")
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +201,32 @@ def slot_text(slot: float) -> str:
 def slot_task_id(schedule_id: str, slot: float) -> str:
     """The task id (and idempotency key) of the workflow `schedule_id` starts for `slot`."""
     return str(uuid.uuid5(SLOT_NAMESPACE, f"{schedule_id}/{slot_text(slot)}"))
+
+
+def slot_task(task: TaskSpec, schedule_id: str, slot: float) -> TaskSpec:
+    """The template as one slot's task: its metadata labels gain `schedule_id` and
+    `schedule_slot` (UTC ISO 8601); refused, naming the field, when no room is left."""
+    data = task.to_json()
+    metadata = dict(data.get("metadata") or {})
+    metadata["labels"] = {
+        **dict(metadata.get("labels") or {}),
+        "schedule_id": schedule_id,
+        "schedule_slot": slot_text(slot),
+    }
+    data["metadata"] = metadata
+    slotted: TaskSpec = parse(TaskSpec, data, "schedule.task")
+    return slotted
+
+
+def to_instant(value: datetime | None) -> float | None:
+    return None if value is None else (value - _EPOCH).total_seconds()
+
+
+def to_datetime(instant: float | None) -> datetime | None:
+    """An instant as an aware datetime; None for none, or for a slot that never comes."""
+    if instant is None or not math.isfinite(instant):
+        return None
+    return datetime.fromtimestamp(instant, UTC)
 
 
 @dataclass(frozen=True, slots=True)

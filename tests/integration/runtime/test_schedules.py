@@ -1,0 +1,165 @@
+"""Schedules firing on real engines and a real PostgreSQL, in real time with short intervals:
+two replicas fire each slot once and miss none, downtime meets the catch-up policy, and
+overlap SKIP starts nothing while the previous run is unfinished."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import time
+from dataclasses import replace
+from datetime import datetime
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.conftest import RunningEngine, start_engine, stop_engine
+from tests.support.helpers import step, task
+from workflow_engine.config import Settings
+from workflow_engine.domain.schedules import slot_task_id
+from workflow_engine.v1 import workflow_engine_pb2 as pb
+
+
+def quick(settings: Settings, **kw: Any) -> Settings:
+    return replace(settings, timer_interval_seconds=0.2, **kw)
+
+
+async def slots_started(db_url: str, schedule_id: str) -> list[tuple[datetime, str, str]]:
+    """(slot, task id, status) of every workflow the schedule started, oldest slot first."""
+    async with await psycopg.AsyncConnection.connect(db_url) as conn:
+        cur = await conn.execute(
+            "SELECT schedule_slot, task_id::text, status FROM workflow_checkpoints"
+            " WHERE schedule_id = %s ORDER BY schedule_slot",
+            (schedule_id,),
+        )
+        return [(row[0], row[1], row[2]) for row in await cur.fetchall()]
+
+
+async def all_finished(db_url: str, schedule_id: str, timeout: float = 30) -> list[Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = await slots_started(db_url, schedule_id)
+        if all(status in ("SUCCEEDED", "FAILED", "CANCELLED") for _, _, status in rows):
+            return rows
+        assert time.monotonic() < deadline, rows
+        await asyncio.sleep(0.2)
+
+
+async def pause(stub: Any, schedule_id: str) -> None:
+    await stub.UpdateSchedule(
+        pb.UpdateScheduleRequest(
+            schedule=pb.Schedule(schedule_id=schedule_id, paused=True), update_mask=["paused"]
+        )
+    )
+
+
+async def test_two_engines_fire_every_slot_once_and_miss_none(
+    settings: Settings, db_url: str
+) -> None:
+    first = await start_engine(quick(settings))
+    second = await start_engine(quick(settings, holder_id="test-engine-2"))
+    try:
+        created = await first.stub.CreateSchedule(
+            pb.CreateScheduleRequest(
+                schedule=pb.Schedule(cron="@every 2s", task=task(step("hi", "echo", "hi")))
+            )
+        )
+        sid = created.schedule_id
+        await asyncio.sleep(20)
+        await pause(second.stub, sid)
+        rows = await all_finished(db_url, sid)
+    finally:
+        await stop_engine(first)
+        await stop_engine(second)
+    slots = [slot.timestamp() for slot, _, _ in rows]
+    assert len(slots) >= 9, rows
+    assert len(set(slots)) == len(slots)
+    assert [b - a for a, b in itertools.pairwise(slots)] == [2.0] * (len(slots) - 1)
+    assert [task_id for _, task_id, _ in rows] == [slot_task_id(sid, s) for s in slots]
+    assert {status for _, _, status in rows} == {"SUCCEEDED"}
+
+
+@pytest.mark.parametrize("catch_up", [pb.SKIP_MISSED, pb.RUN_ONCE])
+async def test_downtime_across_three_slots_meets_the_catch_up_policy(
+    settings: Settings, db_url: str, catch_up: pb.CatchUpPolicy.ValueType
+) -> None:
+    every = 3
+    config = quick(settings, schedule_missed_after_seconds=0.5)
+    running: RunningEngine = await start_engine(config)
+    created = await running.stub.CreateSchedule(
+        pb.CreateScheduleRequest(
+            schedule=pb.Schedule(
+                cron=f"@every {every}s", catch_up=catch_up, task=task(step("hi", "echo", "hi"))
+            )
+        )
+    )
+    sid = created.schedule_id
+    await stop_engine(running)
+    stopped = time.time()
+    before = {slot.timestamp() for slot, _, _ in await slots_started(db_url, sid)}
+    first_missed = (math.floor(stopped) // every + 1) * every
+    latest_missed = first_missed + 2 * every  # three slots pass while no engine runs
+    await asyncio.sleep(latest_missed + 0.7 - time.time())  # L is older than 0.5 s now
+    running = await start_engine(config)
+    try:
+        await asyncio.sleep(every - 1.0)  # the first pass has run; the next slot is not due
+        after = await running.stub.GetSchedule(pb.GetScheduleRequest(schedule_id=sid))
+        await pause(running.stub, sid)
+        rows = await all_finished(db_url, sid)
+    finally:
+        await stop_engine(running)
+    started = {slot.timestamp() for slot, _, _ in rows} - before
+    if catch_up == pb.RUN_ONCE:
+        assert started == {float(latest_missed)}
+    else:
+        assert started == set()
+    assert after.last_fire_time.seconds == latest_missed
+    assert after.next_fire_time.seconds == latest_missed + every
+
+
+async def test_overlap_skip_starts_nothing_while_the_previous_run_is_unfinished(
+    settings: Settings, db_url: str
+) -> None:
+    running = await start_engine(quick(settings))
+    try:
+        created = await running.stub.CreateSchedule(
+            pb.CreateScheduleRequest(
+                schedule=pb.Schedule(
+                    cron="@every 1s", overlap=pb.SKIP, task=task(step("slow", "sleep", "4"))
+                )
+            )
+        )
+        sid = created.schedule_id
+        rows: list[Any] = []
+        for _ in range(50):
+            rows = await slots_started(db_url, sid)
+            if rows:
+                break
+            await asyncio.sleep(0.1)
+        assert len(rows) == 1
+        await asyncio.sleep(3)
+        rows = await slots_started(db_url, sid)
+        assert len(rows) == 1 and rows[0][2] == "RUNNING", rows  # slots passed: all skipped
+        for _ in range(100):
+            rows = await slots_started(db_url, sid)
+            if len(rows) >= 2:
+                break
+            await asyncio.sleep(0.1)
+        await pause(running.stub, sid)
+        assert len(rows) == 2, rows
+        stored = await running.stub.GetSchedule(pb.GetScheduleRequest(schedule_id=sid))
+        assert stored.last_task_id == rows[1][1]
+    finally:
+        await stop_engine(running)
+    async with await psycopg.AsyncConnection.connect(db_url) as conn:
+        cur = await conn.execute(
+            "SELECT min(created_at) FILTER (WHERE task_id = %(second)s AND seq = 1),"
+            " min(created_at) FILTER (WHERE task_id = %(first)s AND status = 'SUCCEEDED')"
+            " FROM workflow_events WHERE task_id IN (%(first)s, %(second)s)",
+            {"first": rows[0][1], "second": rows[1][1]},
+        )
+        span = await cur.fetchone()
+    assert span is not None and span[1] is not None
+    assert span[0] >= span[1]  # the second started after the first ended

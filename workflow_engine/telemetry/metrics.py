@@ -120,6 +120,10 @@ class Metrics:
     def recovery_adopted(self) -> None:
         self._m["recovery_adoptions"].inc()
 
+    def approval_expired(self, action: str) -> None:
+        """The timer sweep applied an approval request's expiry: `action` reject or suspend."""
+        self._m["approvals_expired"].labels(action=action).inc()
+
     def unreadable_workflows(self, count: int) -> None:
         """Unfinished workflows in a state format this engine does not read (see
         `domain.state_format`), as the recovery sweep last counted them."""
@@ -256,6 +260,12 @@ _DEFINITIONS: dict[str, Any] = {
     "recovery_adoptions": _counter(
         "workflow_engine_recovery_adoptions_total",
         "Workflows this process adopted from a runner that stopped or died",
+    ),
+    "approvals_expired": _counter(
+        "workflow_engine_approvals_expired_total",
+        "Approval requests that expired and were applied by this process's timer sweep, "
+        "by action (reject, suspend)",
+        ("action",),
     ),
     "unreadable_workflows": lambda registry: Gauge(
         "workflow_engine_unreadable_workflows",

@@ -297,11 +297,14 @@ class Engine:
                 is_live=runs.is_live,
                 interval_seconds=settings.recovery_interval_seconds,
                 metrics=context.metrics,
+                clock=context.clock,
             )
             recoverer.start()
         pruner = None
         if settings.retention.days > 0:
-            pruner = Pruner(pool=pool, settings=settings.retention, metrics=context.metrics)
+            pruner = Pruner(
+                pool=pool, settings=settings.retention, metrics=context.metrics, clock=context.clock
+            )
             pruner.start()
         # Everything built so far (modules, the compiled graph, pools) lives as long as the
         # engine: move it out of the collector's reach, so the full collections that workflow

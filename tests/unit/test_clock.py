@@ -32,10 +32,6 @@ ALLOWED = {
     "capabilities/nodes/node_registry.py": "the nodes' reservations (a clock of its own)",
     "capabilities/model/model_client.py": "a model call's latency, for its metric",
     "storage/embedded.py": "how long the embedded PostgreSQL may take to start",
-    # Until the deadlines' branch (i52-dead) hands the engine's clock to the graph and the
-    # service: they come off the list then.
-    "graph/": "pending: the workflow's budget deadline and decisions (i52-dead)",
-    "service/workflows.py": "pending: the committed status's deadline (i52-dead)",
 }
 #: The system clock's readings the rule is about.
 READINGS = {"time", "monotonic"}

@@ -6,7 +6,6 @@ happens lives here or below, so the same calls serve tests, benchmarks and other
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -14,6 +13,7 @@ from datetime import datetime
 from workflow_engine.capabilities.protocols import TaskSource
 from workflow_engine.config import Settings
 from workflow_engine.context import EngineContext
+from workflow_engine.domain.deadlines import expiry_of
 from workflow_engine.domain.records import (
     Fence,
     Lease,
@@ -110,6 +110,7 @@ class WorkflowService:
         context = EngineContext() if context is None else context
         self._secrets = context.secrets
         self._metrics = context.metrics
+        self._clock = context.clock
         self._settings = settings
         self._pool = pool
         # This process's name, recorded with every lease it takes (see `leases.acquire`).
@@ -238,7 +239,7 @@ class WorkflowService:
         holder = holder_id or self._settings.holder_id
         record = in_scope(await queries.get(self._pool, task_id), scope)
         refuse_blocked(record)
-        changes = resume_changes(record, decision, budget, actor or holder)
+        changes = resume_changes(record, decision, budget, actor or holder, self._clock)
         if changes:
             applied = await self._apply(record, holder, ttl, changes)
             return ResumeOutcome(applied.record, applied.lease, True, applied.status)
@@ -287,6 +288,35 @@ class WorkflowService:
         return await self._apply(
             record, self._settings.holder_id, float(self._settings.lease_ttl_seconds), changes
         )
+
+    async def expire(self, task_id: str) -> str | None:
+        """Apply the expiry of a waiting workflow's approval request (the timer sweep's call;
+        see `runtime.deadlines`) through the same path as a person's decision; answer its
+        action (reject, suspend).
+
+        None, with nothing taken or written, when the row's state says it is not due (it waits
+        on nothing, or on a request that has not expired: whatever the row's `wake_at` says).
+        Otherwise the change is computed again from the state it is applied to, so a decision
+        that got there first makes it refused (`InvalidState`), never applied twice.
+        """
+        record = await queries.get(self._pool, task_id)
+        refuse_blocked(record)
+        state = state_of(record)
+        step_id = str((state.get("pending_approval") or {}).get("step_id") or "")
+
+        def change(current: WorkflowState) -> state_changes.StateUpdate:
+            return state_changes.expire(current, step_id, self._clock.now())
+
+        expiry = expiry_of(state)
+        try:
+            change(state)
+        except InvalidState:
+            return None
+        assert expiry is not None  # the change found it due
+        ttl = float(self._settings.lease_ttl_seconds)
+        await self._apply(record, self._settings.holder_id, ttl, [change])
+        self._metrics.approval_expired(expiry.action)
+        return expiry.action
 
     async def _accept_outside_state(self, record: WorkflowRecord, override: Override) -> Applied:
         """Take what another writer left in a blocked workflow as the engine's, and run it from
@@ -388,7 +418,7 @@ class WorkflowService:
         record = await queries.get(self._pool, task_id)
         status = record.status
         if status == WorkflowStatus.RUNNING:  # not yet past the node the change leads to
-            status = routing.committed_status(state, time.time())
+            status = routing.committed_status(state, self._clock.now())
         return Applied(record, lease, status)
 
     async def recover(self, task_id: str) -> bool:

@@ -45,4 +45,10 @@ class SystemClock:
         await asyncio.sleep(seconds)
 
 
-__all__ = ["Clock", "SystemClock"]
+def jittered(seconds: float, draw: float) -> float:
+    """A background loop's pause: between half of `seconds` and all of it, as `draw` (in [0,
+    1), e.g. `random.random()`) goes, so replicas started together do not act in lockstep."""
+    return seconds * (0.5 + 0.5 * draw)
+
+
+__all__ = ["Clock", "SystemClock", "jittered"]

@@ -31,6 +31,9 @@ class EngineContext:
     #: Empty unless `Settings.faults` names some (the fault suite only).
     faults: FaultPlan = field(default_factory=FaultPlan)
 
+    def __post_init__(self) -> None:
+        self.metrics.clock = self.clock  # the durations it reports are on the engine's clock
+
     @classmethod
     def for_settings(cls, settings: Settings) -> EngineContext:
         """A new context for an engine of `settings`: its fault plan parsed, the credentials

@@ -309,6 +309,7 @@ class Engine:
                 is_live=runs.is_live,
                 interval_seconds=settings.recovery_interval_seconds,
                 metrics=context.metrics,
+                clock=context.clock,
             )
             recoverer.start()
         # Every replica applies the approval requests that expired (exactly once among them).
@@ -321,7 +322,9 @@ class Engine:
         deadlines.start()
         pruner = None
         if settings.retention.days > 0:
-            pruner = Pruner(pool=pool, settings=settings.retention, metrics=context.metrics)
+            pruner = Pruner(
+                pool=pool, settings=settings.retention, metrics=context.metrics, clock=context.clock
+            )
             pruner.start()
         schedules, scheduler = self._schedules(pool, caps, service)
         # Everything built so far (modules, the compiled graph, pools) lives as long as the

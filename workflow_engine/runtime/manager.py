@@ -20,7 +20,6 @@ Each run is its tenant's (its task's project): the job tracker asks whose a job 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 
@@ -50,6 +49,12 @@ log = structlog.get_logger(__name__)
 FENCE_FRESH_SECONDS = 0.05
 
 
+def fence_fresh(confirmed_at: float | None, now: float) -> bool:
+    """Whether the database's confirmation of a run's fence at `confirmed_at` (None: never)
+    still admits a job at `now` (both the engine clock's monotonic time)."""
+    return confirmed_at is not None and now - confirmed_at < FENCE_FRESH_SECONDS
+
+
 class RunManager:
     """The live runs of this process, by task id."""
 
@@ -68,10 +73,11 @@ class RunManager:
         self._pool = pool
         self._jobs = jobs
         self._context = EngineContext() if context is None else context
+        self._clock = self._context.clock
         self._runs: dict[str, tuple[Run, asyncio.Task[str]]] = {}
         self._background: set[asyncio.Task[None]] = set()
         self._accepting = True
-        # Task id -> when (monotonic) the database last confirmed its run's fence.
+        # Task id -> when (the clock's monotonic time) the database last confirmed its run's fence.
         self._confirmed: dict[str, float] = {}
         # Task id -> its tenant (project), while it runs here; and each tenant's runs.
         self._tenants: dict[str, str] = {}
@@ -188,13 +194,12 @@ class RunManager:
         run = self.get(job.task_id)
         if run is None or run.closing:
             raise RunStopped(job.task_id, "the run is stopping; no new job starts")
-        confirmed = self._confirmed.get(job.task_id, -FENCE_FRESH_SECONDS)
-        if time.monotonic() - confirmed < FENCE_FRESH_SECONDS:
+        if fence_fresh(self._confirmed.get(job.task_id), self._clock.monotonic()):
             return
         fence = run.fence
         if not await on_connection(self._pool, lambda conn: leases.holds(conn, fence)):
             raise LeaseLost(job.task_id, run.fence.holder_id, run.fence.epoch)
-        self._confirmed[job.task_id] = time.monotonic()
+        self._confirmed[job.task_id] = self._clock.monotonic()
 
     def writing(self, task_id: str) -> None:
         """A run's checkpoint write is being sent (`WriteObserver`); nothing to do."""
@@ -202,7 +207,7 @@ class RunManager:
     def written(self, task_id: str, events: Sequence[WorkflowEventRecord]) -> None:
         """A run's checkpoint write is over; appended events mean its fence held at commit."""
         if events and task_id in self._runs:
-            self._confirmed[task_id] = time.monotonic()
+            self._confirmed[task_id] = self._clock.monotonic()
 
     def cancel(self, task_id: str, jobs: Iterable[tuple[str, JobRequest]] = ()) -> None:
         """The workflow was cancelled: abandon its run here, and stop its jobs (and `jobs`)."""

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 
 import structlog
 
+from workflow_engine.clock import Clock, SystemClock, jittered
 from workflow_engine.errors import LeaseHeld, WorkflowEngineError
 from workflow_engine.storage import workflow_rows
 from workflow_engine.storage.pool import Pool
@@ -35,8 +36,10 @@ class Recoverer:
         is_live: Callable[[str], bool],
         interval_seconds: float,
         metrics: Metrics | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self._pool = pool
+        self._clock = SystemClock() if clock is None else clock
         self._metrics = Metrics() if metrics is None else metrics
         self._recover = recover
         self._is_live = is_live
@@ -70,7 +73,7 @@ class Recoverer:
     async def _loop(self) -> None:
         while True:
             # Jitter keeps replicas started together from sweeping in lockstep.
-            await asyncio.sleep(self._interval * random.uniform(0.5, 1.0))  # noqa: S311
+            await self._clock.sleep(jittered(self._interval, random.random()))  # noqa: S311
             try:
                 adopted = await self.sweep()
                 if adopted:

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 
 import psycopg
 import structlog
 
+from workflow_engine.clock import Clock, SystemClock, jittered
 from workflow_engine.config import ENV_PREFIX, RetentionSettings, Settings
 from workflow_engine.errors import ConfigError
 from workflow_engine.storage.database import database_url, open_pool, run_migrations
@@ -38,6 +38,11 @@ _IDLE_RATIO = 9.0
 _MIN_PAUSE_SECONDS = 0.02
 
 
+def rest_after(batch_seconds: float) -> float:
+    """How long the pruner rests after a batch that took `batch_seconds` (see `_IDLE_RATIO`)."""
+    return max(_MIN_PAUSE_SECONDS, _IDLE_RATIO * batch_seconds)
+
+
 async def prune_all(
     connection: Callable[[], AbstractAsyncContextManager[Connection]],
     *,
@@ -46,13 +51,19 @@ async def prune_all(
     batch_size: int,
     wait: bool = False,
     metrics: Metrics | None = None,
+    clock: Clock | None = None,
 ) -> Pruned | None:
-    """Prune every workflow due now, batch by batch, each on a `connection()` of its own;
-    what was removed. `None` when another batch held the retention lock first (with `wait`,
-    wait for it instead), which ends the round for this caller after what it pruned so far."""
+    """Prune every workflow due now, batch by batch, each on a `connection()` of its own,
+    resting after each on `clock` (`rest_after`); what was removed. `None` when another batch
+    held the retention lock first (with `wait`, wait for it instead), which ends the round for
+    this caller after what it pruned so far.
+
+    What is due is decided on the database's clock (`storage.retention` compares each row's
+    `updated_at` with its `now()`), the one clock every replica shares; `clock` only paces."""
+    clock = SystemClock() if clock is None else clock
     total = Pruned()
     while True:
-        started = time.monotonic()
+        started = clock.monotonic()
         async with connection() as conn:
             pruned = await prune_batch(
                 conn,
@@ -70,7 +81,7 @@ async def prune_all(
             if metrics is not None:
                 metrics.retention_round_done()
             return total
-        await asyncio.sleep(max(_MIN_PAUSE_SECONDS, _IDLE_RATIO * (time.monotonic() - started)))
+        await clock.sleep(rest_after(clock.monotonic() - started))
 
 
 async def prune_command(settings: Settings, older_than_days: float, *, dry_run: bool) -> str:
@@ -127,8 +138,16 @@ def report(pruned: Pruned, older_than_days: float, *, delete_rows: bool, dry_run
 class Pruner:
     """This replica's retention loop (started by the engine when `days` is above 0)."""
 
-    def __init__(self, *, pool: Pool, settings: RetentionSettings, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        *,
+        pool: Pool,
+        settings: RetentionSettings,
+        metrics: Metrics,
+        clock: Clock | None = None,
+    ) -> None:
         self._pool = pool
+        self._clock = SystemClock() if clock is None else clock
         self._settings = settings
         self._metrics = metrics
         self._task: asyncio.Task[None] | None = None
@@ -150,13 +169,14 @@ class Pruner:
             delete_rows=settings.delete_rows,
             batch_size=settings.batch_size,
             metrics=self._metrics,
+            clock=self._clock,
         )
 
     async def _loop(self) -> None:
         while True:
             # Jitter keeps replicas started together from looking in lockstep.
             interval = self._settings.interval_seconds
-            await asyncio.sleep(interval * random.uniform(0.5, 1.0))  # noqa: S311
+            await self._clock.sleep(jittered(interval, random.random()))  # noqa: S311
             try:
                 pruned = await self.round()
                 if pruned is not None and pruned.workflows:

@@ -10,8 +10,8 @@ machinery, which cost about half of the engine's CPU; the nodes still run with L
 runtime context, and the row keeps LangGraph's checkpoint format.
 
 Each node's body runs through `guard`, which stops the run at a node boundary or interrupts the
-node. A heartbeat renews the lease every third of its time to live; a renewal that finds the
-lease gone stops the run before its next node.
+node. A heartbeat renews the lease every third of its time to live (`renewal_pause`, on the
+engine's clock); a renewal that finds the lease gone stops the run before its next node.
 
 Changes from outside (an approval decision, a raised budget, an operator's override; see
 `workflow_engine.graph.changes`) are applied by the run that holds the lease: given at launch,
@@ -71,6 +71,16 @@ T = TypeVar("T")
 
 #: The reason a run stops (or is interrupted) to apply changes, then goes on.
 UPDATE = "update"
+#: A run renews its lease this many times per time to live, so a renewal or two may fail (the
+#: database slow or away for a moment) before the lease expires.
+RENEWALS_PER_TTL = 3
+
+
+def renewal_pause(ttl_seconds: float) -> float:
+    """How long the heartbeat waits after a renewal (or a failed one) before the next; also
+    the longest one renewal may take. The lease's expiry itself is on the database's clock
+    (`storage.leases`); the engine's clock only paces its renewal."""
+    return ttl_seconds / RENEWALS_PER_TTL
 
 
 class Run:
@@ -90,6 +100,7 @@ class Run:
         changes: Sequence[Change] = (),
     ) -> None:
         context = EngineContext() if context is None else context
+        self._clock = context.clock
         self._faults = context.faults
         self._secrets = context.secrets
         self._metrics = context.metrics
@@ -410,15 +421,15 @@ class Run:
             self._metrics.lease("lost")
 
     async def _heartbeat(self) -> None:
-        interval = self._ttl / 3
+        interval = renewal_pause(self._ttl)
         while True:
-            await asyncio.sleep(interval)
+            await self._clock.sleep(interval)
             try:
                 self._faults.at("renew", "*")
                 expires = await on_connection(
                     self._pool,
                     lambda conn: leases.renew(conn, self._fence, self._ttl),
-                    max_seconds=self._ttl / 3,  # then the next beat tries again
+                    max_seconds=interval,  # then the next beat tries again
                 )
             except psycopg.Error as exc:
                 log.warning("lease_renew_failed", error=repr(exc))

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import platform
 import struct
-import time
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +34,7 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import start_http_server
 
+from workflow_engine.clock import Clock, SystemClock
 from workflow_engine.version import __version__
 
 #: Seconds: node and job durations reach from milliseconds to hours.
@@ -72,7 +72,10 @@ _OFF = _Off()
 class Metrics:
     """The metrics, and one method per thing the engine reports (see the module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock | None = None) -> None:
+        #: What a workflow's duration and the last retention round are read from: the
+        #: engine's clock (its `EngineContext` sets it).
+        self.clock: Clock = SystemClock() if clock is None else clock
         self.enabled = False
         self.registry: CollectorRegistry | None = None
         self._m: dict[str, Any] = dict.fromkeys(_DEFINITIONS, _OFF)
@@ -104,7 +107,9 @@ class Metrics:
         """`started_at`: the state's epoch seconds of the first start (if it has one)."""
         self._m["workflows_finished"].labels(status=status).inc()
         if isinstance(started_at, int | float) and started_at > 0:
-            self._m["workflow_duration"].labels(status=status).observe(time.time() - started_at)
+            self._m["workflow_duration"].labels(status=status).observe(
+                self.clock.now() - started_at
+            )
 
     def node_completed(self, node: str, seconds: float) -> None:
         self._m["node_duration"].labels(node=node).observe(seconds)
@@ -144,7 +149,7 @@ class Metrics:
 
     def retention_round_done(self) -> None:
         """A retention round left nothing due (now)."""
-        self._m["retention_last_round"].set(time.time())
+        self._m["retention_last_round"].set(self.clock.now())
 
     def job_started(self, worker: str) -> None:
         self._m["jobs_in_flight"].labels(worker=worker).inc()

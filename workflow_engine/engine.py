@@ -17,6 +17,7 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
+from datetime import datetime
 from functools import partial
 from types import TracebackType
 
@@ -44,7 +45,9 @@ from workflow_engine.runtime.events import EventHub
 from workflow_engine.runtime.manager import RunManager
 from workflow_engine.runtime.recovery import Recoverer
 from workflow_engine.runtime.retention import Pruner
+from workflow_engine.runtime.schedules import Scheduler
 from workflow_engine.service import WorkflowService
+from workflow_engine.service.schedules import ScheduleService
 from workflow_engine.storage import orchestrator_nodes, orchestrator_tasks, tasks
 from workflow_engine.storage.checkpointer import RowCheckpointer
 from workflow_engine.storage.database import database_url, open_pool, run_migrations
@@ -129,6 +132,8 @@ class _Parts:
     service: WorkflowService
     recoverer: Recoverer | None
     pruner: Pruner | None
+    schedules: ScheduleService
+    scheduler: Scheduler | None
     collector: Collector
 
 
@@ -211,6 +216,11 @@ class Engine:
     def service(self) -> WorkflowService:
         """The use cases (start, resume, update, cancel, get, list, watch)."""
         return self._opened().service
+
+    @property
+    def schedules(self) -> ScheduleService:
+        """The schedule use cases (create, get, list, update, delete)."""
+        return self._opened().schedules
 
     @property
     def runs(self) -> RunManager:
@@ -303,13 +313,62 @@ class Engine:
         if settings.retention.days > 0:
             pruner = Pruner(pool=pool, settings=settings.retention, metrics=context.metrics)
             pruner.start()
+        schedules, scheduler = self._schedules(pool, caps, service)
         # Everything built so far (modules, the compiled graph, pools) lives as long as the
         # engine: move it out of the collector's reach, so the full collections that workflow
         # churn triggers do not walk it again and again; and so on for the survivors of slow
         # full collections (in-flight runs), see `runtime.collector`.
         collector = Collector()
         collector.install()
-        return _Parts(pool, checkpoints, runs, events, service, recoverer, pruner, collector)
+        return _Parts(
+            pool,
+            checkpoints,
+            runs,
+            events,
+            service,
+            recoverer,
+            pruner,
+            schedules,
+            scheduler,
+            collector,
+        )
+
+    def _schedules(
+        self, pool: Pool, caps: Capabilities, service: WorkflowService
+    ) -> tuple[ScheduleService, Scheduler | None]:
+        """The schedule use cases, and (when `schedules_enabled`) the loop that fires them."""
+        settings, context = self.settings, self.context
+        schedules = ScheduleService(
+            pool=pool,
+            clock=context.clock,
+            check_startable=caps.check_startable,
+            task_source=caps.task_source,
+        )
+        if not settings.schedules_enabled:
+            return schedules, None
+
+        async def start(
+            task_id: str, task: TaskSpec, schedule: tuple[str, datetime]
+        ) -> StartOutcome:
+            return await service.start(
+                task_id=task_id,
+                holder_id="",
+                idempotency_key=task_id,
+                task=task,
+                schedule=schedule,
+            )
+
+        scheduler = Scheduler(
+            pool=pool,
+            start=start,
+            task_source=caps.task_source,
+            clock=context.clock,
+            interval_seconds=settings.timer_interval_seconds,
+            missed_after_seconds=settings.schedule_missed_after_seconds,
+            metrics=context.metrics,
+        )
+        scheduler.start()
+        return schedules, scheduler
 
     async def close(self, *, drain_timeout: float | None = None) -> None:
         """Drain the runs (see `RunManager.drain`), close connections, then the embedded server."""
@@ -322,6 +381,8 @@ class Engine:
             await parts.recoverer.close()
         if parts.pruner is not None:
             await parts.pruner.close()
+        if parts.scheduler is not None:
+            await parts.scheduler.close()
         await parts.runs.drain(timeout)
         # The capabilities' resources, then the pool, then the embedded server: the reverse of
         # their opening. The checkpoint writer and the event feed go before the pool.

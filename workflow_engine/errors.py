@@ -40,6 +40,20 @@ class WorkflowNotFound(WorkflowEngineError):
         super().__init__(f"task_id: no workflow for task {task_id}", task_id=task_id)
 
 
+class ScheduleNotFound(WorkflowEngineError):
+    """No schedule with that id (or none the caller may see: another tenant's reads the same)."""
+
+    def __init__(self, schedule_id: str) -> None:
+        super().__init__(f"schedule_id: no schedule {schedule_id}")
+
+
+class ScheduleExists(WorkflowEngineError):
+    """CreateSchedule with a schedule id that is taken."""
+
+    def __init__(self, schedule_id: str) -> None:
+        super().__init__(f"schedule.schedule_id: schedule {schedule_id} exists already")
+
+
 class OutOfScope(WorkflowEngineError):
     """A caller scoped to some projects or users asked to start a workflow outside them."""
 

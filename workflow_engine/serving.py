@@ -74,7 +74,10 @@ class GrpcServer:
         self.server.add_generic_rpc_handlers(
             (
                 generic_handler(
-                    SERVICE, WorkflowEngineServicer(engine.service, reader, engine.context.secrets)
+                    SERVICE,
+                    WorkflowEngineServicer(
+                        engine.service, reader, engine.context.secrets, engine.schedules
+                    ),
                 ),
             )
         )

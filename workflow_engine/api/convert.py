@@ -71,6 +71,8 @@ def workflow_to_proto(
         pending_approval=approval_to_proto(state),
         blocked_reason=record.blocked_reason,
         stopped_reason=record.stopped_reason,
+        schedule_id=record.schedule_id,
+        schedule_slot=to_timestamp(record.schedule_slot),
         history=[
             event_to_proto(record.task_id, event, secrets, engine_secrets=engine_secrets)
             for event in history

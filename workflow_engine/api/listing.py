@@ -62,6 +62,7 @@ def parse_list_request(msg: pb.ListWorkflowsRequest) -> WorkflowQuery:
         )
     user_id = _parse_filter(msg.user_id, "user_id")
     project_id = _parse_filter(msg.project_id, "project_id")
+    schedule_id = requests.parse_uuid(msg.schedule_id, "schedule_id", required=False) or ""
     after = _parse_time(msg.updated_after, "updated_after", msg.HasField("updated_after"))
     before = _parse_time(msg.updated_before, "updated_before", msg.HasField("updated_before"))
     if (
@@ -79,6 +80,7 @@ def parse_list_request(msg: pb.ListWorkflowsRequest) -> WorkflowQuery:
         updated_after=after,
         updated_before=before,
         limit=msg.page_size or DEFAULT_PAGE_SIZE,
+        schedule_id=schedule_id,
     )
     if not msg.page_token:
         return query
@@ -119,6 +121,8 @@ def list_item_to_proto(item: WorkflowListItem, engine_secrets: Secrets) -> pb.Wo
         summary=engine_secrets.redact(item.summary),
         error=engine_secrets.redact(item.error),
         stopped_reason=item.stopped_reason,
+        schedule_id=item.schedule_id,
+        schedule_slot=convert.to_timestamp(item.schedule_slot),
     )
 
 
@@ -159,6 +163,7 @@ def _filters(query: WorkflowQuery) -> list[Any]:
         query.project_id,
         query.updated_after.isoformat() if query.updated_after else None,
         query.updated_before.isoformat() if query.updated_before else None,
+        *([query.schedule_id] if query.schedule_id else []),
     ]
 
 

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from workflow_engine.api import convert, listing, requests
+from workflow_engine.api import convert, listing, requests, schedules
 from workflow_engine.api.auth import caller, recorded_actor, scope
 from workflow_engine.api.decoding import RefusedRequest
 from workflow_engine.api.reading import RequestReader
@@ -24,6 +24,7 @@ from workflow_engine.api.status_codes import status_for
 from workflow_engine.errors import RunControl
 from workflow_engine.secrets import EngineSecrets
 from workflow_engine.service import WorkflowService
+from workflow_engine.service.schedules import ScheduleService
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
 
@@ -54,9 +55,14 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
     """gRPC front end of a `WorkflowService`."""
 
     def __init__(
-        self, service: WorkflowService, reader: RequestReader, secrets: EngineSecrets
+        self,
+        service: WorkflowService,
+        reader: RequestReader,
+        secrets: EngineSecrets,
+        schedules: ScheduleService,
     ) -> None:
         self._service = service
+        self._schedules = schedules
         self.reader = reader
         #: The engine's: masked in every answer and error message.
         self.secrets = secrets
@@ -183,20 +189,56 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
         workflow.status = convert.status_to_proto(applied.status)
         return workflow
 
-    # Schedules: the contract is in place; the service behind it comes with issue 52's
-    # schedules part. Until then each answers UNIMPLEMENTED (gRPC's own answer for a method a
-    # server does not serve).
-    async def CreateSchedule(self, request: pb.CreateScheduleRequest, context: Context) -> Any:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "schedules are not served yet")
+    # Schedules (see `service.schedules`; the firing is `runtime.schedules`').
+    @_unary
+    async def CreateSchedule(
+        self, request: pb.CreateScheduleRequest, context: Context
+    ) -> pb.Schedule:
+        msg = request.schedule
+        schedule_id = schedules.parse_schedule_id(
+            msg.schedule_id, required=False, field="schedule.schedule_id"
+        )
+        draft = await self.reader.convert(schedules.draft_from_proto, msg)
+        record = await self._schedules.create(schedule_id, draft, scope(), recorded_actor(""))
+        return schedules.schedule_to_proto(record)
 
-    async def GetSchedule(self, request: pb.GetScheduleRequest, context: Context) -> Any:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "schedules are not served yet")
+    @_unary
+    async def GetSchedule(self, request: pb.GetScheduleRequest, context: Context) -> pb.Schedule:
+        schedule_id = schedules.parse_schedule_id(request.schedule_id, required=True)
+        assert schedule_id is not None
+        return schedules.schedule_to_proto(await self._schedules.get(schedule_id, scope()))
 
-    async def ListSchedules(self, request: pb.ListSchedulesRequest, context: Context) -> Any:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "schedules are not served yet")
+    @_unary
+    async def ListSchedules(
+        self, request: pb.ListSchedulesRequest, context: Context
+    ) -> pb.ListSchedulesResponse:
+        """Newest first; `page_size` 1 to 500 (0: 50)."""
+        limit = schedules.parse_page_size(request.page_size)
+        after = schedules.decode_token(request.page_token)
+        page = await self._schedules.list(scope(), limit, after)
+        return pb.ListSchedulesResponse(
+            schedules=[schedules.schedule_to_proto(record) for record in page.items],
+            next_page_token=schedules.encode_token(page.next_after) if page.next_after else "",
+        )
 
-    async def UpdateSchedule(self, request: pb.UpdateScheduleRequest, context: Context) -> Any:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "schedules are not served yet")
+    @_unary
+    async def UpdateSchedule(
+        self, request: pb.UpdateScheduleRequest, context: Context
+    ) -> pb.Schedule:
+        schedule_id = schedules.parse_schedule_id(
+            request.schedule.schedule_id, required=True, field="schedule.schedule_id"
+        )
+        assert schedule_id is not None
+        mask = schedules.parse_mask(request.update_mask)
+        draft = await self.reader.convert(schedules.draft_from_proto, request.schedule, mask)
+        record = await self._schedules.update(schedule_id, draft, mask, scope())
+        return schedules.schedule_to_proto(record)
 
-    async def DeleteSchedule(self, request: pb.DeleteScheduleRequest, context: Context) -> Any:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "schedules are not served yet")
+    @_unary
+    async def DeleteSchedule(
+        self, request: pb.DeleteScheduleRequest, context: Context
+    ) -> pb.DeleteScheduleResponse:
+        schedule_id = schedules.parse_schedule_id(request.schedule_id, required=True)
+        assert schedule_id is not None
+        await self._schedules.delete(schedule_id, scope())
+        return pb.DeleteScheduleResponse()

@@ -20,6 +20,8 @@ from workflow_engine.errors import (
     OutOfScope,
     ResourceExhausted,
     RunControl,
+    ScheduleExists,
+    ScheduleNotFound,
     ShuttingDown,
     TaskNotFound,
     TaskNotStartable,
@@ -36,6 +38,8 @@ log = structlog.get_logger(__name__)
 _CODES: list[tuple[type[WorkflowEngineError | RunControl], grpc.StatusCode]] = [
     (InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
     (WorkflowNotFound, grpc.StatusCode.NOT_FOUND),
+    (ScheduleNotFound, grpc.StatusCode.NOT_FOUND),
+    (ScheduleExists, grpc.StatusCode.ALREADY_EXISTS),
     (OutOfScope, grpc.StatusCode.PERMISSION_DENIED),
     (TaskNotFound, grpc.StatusCode.NOT_FOUND),
     (TaskNotStartable, grpc.StatusCode.FAILED_PRECONDITION),

@@ -68,6 +68,9 @@ class WorkflowRecord:
     #: The state format of the row and the engine that last wrote it (`domain.state_format`).
     state_format: int = FIRST_STATE_FORMAT
     engine_version: str = ""
+    #: The schedule that started it and the slot it was started for ('' / None otherwise).
+    schedule_id: str = ""
+    schedule_slot: datetime | None = None
 
     @property
     def terminal(self) -> bool:
@@ -144,6 +147,8 @@ class WorkflowQuery:
     after: tuple[datetime, str] | None = None
     #: Only the workflows the caller may see (None: every one).
     scope: Scope | None = None
+    #: Only the workflows this schedule started ('' matches every one).
+    schedule_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +165,9 @@ class WorkflowListItem:
     lease_holder_id: str | None
     lease_expires_at: datetime | None
     stopped_reason: str = ""
+    #: The schedule that started it and the slot it was started for ('' / None otherwise).
+    schedule_id: str = ""
+    schedule_slot: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)

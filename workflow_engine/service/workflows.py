@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 from workflow_engine.capabilities.protocols import TaskSource
 from workflow_engine.config import Settings
@@ -152,12 +153,13 @@ class WorkflowService:
         task: TaskSpec | None,
         lease_ttl_seconds: int = 0,
         scope: Scope | None = None,
+        schedule: tuple[str, datetime] | None = None,
     ) -> StartOutcome:
         """Take the lease, store the task and the first checkpoint, and run in the background.
 
         `task` is valid (a `TaskSpec` checks itself), or `None`: then it is loaded by id from
         the task source, before anything is taken or stored. Whether it can be planned and run is
-        asked here.
+        asked here. `schedule` names the schedule and slot that start it (`runtime.schedules`).
         """
         if task is None:
             task = await task_by_id(self._pool, self._task_source, task_id, scope)
@@ -186,6 +188,7 @@ class WorkflowService:
                     ttl_seconds=ttl,
                     spec=task.to_json(),
                     initial_state=dict(state),
+                    schedule=schedule,
                 )
             except (WorkflowExists, LeaseHeld):
                 await self._taken_in_scope(task_id, scope)

@@ -37,7 +37,8 @@ SELECT c.task_id::text AS task_id, c.run_id::text AS run_id, c.status, c.last_no
        l.holder_id AS lease_holder_id, l.expires_at AS lease_expires_at,
        CASE WHEN c.blocked_reason <> '' THEN c.blocked_reason
             WHEN c.changed_outside THEN %(outside_change)s ELSE '' END AS blocked_reason,
-       c.stopped_reason, c.user_id, c.project_id, c.state_format, c.engine_version
+       c.stopped_reason, c.user_id, c.project_id, c.state_format, c.engine_version,
+       COALESCE(c.schedule_id, '') AS schedule_id, c.schedule_slot
   FROM workflow_checkpoints c
   LEFT JOIN task_workflow_leases l ON l.task_id = c.task_id
  WHERE c.task_id = %(task_id)s AND c.engine_owned
@@ -67,7 +68,8 @@ SELECT seq, kind, node_id, status, created_at, run_id, detail, actor
 _LIST_WORKFLOWS = """
 SELECT c.task_id::text AS task_id, c.run_id::text AS run_id, c.status, c.last_node_id,
        c.updated_at, c.summary, c.error, c.stopped_reason,
-       l.holder_id AS lease_holder_id, l.expires_at AS lease_expires_at
+       l.holder_id AS lease_holder_id, l.expires_at AS lease_expires_at,
+       COALESCE(c.schedule_id, '') AS schedule_id, c.schedule_slot
   FROM workflow_checkpoints c
   LEFT JOIN task_workflow_leases l ON l.task_id = c.task_id
  WHERE c.engine_owned
@@ -145,6 +147,8 @@ def list_statement(query: WorkflowQuery) -> tuple[LiteralString, dict[str, Any]]
         where.append("c.user_id = %(user_id)s")
     if query.project_id:
         where.append("c.project_id = %(project_id)s")
+    if query.schedule_id:
+        where.append("c.schedule_id = %(schedule_id)s")
     scope = query.scope
     if scope is not None and scope.projects:
         where.append("c.project_id = ANY(%(scope_projects)s)")
@@ -164,6 +168,7 @@ def list_statement(query: WorkflowQuery) -> tuple[LiteralString, dict[str, Any]]
         "statuses": list(query.statuses),
         "user_id": query.user_id,
         "project_id": query.project_id,
+        "schedule_id": query.schedule_id,
         "scope_projects": sorted(scope.projects) if scope else [],
         "scope_users": sorted(scope.users) if scope else [],
         "updated_after": query.updated_after,

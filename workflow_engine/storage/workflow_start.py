@@ -6,6 +6,7 @@ explained from one snapshot (`_explain_refused_start`).
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -40,10 +41,10 @@ _START = (
     INSERT INTO workflow_checkpoints
         (id, task_id, state, last_node_id, updated_at, created_at, run_id, status, lease_epoch,
          idempotency_key, event_seq, user_id, project_id, engine_owned, state_format,
-         engine_version)
+         engine_version, schedule_id, schedule_slot)
     SELECT gen_random_uuid(), %(task_id)s, %(state)s, NULL, now(), now(), %(run_id)s,
            'RUNNING', lease.epoch, %(idempotency_key)s, 1, %(user_id)s, %(project_id)s, true,
-           %(state_format)s, %(engine_version)s
+           %(state_format)s, %(engine_version)s, %(schedule_id)s, %(schedule_slot)s
       FROM lease
     RETURNING task_id
 ), task AS ("""
@@ -73,9 +74,11 @@ async def create(
     ttl_seconds: float,
     spec: JsonObject,
     initial_state: JsonObject,
+    schedule: tuple[str, datetime] | None = None,
 ) -> StartOutcome:
     """Take the lease (for `holder_id`, in engine process `process`), store the task, its
-    first checkpoint row and event: one statement."""
+    first checkpoint row and event: one statement. `schedule` (its id and the slot) is the
+    schedule that starts it, if one does."""
     lease_id = idempotency_key or str(uuid.uuid4())
     run_id = str(uuid.uuid4())
     metadata = spec.get("metadata") or {}
@@ -94,6 +97,8 @@ async def create(
         "spec": Jsonb(spec),
         "state_format": STATE_FORMAT,
         "engine_version": __version__,
+        "schedule_id": schedule[0] if schedule else None,
+        "schedule_slot": schedule[1] if schedule else None,
     }
 
     async def start(conn: Connection) -> tuple[Any, ...] | None:

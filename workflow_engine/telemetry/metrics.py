@@ -120,6 +120,12 @@ class Metrics:
     def recovery_adopted(self) -> None:
         self._m["recovery_adoptions"].inc()
 
+    def schedule_fired(self, outcome: str) -> None:
+        """A schedule's due slot was handled: `outcome` started, taken (another replica
+        started it), skipped (overlap), missed (catch-up) or failed (the template would not
+        start)."""
+        self._m["schedule_fires"].labels(outcome=outcome).inc()
+
     def unreadable_workflows(self, count: int) -> None:
         """Unfinished workflows in a state format this engine does not read (see
         `domain.state_format`), as the recovery sweep last counted them."""
@@ -256,6 +262,11 @@ _DEFINITIONS: dict[str, Any] = {
     "recovery_adoptions": _counter(
         "workflow_engine_recovery_adoptions_total",
         "Workflows this process adopted from a runner that stopped or died",
+    ),
+    "schedule_fires": _counter(
+        "workflow_engine_schedule_fires_total",
+        "Schedule slots this process handled, by outcome (started, taken, skipped, missed, failed)",
+        ("outcome",),
     ),
     "unreadable_workflows": lambda registry: Gauge(
         "workflow_engine_unreadable_workflows",

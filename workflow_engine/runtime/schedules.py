@@ -1,0 +1,189 @@
+"""Firing schedules: every replica, every `timer_interval_seconds`, handles the due slots.
+
+For each due, unpaused schedule the pass decides from the stored next fire time and the
+engine's clock (`domain.schedules.decide`). To fire a slot it starts the slot's workflow
+first, under a task id and idempotency key derived from the schedule and the slot
+(`slot_task_id`), then moves the schedule on with a compare-and-set on its next fire time
+(`storage.schedules.advance`). Two replicas that handle one slot meet at the start (one
+starts it; the other is answered ALREADY_RUNNING, ALREADY_FINISHED, or refused because the
+workflow exists or its lease is held) and at the compare-and-set (one moves it on); a replica
+that dies between its start and its compare-and-set leaves the slot due, and the next pass
+starts it again, which meets the workflow it started: each slot starts at most one workflow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+
+import structlog
+
+from workflow_engine.capabilities.protocols import TaskSource
+from workflow_engine.clock import Clock
+from workflow_engine.domain.records import StartOutcome
+from workflow_engine.domain.schedules import (
+    CatchUp,
+    Firing,
+    Overlap,
+    ScheduleRecord,
+    decide,
+    parse_calendar,
+    slot_task,
+    slot_task_id,
+    to_datetime,
+    to_instant,
+)
+from workflow_engine.domain.task import TaskSpec
+from workflow_engine.errors import (
+    LeaseHeld,
+    ResourceExhausted,
+    ShuttingDown,
+    TaskSourceUnavailable,
+    WorkflowEngineError,
+    WorkflowExists,
+)
+from workflow_engine.storage import schedules
+from workflow_engine.storage.pool import Pool
+from workflow_engine.storage.retry import is_transient
+from workflow_engine.telemetry.metrics import Metrics
+
+log = structlog.get_logger(__name__)
+
+#: Schedules one pass handles at most; the rest are due on the next pass.
+BATCH = 100
+#: What starts a slot's workflow: (task_id, task, (schedule_id, slot)) -> the start's answer.
+Start = Callable[[str, TaskSpec, tuple[str, datetime]], Awaitable[StartOutcome]]
+#: Errors that leave the slot due (the next pass tries again): nothing about the slot is wrong.
+_TRY_AGAIN = (ShuttingDown, ResourceExhausted, TaskSourceUnavailable)
+
+
+class Scheduler:
+    """The firing loop of one replica (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        pool: Pool,
+        start: Start,
+        task_source: TaskSource,
+        clock: Clock,
+        interval_seconds: float,
+        missed_after_seconds: float,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self._pool = pool
+        self._start = start
+        self._task_source = task_source
+        self._clock = clock
+        self._interval = interval_seconds
+        self._missed_after = missed_after_seconds
+        self._metrics = Metrics() if metrics is None else metrics
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="scheduler")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def sweep(self) -> int:
+        """Handle every due schedule once; return how many workflows this pass started."""
+        now = self._clock.now()
+        started = 0
+        for record in await schedules.due(self._pool, to_datetime(now) or datetime.min, BATCH):
+            try:
+                started += await self._handle(record, now)
+            except WorkflowEngineError as exc:
+                log.warning("schedule_failed", schedule_id=record.schedule_id, error=exc.message)
+        return started
+
+    async def _handle(self, record: ScheduleRecord, now: float) -> bool:
+        """Decide about one schedule's due slots and act on it; True if a workflow started."""
+        stored_next = record.next_fire_time
+        assert stored_next is not None  # the due query selects only schedules with one
+        firing = decide(
+            parse_calendar(record.cron, record.time_zone),
+            to_instant(stored_next) or 0.0,
+            now=now,
+            missed_after=self._missed_after,
+            catch_up=_catch_up(record.catch_up),
+            overlap=_overlap(record.overlap),
+            previous_unfinished=record.overlap != "ALLOW"
+            and await schedules.unfinished(self._pool, record.last_task_id),
+        )
+        if firing is None:
+            return False
+        outcome: str = firing.outcome
+        task_id = ""
+        if firing.slot is not None:
+            task_id = slot_task_id(record.schedule_id, firing.slot)
+            try:
+                outcome = await self._fire(record, firing.slot, task_id)
+            except _TRY_AGAIN as exc:
+                log.info("schedule_slot_deferred", schedule_id=record.schedule_id, why=exc.message)
+                return False
+            except WorkflowEngineError as exc:  # the template cannot start: the slot is lost
+                log.warning(
+                    "schedule_slot_failed", schedule_id=record.schedule_id, error=exc.message
+                )
+                outcome, task_id = "failed", ""
+        moved = await _advance(self._pool, record, stored_next, firing, task_id)
+        if not moved:
+            log.info("schedule_moved_on_elsewhere", schedule_id=record.schedule_id)
+        self._metrics.schedule_fired(outcome)
+        return outcome == "started"
+
+    async def _fire(self, record: ScheduleRecord, slot: float, task_id: str) -> str:
+        """Start the slot's workflow: "started", or "taken" when another replica (or an
+        earlier pass of this one) started it."""
+        template = await self._template(record)
+        task = slot_task(template, record.schedule_id, slot)
+        slot_at = to_datetime(slot)
+        assert slot_at is not None
+        try:
+            answer = await self._start(task_id, task, (record.schedule_id, slot_at))
+        except (WorkflowExists, LeaseHeld):
+            return "taken"
+        return "started" if answer.status == "STARTED" else "taken"
+
+    async def _template(self, record: ScheduleRecord) -> TaskSpec:
+        if record.task is not None:
+            return TaskSpec.from_json(record.task)
+        return await self._task_source.load(record.template_task_id)
+
+    async def _loop(self) -> None:
+        while True:
+            # Jitter keeps replicas started together from sweeping in lockstep.
+            await self._clock.sleep(self._interval * random.uniform(0.5, 1.0))  # noqa: S311
+            try:
+                await self.sweep()
+            except Exception as exc:
+                if not is_transient(exc):
+                    log.exception("schedule_sweep_error")
+
+
+async def _advance(
+    pool: Pool, record: ScheduleRecord, old: datetime, firing: Firing, task_id: str
+) -> bool:
+    handled = to_datetime(firing.handled)
+    assert handled is not None
+    return await schedules.advance(
+        pool,
+        record.schedule_id,
+        old=old,
+        next_fire_time=to_datetime(firing.next_fire_time),
+        last_fire_time=handled,
+        task_id=task_id,
+    )
+
+
+def _overlap(stored: str) -> Overlap:
+    return "ALLOW" if stored == "ALLOW" else "SKIP"
+
+
+def _catch_up(stored: str) -> CatchUp:
+    return "RUN_ONCE" if stored == "RUN_ONCE" else "SKIP_MISSED"

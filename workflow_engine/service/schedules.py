@@ -1,0 +1,203 @@
+"""The schedule use cases: create, get, list, update (pause, resume, calendar, template), delete.
+
+A schedule is checked as the workflows it will start are: its calendar parses, its template is
+a task StartWorkflow would accept from the same caller (in the caller's scope, startable by
+the planner and the worker, with room for the two labels every slot adds), so a schedule that
+is stored can fire. It belongs to its template's project and user, and is scoped like a
+workflow: another tenant's schedule reads as one that does not exist. The firing itself is
+`runtime.schedules`'.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+
+from workflow_engine.capabilities.protocols import TaskSource
+from workflow_engine.clock import Clock
+from workflow_engine.domain.records import Scope
+from workflow_engine.domain.schedules import (
+    CatchUp,
+    Overlap,
+    ScheduleRecord,
+    parse_calendar,
+    slot_task,
+    to_datetime,
+)
+from workflow_engine.domain.task import TaskSpec
+from workflow_engine.errors import (
+    InvalidArgument,
+    InvalidState,
+    OutOfScope,
+    ScheduleExists,
+    ScheduleNotFound,
+)
+from workflow_engine.service.checks import admits
+from workflow_engine.service.task_by_id import task_by_id
+from workflow_engine.storage import schedules
+from workflow_engine.storage.pool import Pool
+from workflow_engine.storage.schedules import SchedulePage
+
+#: The fields UpdateSchedule's mask may name.
+UPDATABLE = ("paused", "cron", "time_zone", "task", "template_task_id", "overlap", "catch_up")
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleDraft:
+    """What a caller sets of a schedule (the API has checked each field's form)."""
+
+    cron: str = ""
+    time_zone: str = ""
+    task: TaskSpec | None = None
+    template_task_id: str = ""
+    overlap: Overlap = "SKIP"
+    catch_up: CatchUp = "SKIP_MISSED"
+    paused: bool = False
+
+
+class ScheduleService:
+    """Schedules on top of the store; `check_startable` and `task_source` are the ones
+    StartWorkflow uses, `clock` the engine's."""
+
+    def __init__(
+        self,
+        *,
+        pool: Pool,
+        clock: Clock,
+        check_startable: Callable[[TaskSpec], None],
+        task_source: TaskSource,
+    ) -> None:
+        self._pool = pool
+        self._clock = clock
+        self._check_startable = check_startable
+        self._task_source = task_source
+
+    async def create(
+        self, schedule_id: str | None, draft: ScheduleDraft, scope: Scope | None, actor: str
+    ) -> ScheduleRecord:
+        """Store a new schedule; `schedule_id` (canonical) defaults to a new UUID."""
+        schedule_id = schedule_id or str(uuid.uuid4())
+        owner = await self._owner(schedule_id, draft, scope)
+        now = datetime.now(UTC)
+        record = ScheduleRecord(
+            schedule_id=schedule_id,
+            project_id=owner.metadata.project_id,
+            user_id=owner.metadata.user_id,
+            cron=draft.cron.strip(),
+            time_zone=draft.time_zone,
+            task=draft.task.to_json() if draft.task is not None else None,
+            template_task_id=draft.template_task_id,
+            overlap=draft.overlap,
+            catch_up=draft.catch_up,
+            paused=draft.paused,
+            next_fire_time=None if draft.paused else self._next(draft),
+            last_fire_time=None,
+            last_task_id="",
+            created_by=actor,
+            created_at=now,
+            updated_at=now,
+        )
+        stored = await schedules.insert(self._pool, record)
+        if stored is None:
+            raise ScheduleExists(schedule_id)
+        return stored
+
+    async def get(self, schedule_id: str, scope: Scope | None) -> ScheduleRecord:
+        record = await schedules.get(self._pool, schedule_id)
+        if record is None or not admits(scope, record.user_id, record.project_id):
+            raise ScheduleNotFound(schedule_id)
+        return record
+
+    async def list(
+        self, scope: Scope | None, limit: int, after: tuple[datetime, str] | None
+    ) -> SchedulePage:
+        return await schedules.list_page(self._pool, scope, limit, after)
+
+    async def update(
+        self, schedule_id: str, draft: ScheduleDraft, mask: Collection[str], scope: Scope | None
+    ) -> ScheduleRecord:
+        """Replace the fields `mask` names with `draft`'s; resuming (or a new calendar) sets
+        the next slot from now, pausing clears it."""
+        for _ in range(5):  # the firing loop may move the schedule on between read and write
+            record = await self.get(schedule_id, scope)
+            changed = _merged(record, draft, mask)
+            if changed.task is None and not changed.template_task_id:
+                raise InvalidArgument("schedule.task", "required: a task or a template_task_id")
+            owner = await self._owner(schedule_id, changed, scope)
+            next_fire = record.next_fire_time
+            if changed.paused:
+                next_fire = None
+            elif record.paused or {"cron", "time_zone"} & set(mask) or next_fire is None:
+                next_fire = self._next(changed)
+            stored = await schedules.replace(
+                self._pool,
+                replace(
+                    record,
+                    project_id=owner.metadata.project_id,
+                    user_id=owner.metadata.user_id,
+                    cron=changed.cron.strip(),
+                    time_zone=changed.time_zone,
+                    task=changed.task.to_json() if changed.task is not None else None,
+                    template_task_id=changed.template_task_id,
+                    overlap=changed.overlap,
+                    catch_up=changed.catch_up,
+                    paused=changed.paused,
+                    next_fire_time=next_fire,
+                ),
+            )
+            if stored is not None:
+                return stored
+        raise InvalidState("the schedule kept changing while it was updated; retry")
+
+    async def delete(self, schedule_id: str, scope: Scope | None) -> None:
+        await self.get(schedule_id, scope)
+        if not await schedules.delete(self._pool, schedule_id):
+            raise ScheduleNotFound(schedule_id)
+
+    def _next(self, draft: ScheduleDraft) -> datetime | None:
+        calendar = parse_calendar(draft.cron, draft.time_zone)
+        return to_datetime(calendar.next_after(self._clock.now()))
+
+    async def _owner(self, schedule_id: str, draft: ScheduleDraft, scope: Scope | None) -> TaskSpec:
+        """The template as it would start at a slot, checked as StartWorkflow checks a task:
+        in the caller's scope and startable. Its metadata names the schedule's owner."""
+        parse_calendar(draft.cron, draft.time_zone)
+        if draft.task is not None and draft.template_task_id:
+            raise InvalidArgument(
+                "schedule.template_task_id", "either a task or a template_task_id, not both"
+            )
+        if draft.task is not None:
+            task = draft.task
+            if not admits(scope, task.metadata.user_id, task.metadata.project_id):
+                raise OutOfScope(
+                    "schedule.task.metadata: the caller may not start workflows of project "
+                    f"{task.metadata.project_id!r}, user {task.metadata.user_id!r}"
+                )
+        elif draft.template_task_id:
+            task = await task_by_id(self._pool, self._task_source, draft.template_task_id, scope)
+        else:
+            raise InvalidArgument("schedule.task", "required: a task or a template_task_id")
+        self._check_startable(slot_task(task, schedule_id, 0.0))
+        return task
+
+
+def _merged(record: ScheduleRecord, draft: ScheduleDraft, mask: Collection[str]) -> ScheduleDraft:
+    """The stored schedule with the masked fields of `draft`; a new template of one kind
+    (a task, or a task id) drops the other unless the mask names both."""
+    current = ScheduleDraft(
+        cron=record.cron,
+        time_zone=record.time_zone,
+        task=TaskSpec.from_json(record.task) if record.task is not None else None,
+        template_task_id=record.template_task_id,
+        overlap="ALLOW" if record.overlap == "ALLOW" else "SKIP",
+        catch_up="RUN_ONCE" if record.catch_up == "RUN_ONCE" else "SKIP_MISSED",
+        paused=record.paused,
+    )
+    fields = {name: getattr(draft, name) for name in UPDATABLE if name in mask}
+    if "task" in mask and draft.task is not None and "template_task_id" not in mask:
+        fields["template_task_id"] = ""
+    if "template_task_id" in mask and draft.template_task_id and "task" not in mask:
+        fields["task"] = None
+    return replace(current, **fields)

@@ -197,7 +197,7 @@ def print_schedule(console: Console, schedule: pb.Schedule) -> None:
         task = f"task {schedule.template_task_id}, loaded at every slot"
     else:
         steps = len(schedule.task.steps)
-        task = f"{schedule.task.prompt or '(no prompt)'}; {steps} step(s)"
+        task = (schedule.task.prompt or "(no prompt)") + (f"; {steps} step(s)" if steps else "")
     zone = schedule.time_zone or "UTC"
     rows = [
         ("cron", f"{schedule.cron}  ({zone})"),
@@ -207,12 +207,16 @@ def print_schedule(console: Console, schedule: pb.Schedule) -> None:
         ("last fire", zoned_time_of(schedule.last_fire_time, zone)),
         ("last task", schedule.last_task_id or "-"),
         ("task", task),
-        ("created", f"{time_of(schedule.created_at)} by {schedule.created_by or '-'}"),
+        ("created", time_of(schedule.created_at) + _by(schedule.created_by)),
     ]
     for name, value in rows:
         console.print(f"  {name:<10} {escape(value)}")
     if schedule.last_task_id:
         console.print(f"  its runs:  workflow-engine list --schedule-id {schedule.schedule_id}")
+
+
+def _by(caller: str) -> str:
+    return f" by {caller}" if caller else ""
 
 
 def print_schedules(console: Console, schedules: list[pb.Schedule]) -> None:

@@ -1,5 +1,5 @@
 """The engine in one object, and the one place it is assembled: database, pool, migrations,
-capabilities, job tracker, graph, runs, events, use cases, recovery, retention.
+capabilities, job tracker, graph, runs, events, use cases, recovery, deadlines, retention.
 
 `Engine` runs in its caller's event loop, with or without the gRPC server in front of it:
 
@@ -41,6 +41,7 @@ from workflow_engine.graph.builder import build_graph
 from workflow_engine.graph.state import STATE_KEYS
 from workflow_engine.logs import mask_in_logs, unmask_in_logs
 from workflow_engine.runtime.collector import Collector
+from workflow_engine.runtime.deadlines import DeadlineSweep
 from workflow_engine.runtime.events import EventHub
 from workflow_engine.runtime.manager import RunManager
 from workflow_engine.runtime.recovery import Recoverer
@@ -135,6 +136,7 @@ class _Parts:
     schedules: ScheduleService
     scheduler: Scheduler | None
     collector: Collector
+    deadlines: DeadlineSweep
 
 
 class Engine:
@@ -309,6 +311,14 @@ class Engine:
                 metrics=context.metrics,
             )
             recoverer.start()
+        # Every replica applies the approval requests that expired (exactly once among them).
+        deadlines = DeadlineSweep(
+            pool=pool,
+            expire=service.expire,
+            clock=context.clock,
+            interval_seconds=settings.timer_interval_seconds,
+        )
+        deadlines.start()
         pruner = None
         if settings.retention.days > 0:
             pruner = Pruner(pool=pool, settings=settings.retention, metrics=context.metrics)
@@ -331,6 +341,7 @@ class Engine:
             schedules,
             scheduler,
             collector,
+            deadlines,
         )
 
     def _schedules(
@@ -383,6 +394,7 @@ class Engine:
             await parts.pruner.close()
         if parts.scheduler is not None:
             await parts.scheduler.close()
+        await parts.deadlines.close()
         await parts.runs.drain(timeout)
         # The capabilities' resources, then the pool, then the embedded server: the reverse of
         # their opening. The checkpoint writer and the event feed go before the pool.

@@ -11,6 +11,7 @@ from typing import Any
 
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
 
+from workflow_engine.domain.deadlines import expiry_of
 from workflow_engine.domain.records import WorkflowEventRecord, WorkflowRecord
 from workflow_engine.domain.values import JsonObject
 from workflow_engine.secrets import (
@@ -144,6 +145,8 @@ def approval_to_proto(state: Any) -> pb.ApprovalRequest | None:
     if not isinstance(request, dict):
         return None
     requested_at = request.get("requested_at")
+    # As the timer sweep judges it: the deadline of the budget as it is now.
+    expiry = expiry_of(state)
     return pb.ApprovalRequest(
         step_id=str(request.get("step_id", "")),
         description=str(request.get("description", "")),
@@ -155,4 +158,15 @@ def approval_to_proto(state: Any) -> pb.ApprovalRequest | None:
             if isinstance(requested_at, int | float)
             else None
         ),
+        expires_at=(
+            to_timestamp(datetime.fromtimestamp(expiry.at, UTC)) if expiry is not None else None
+        ),
+        on_timeout=(
+            _TIMEOUT_ACTIONS[expiry.action]
+            if expiry is not None
+            else pb.ApprovalTimeout.ACTION_UNSPECIFIED
+        ),
     )
+
+
+_TIMEOUT_ACTIONS = {"reject": pb.ApprovalTimeout.REJECT, "suspend": pb.ApprovalTimeout.SUSPEND}

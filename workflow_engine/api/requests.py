@@ -19,6 +19,7 @@ from google.protobuf.descriptor import EnumDescriptor
 
 from workflow_engine.api.auth import recorded_actor
 from workflow_engine.api.convert import EVENT_KINDS
+from workflow_engine.domain.deadlines import TimeoutAction
 from workflow_engine.domain.task import (
     CHECK_KINDS_NEEDING_EQUALS,
     DEFAULT_MAX_ATTEMPTS,
@@ -126,6 +127,8 @@ def task_from_proto(msg: pb.TaskSpec) -> TaskSpec:
         "max_attempts_per_step": msg.max_attempts_per_step or DEFAULT_MAX_ATTEMPTS,
         "budget": _budget(msg.budget),
         "max_parallel_steps": msg.max_parallel_steps or DEFAULT_MAX_PARALLEL,
+        "approval_timeout_seconds": msg.approval_timeout_seconds,
+        "on_approval_timeout": _timeout_action(msg.on_approval_timeout, "task.on_approval_timeout"),
     }
     task: TaskSpec = parse(TaskSpec, data, "task")
     return task
@@ -170,7 +173,26 @@ def _step(msg: pb.Step, index: int) -> JsonObject:
             "processes": msg.limits.processes,
             "output_mb": msg.limits.output_mb,
         },
+        "approval_timeout_seconds": msg.approval_timeout_seconds,
+        "on_approval_timeout": _timeout_action(
+            msg.on_approval_timeout, f"task.steps[{index}].on_approval_timeout"
+        ),
     }
+
+
+_TIMEOUT_ACTIONS: dict[int, TimeoutAction] = {
+    pb.ApprovalTimeout.REJECT: "reject",
+    pb.ApprovalTimeout.SUSPEND: "suspend",
+}
+
+
+def _timeout_action(value: int, field: str) -> TimeoutAction | None:
+    """An `ApprovalTimeout.Action`; unset (0) is None: the task's default, else reject."""
+    if value == 0:
+        return None
+    return parse_enum(
+        value, pb.ApprovalTimeout.Action.DESCRIPTOR, _TIMEOUT_ACTIONS, field, "action"
+    )
 
 
 def _check(msg: pb.Check, where: str) -> JsonObject:

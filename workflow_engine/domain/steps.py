@@ -22,6 +22,7 @@ from pydantic import (
     model_validator,
 )
 
+from workflow_engine.domain.deadlines import MAX_APPROVAL_TIMEOUT_SECONDS, TimeoutAction
 from workflow_engine.domain.jobs import Limits
 from workflow_engine.domain.patterns import check_together, compile_pattern
 from workflow_engine.domain.values import DomainModel, input_rules, invalid
@@ -106,6 +107,13 @@ def _no_nul(text: str) -> str:
 
 #: Free text that is stored: PostgreSQL's text and jsonb refuse NUL.
 Text = Annotated[str, AfterValidator(_no_nul)]
+
+
+def approval_timeout_in_range(value: int) -> int:
+    """An approval timeout (a step's or a task's default): 0 (none) to a leap year."""
+    if not 0 <= value <= MAX_APPROVAL_TIMEOUT_SECONDS:
+        raise invalid("", f"must be between 0 and {MAX_APPROVAL_TIMEOUT_SECONDS} (366 days)")
+    return value
 
 
 def at_most(value: Any, limit: int, noun: str, at: str = "") -> None:
@@ -207,6 +215,12 @@ class Step(DomainModel):
     secret_env: tuple[str, ...] = Field((), json_schema_extra={"maxItems": MAX_SECRET_ENV})
     #: What its job may use (CPU time, memory, open files, processes, output); 0: the worker's.
     limits: Limits = Field(default_factory=Limits)
+    #: With `requires_approval`: seconds its approval request waits for a decision, then
+    #: `on_approval_timeout` applies (None: the task's, else reject); 0: the task's default.
+    approval_timeout_seconds: int = Field(
+        0, json_schema_extra={"minimum": 0, "maximum": MAX_APPROVAL_TIMEOUT_SECONDS}
+    )
+    on_approval_timeout: TimeoutAction | None = None
 
     @field_validator("id")
     @classmethod
@@ -241,6 +255,22 @@ class Step(DomainModel):
         if not 0 <= value <= MAX_TIMEOUT_SECONDS:
             raise invalid("", f"must be at most {MAX_TIMEOUT_SECONDS}")
         return value
+
+    @field_validator("approval_timeout_seconds")
+    @classmethod
+    def _approval_timeout_in_range(cls, value: int) -> int:
+        return approval_timeout_in_range(value)
+
+    @model_validator(mode="after")
+    def _approval_timeout_needs_approval(self, info: ValidationInfo) -> Self:
+        """A timeout on a step that never waits would never apply: refused as input, so the
+        sender learns it (the task's default is the way to time out model-planned steps)."""
+        if self.requires_approval or not input_rules(info):
+            return self
+        for name in ("approval_timeout_seconds", "on_approval_timeout"):
+            if getattr(self, name):
+                raise invalid(f".{name}", "applies only to a step with requires_approval")
+        return self
 
     @field_validator("required_labels")
     @classmethod

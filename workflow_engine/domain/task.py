@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from workflow_engine.domain.deadlines import TimeoutAction
 from workflow_engine.domain.steps import (
     CHECK_KINDS,
     CHECK_KINDS_NEEDING_EQUALS,
@@ -31,6 +32,7 @@ from workflow_engine.domain.steps import (
     Step,
     Steps,
     Text,
+    approval_timeout_in_range,
     at_most,
     check_argv,
     check_json,
@@ -149,6 +151,11 @@ class TaskSpec(DomainModel):
     max_attempts_per_step: int = DEFAULT_MAX_ATTEMPTS
     budget: Budget = Field(default_factory=Budget)
     max_parallel_steps: int = DEFAULT_MAX_PARALLEL
+    #: Defaults for every step that requires approval and sets none of its own (model-planned
+    #: steps the command policy makes wait included): 0 / None, the request never expires
+    #: (the action: reject).
+    approval_timeout_seconds: int = 0
+    on_approval_timeout: TimeoutAction | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -191,6 +198,11 @@ class TaskSpec(DomainModel):
         if not 1 <= value <= MAX_ATTEMPTS:
             raise invalid("", f"must be between 1 and {MAX_ATTEMPTS}")
         return value
+
+    @field_validator("approval_timeout_seconds")
+    @classmethod
+    def _approval_timeout_in_range(cls, value: int) -> int:
+        return approval_timeout_in_range(value)
 
     @field_validator("max_parallel_steps")
     @classmethod

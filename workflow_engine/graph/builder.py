@@ -8,7 +8,7 @@
 decisions, raised budgets and operator overrides continue it from `verify_step_result`'s
 router (see `workflow_engine.graph.changes`).
 
-The graph is one table, `EDGES` (where each node leads), compiled into a LangGraph
+The graph is one table, `edges(clock)` (where each node leads), compiled into a LangGraph
 `StateGraph`. The engine's runs step through the same table themselves (`WorkflowGraph`, see
 `runtime.run`): one node at a time, each followed by its fenced checkpoint write, which is what
 LangGraph's loop with a checkpointer does, at a fraction of its cost. The compiled graph runs
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
 import structlog
@@ -36,6 +36,7 @@ from langgraph.runtime import Runtime
 
 from workflow_engine.capabilities.factory import Capabilities
 from workflow_engine.capabilities.job_tracker import JobTracker
+from workflow_engine.clock import Clock, SystemClock
 from workflow_engine.domain.values import JsonObject
 from workflow_engine.graph import routing
 from workflow_engine.graph.nodes import Nodes, is_control, node_functions
@@ -158,34 +159,44 @@ def _outcome(
     return "node", str(update.get("status") or "")
 
 
-def _after_verify(state: WorkflowState) -> str:
-    return routing.after_verify(state, time.time())
-
-
 Router = Callable[[WorkflowState], str]
 
 #: The first node of every workflow.
 FIRST = "load_task_context"
 
-#: Where each node leads: one next node, or a router choosing among the listed ones from the
-#: state after the node (END: the workflow ends or pauses there). One next node per node, never
-#: two at once: a run writes one checkpoint per node.
-EDGES: dict[str, str | tuple[Router, list[str]]] = {
-    "load_task_context": (routing.after_load, ["plan_steps", "mark_failed"]),
-    "plan_steps": (routing.after_plan, ["dispatch_step", "finalize_summary", "mark_failed"]),
-    "dispatch_step": (
-        routing.after_dispatch,
-        ["collect_result", "finalize_summary", "mark_failed", END],
-    ),
-    "collect_result": "verify_step_result",
-    "verify_step_result": (
-        _after_verify,
-        ["plan_steps", "dispatch_step", "finalize_summary", "mark_failed", "suspend_workflow"],
-    ),
-    "finalize_summary": END,
-    "mark_failed": END,
-    "suspend_workflow": END,
-}
+Edges = dict[str, str | tuple[Router, list[str]]]
+
+
+def edges(clock: Clock) -> Edges:
+    """Where each node leads: one next node, or a router choosing among the listed ones from
+    the state after the node (END: the workflow ends or pauses there). One next node per node,
+    never two at once: a run writes one checkpoint per node. The deadline is judged on
+    `clock`."""
+
+    def after_verify(state: WorkflowState) -> str:
+        return routing.after_verify(state, clock.now())
+
+    after_verify.__name__ = "after_verify"
+    return {
+        "load_task_context": (routing.after_load, ["plan_steps", "mark_failed"]),
+        "plan_steps": (routing.after_plan, ["dispatch_step", "finalize_summary", "mark_failed"]),
+        "dispatch_step": (
+            routing.after_dispatch,
+            ["collect_result", "finalize_summary", "mark_failed", END],
+        ),
+        "collect_result": "verify_step_result",
+        "verify_step_result": (
+            after_verify,
+            ["plan_steps", "dispatch_step", "finalize_summary", "mark_failed", "suspend_workflow"],
+        ),
+        "finalize_summary": END,
+        "mark_failed": END,
+        "suspend_workflow": END,
+    }
+
+
+#: The table on the real clock (its shape is the same on any clock).
+EDGES: Edges = edges(SystemClock())
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,11 +206,11 @@ class WorkflowGraph:
 
     compiled: CompiledStateGraph[Any, Any, Any, Any]
     nodes: Mapping[str, WrappedNode]
+    edges: Edges = field(default_factory=lambda: EDGES)
 
-    @staticmethod
-    def next_node(node: str, state: WorkflowState) -> str | None:
+    def next_node(self, node: str, state: WorkflowState) -> str | None:
         """Where the graph goes after `node` left `state`; None: it ends there."""
-        edge = EDGES[node]
+        edge = self.edges[node]
         target = edge if isinstance(edge, str) else edge[0](state)
         return None if target == END else target
 
@@ -227,9 +238,10 @@ def build_graph(capabilities: Capabilities, *, jobs: JobTracker | None = None) -
     for name, node in nodes.items():
         builder.add_node(name, node)
     builder.add_edge(START, FIRST)
-    for name, edge in EDGES.items():
+    table = edges(capabilities.context.clock)
+    for name, edge in table.items():
         if isinstance(edge, str):
             builder.add_edge(name, edge)
         else:
             builder.add_conditional_edges(name, _async(edge[0]), edge[1])
-    return WorkflowGraph(builder.compile(), nodes)
+    return WorkflowGraph(builder.compile(), nodes, table)

@@ -13,11 +13,11 @@ before anything is written.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from workflow_engine.domain.deadlines import DEADLINE_ACTOR, expiry_of
 from workflow_engine.domain.status import WorkflowStatus
 from workflow_engine.domain.task import STEPS, Budget, Step
 from workflow_engine.domain.values import parse
@@ -27,6 +27,7 @@ from workflow_engine.graph.state import (
     ApprovalRecord,
     BudgetRecord,
     FindingRecord,
+    PendingApproval,
     PlanRecord,
     VerificationRecord,
     WorkflowState,
@@ -101,26 +102,32 @@ def apply_all(
     return updates, state
 
 
-def decide(state: WorkflowState, decision: Decision) -> StateUpdate:
-    """Apply `decision` to the workflow's pending approval request."""
+def _pending(state: WorkflowState, step_id: str, field: str) -> PendingApproval:
+    """The request `state` waits on, for `step_id`; `InvalidState` naming `field` otherwise."""
     pending = state.get("pending_approval")
     if state.get("status") != WorkflowStatus.WAITING_FOR_APPROVAL.in_state or not pending:
         raise InvalidState(
-            "decision: the workflow has no pending approval request "
+            f"{field}: the workflow has no pending approval request "
             f"(status {str(state.get('status', '')).upper()})"
         )
-    if decision.step_id != pending.get("step_id"):
+    if step_id != pending.get("step_id"):
         raise InvalidState(
-            f"decision.step_id: the pending request is for step {pending.get('step_id')!r}, "
-            f"not {decision.step_id!r}"
+            f"{field}.step_id: the pending request is for step {pending.get('step_id')!r}, "
+            f"not {step_id!r}"
         )
+    return pending
+
+
+def decide(state: WorkflowState, decision: Decision, now: float) -> StateUpdate:
+    """Apply `decision` to the workflow's pending approval request (decided at `now`)."""
+    _pending(state, decision.step_id, "decision")
     sid = decision.step_id
     actor = decision.decided_by or "unknown"
     record: ApprovalRecord = {
         "verdict": decision.verdict,
         "reason": decision.reason,
         "decided_by": actor,
-        "decided_at": time.time(),
+        "decided_at": now,
     }
     values: WorkflowState = {
         "status": WorkflowStatus.RUNNING.in_state,
@@ -141,6 +148,73 @@ def decide(state: WorkflowState, decision: Decision) -> StateUpdate:
         record["env"] = dict(decision.env)
     detail = f"{decision.verdict} step {sid}" + (f": {decision.reason}" if decision.reason else "")
     return StateUpdate(values, "approval_decision", "approval_decided", detail, actor)
+
+
+def expire(state: WorkflowState, step_id: str, now: float) -> StateUpdate:
+    """End the wait of `state` for `step_id`'s approval because it expired at or before `now`
+    (the timer sweep's change; see `runtime.deadlines`).
+
+    Refused (`InvalidState`, nothing written) unless the state waits on that step's request
+    and that request's expiry, as the state itself says (`domain.deadlines.expiry_of`), has
+    come: so a decision and an expiry that race are applied once between them, and a row
+    whose `wake_at` says otherwise never makes a request expire early. REJECT is recorded like
+    a person's rejection, by actor "deadline": the step fails, and so does the workflow.
+    SUSPEND (the step's action, or the workflow's deadline) leads to `suspend_workflow`, whose
+    summary says why; the step asks again when the workflow is resumed.
+    """
+    pending = _pending(state, step_id, "expiry")
+    expiry = expiry_of(state)
+    if expiry is None:
+        raise InvalidState(f"expiry: the approval request of step {step_id} never expires")
+    if now < expiry.at:
+        raise InvalidState(
+            f"expiry: the approval request of step {step_id} expires in "
+            f"{expiry.at - now:.3f} s, not yet"
+        )
+    waited = round(now - float(pending.get("requested_at") or now))
+    values: WorkflowState = {
+        "status": WorkflowStatus.RUNNING.in_state,
+        "pending_approval": None,
+    }
+    if expiry.cause == "deadline":
+        reason = (
+            f"the deadline of {expiry.seconds} s after the start passed while step {step_id} "
+            f"waited for approval ({waited} s)"
+        )
+    else:
+        reason = f"the approval request of step {step_id} expired after {expiry.seconds} s"
+    if expiry.action == "reject":
+        values["approvals"] = {
+            **state.get("approvals", {}),
+            step_id: {
+                "verdict": "reject",
+                "reason": reason,
+                "decided_by": DEADLINE_ACTOR,
+                "decided_at": now,
+            },
+        }
+        steps = dict(state.get("steps", {}))
+        steps[step_id] = {**routing.step_state(state, step_id), "status": "failed", "error": reason}
+        values["steps"] = steps
+    else:
+        values["wait_expired"] = {"step_id": step_id, "cause": expiry.cause, "reason": reason}
+    detail = f"{expiry.action} step {step_id}: {reason}"
+    return StateUpdate(values, "approval_expiry", "approval_decided", detail, DEADLINE_ACTOR)
+
+
+def resume_after_expiry(state: WorkflowState, actor: str) -> StateUpdate:
+    """Continue a workflow SUSPENDED because its approval request expired (no budget needed):
+    the step asks for approval again, with a new expiry."""
+    expired = state.get("wait_expired") or {}
+    if state.get("status") != WorkflowStatus.SUSPENDED.in_state or (
+        expired.get("cause") != "approval_timeout"
+    ):
+        raise InvalidState(
+            "budget: required; the workflow was not suspended by an expired approval request"
+        )
+    values: WorkflowState = {"status": WorkflowStatus.RUNNING.in_state, "wait_expired": None}
+    detail = f"resumed after the approval request of step {expired.get('step_id')} expired"
+    return StateUpdate(values, "resume", "overridden", detail, actor)
 
 
 def _edited_plan(state: WorkflowState, decision: Decision) -> PlanRecord:
@@ -167,6 +241,7 @@ def raise_budget(state: WorkflowState, budget: Budget, actor: str) -> StateUpdat
     values: WorkflowState = {"budget": as_record(BudgetRecord, raised)}
     if state.get("status") == WorkflowStatus.SUSPENDED.in_state:
         values["status"] = WorkflowStatus.RUNNING.in_state
+        values["wait_expired"] = None  # resumed: a suspension by an expired wait is over too
     detail = "budget: " + ", ".join(f"{k}={v}" for k, v in raised.to_json().items() if v)
     return StateUpdate(values, "budget_update", "overridden", detail, actor)
 

@@ -17,6 +17,12 @@ The formats so far:
    rows of older engines, and the eight nodes below.
 2. The same state and nodes, in a row that records its format and its engine: the upgrade from
    1 passes the state as it is and checks the trigger against format 1's nodes.
+3. Approval timeouts (issue 52): the state gains the task's defaults
+   (`approval_timeout_seconds`, `on_approval_timeout`), why a wait ended SUSPENDED
+   (`wait_expired`), and the pending request its expiry (`expires_at`, `on_timeout`,
+   `timeout_seconds`, `timeout_action`). Every new key may be missing, and means "never
+   expires" then: the upgrade from 2 passes the state as it is (a request made by a format 2
+   engine still expires at the workflow's deadline, once a checkpoint of format 3 is written).
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ _NODES_1_AND_2 = frozenset(
 )
 
 #: The graph's node names in each format.
-NODES: Mapping[int, frozenset[str]] = {1: _NODES_1_AND_2, 2: _NODES_1_AND_2}
+NODES: Mapping[int, frozenset[str]] = {1: _NODES_1_AND_2, 2: _NODES_1_AND_2, 3: _NODES_1_AND_2}
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,8 +75,14 @@ def from_format_1(row: StoredCheckpoint) -> StoredCheckpoint:
     return row
 
 
+def from_format_2(row: StoredCheckpoint) -> StoredCheckpoint:
+    """Format 2 to 3: only keys were added, each optional; the nodes are the same."""
+    check_trigger(row, 2)
+    return row
+
+
 #: The upgrade from each format to the next one, by the format it reads.
-UPGRADES: Mapping[int, Upgrade] = {1: from_format_1}
+UPGRADES: Mapping[int, Upgrade] = {1: from_format_1, 2: from_format_2}
 
 
 def upgrade(state_format: int, task_id: str, state: Any, checkpoint: Any) -> tuple[Any, Any]:

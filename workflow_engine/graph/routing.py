@@ -123,6 +123,8 @@ def after_verify(state: WorkflowState, now: float) -> AfterVerify:
         return "finalize_summary"
     if forced == "mark_failed":
         return "mark_failed"
+    if state.get("wait_expired"):  # a wait for approval expired: suspended, and why
+        return "suspend_workflow"
     if not plan_steps(state):  # a change applied before planning: plan, never "all passed"
         return "mark_failed" if state.get("error") else "plan_steps"
     statuses = [step_state(state, s["id"])["status"] for s in plan_steps(state)]

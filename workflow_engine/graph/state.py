@@ -23,6 +23,7 @@ from typing import Any, Literal, TypeVar, cast
 from pydantic import ConfigDict, TypeAdapter, ValidationError, with_config
 from typing_extensions import TypedDict
 
+from workflow_engine.domain.deadlines import ExpiryCause, TimeoutAction
 from workflow_engine.domain.jobs import JobStatus, VerificationStatus
 from workflow_engine.domain.status import WorkflowStatus
 from workflow_engine.domain.values import DomainModel, JsonObject, parse
@@ -133,6 +134,23 @@ class PendingApproval(TypedDict, total=False):
     env: dict[str, str]
     reason: str
     requested_at: float
+    #: When it expires (epoch seconds; absent: never) and what happens then, as stored when
+    #: it was made; `domain.deadlines.expiry_of` reads it again with the budget as it is now.
+    expires_at: float
+    on_timeout: TimeoutAction
+    #: The step's (else the task's) approval timeout (0: none) and its action.
+    timeout_seconds: int
+    timeout_action: TimeoutAction
+
+
+@with_config(_RECORD)
+class WaitExpired(TypedDict, total=False):
+    """Why a wait for approval ended the workflow SUSPENDED (its approval request expired, or
+    the deadline passed while it waited); cleared when it is resumed."""
+
+    step_id: str
+    cause: ExpiryCause
+    reason: str
 
 
 @with_config(_RECORD)
@@ -232,6 +250,11 @@ class WorkflowState(TypedDict, total=False):
     model_calls: list[ModelCallRecord]
     model_tokens: int
     revisions: list[RevisionRecord]
+    # The task's approval timeout defaults, for every step that waits (model-planned ones
+    # included), and why the last wait ended SUSPENDED (see `graph.changes.expire`).
+    approval_timeout_seconds: int
+    on_approval_timeout: TimeoutAction | None
+    wait_expired: WaitExpired | None
 
 
 STATE_KEYS: frozenset[str] = frozenset(WorkflowState.__annotations__)

@@ -7,6 +7,7 @@ shared by the use cases (`workflows`) and the event stream (`watch`).
 
 from __future__ import annotations
 
+from workflow_engine.clock import Clock
 from workflow_engine.domain.records import Scope, WorkflowRecord
 from workflow_engine.domain.status import WorkflowStatus
 from workflow_engine.domain.task import Budget
@@ -40,11 +41,17 @@ def state_of(record: WorkflowRecord) -> WorkflowState:
 
 
 def resume_changes(
-    record: WorkflowRecord, decision: Decision | None, budget: Budget | None, actor: str
+    record: WorkflowRecord,
+    decision: Decision | None,
+    budget: Budget | None,
+    actor: str,
+    clock: Clock,
 ) -> list[Change]:
     """What a ResumeWorkflow asks to change, checked against the row before anything is taken.
 
-    A tampered state is not validated here: the run refuses the checkpoint itself.
+    A workflow SUSPENDED because its approval request expired needs no budget (the step asks
+    again); any other SUSPENDED one needs the budget that raises the limit it hit. A tampered
+    state is not validated here: the run refuses the checkpoint itself.
     """
     state = state_of(record)
     if record.status == WorkflowStatus.WAITING_FOR_APPROVAL and decision is None:
@@ -52,14 +59,17 @@ def resume_changes(
             "decision: required; the workflow waits for approval of step "
             f"{(state.get('pending_approval') or {}).get('step_id')!r}"
         )
-    if record.status == WorkflowStatus.SUSPENDED and budget is None:
+    expired = (state.get("wait_expired") or {}).get("cause") == "approval_timeout"
+    if record.status == WorkflowStatus.SUSPENDED and budget is None and not expired:
         raise InvalidState("budget: required; the workflow is SUSPENDED: " + (record.summary or ""))
     if budget is not None and record.terminal:
         raise InvalidState(f"budget: the workflow has ended ({record.status})")
     changes: list[Change] = []
     if decision is not None:
-        changes.append(lambda state: state_changes.decide(state, decision))
+        changes.append(lambda state: state_changes.decide(state, decision, clock.now()))
     if budget is not None:
         changes.append(lambda state: state_changes.raise_budget(state, budget, actor))
+    elif record.status == WorkflowStatus.SUSPENDED:
+        changes.append(lambda state: state_changes.resume_after_expiry(state, actor))
     state_changes.apply_all(changes, state)  # refuse now what does not fit
     return changes

@@ -6,14 +6,16 @@ happens lives here or below, so the same calls serve tests, benchmarks and other
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
 from workflow_engine.capabilities.protocols import TaskSource
 from workflow_engine.config import Settings
 from workflow_engine.context import EngineContext
+from workflow_engine.domain.deadlines import expiry_of
 from workflow_engine.domain.records import (
     Fence,
     Lease,
@@ -110,6 +112,9 @@ class WorkflowService:
         context = EngineContext() if context is None else context
         self._secrets = context.secrets
         self._metrics = context.metrics
+        self._clock = context.clock
+        # Per workflow: one claim at a time in this process (see `_claim_and_launch`).
+        self._claim_locks: dict[str, tuple[asyncio.Lock, int]] = {}
         self._settings = settings
         self._pool = pool
         # This process's name, recorded with every lease it takes (see `leases.acquire`).
@@ -238,7 +243,7 @@ class WorkflowService:
         holder = holder_id or self._settings.holder_id
         record = in_scope(await queries.get(self._pool, task_id), scope)
         refuse_blocked(record)
-        changes = resume_changes(record, decision, budget, actor or holder)
+        changes = resume_changes(record, decision, budget, actor or holder, self._clock)
         if changes:
             applied = await self._apply(record, holder, ttl, changes)
             return ResumeOutcome(applied.record, applied.lease, True, applied.status)
@@ -287,6 +292,35 @@ class WorkflowService:
         return await self._apply(
             record, self._settings.holder_id, float(self._settings.lease_ttl_seconds), changes
         )
+
+    async def expire(self, task_id: str) -> str | None:
+        """Apply the expiry of a waiting workflow's approval request (the timer sweep's call;
+        see `runtime.deadlines`) through the same path as a person's decision; answer its
+        action (reject, suspend).
+
+        None, with nothing taken or written, when the row's state says it is not due (it waits
+        on nothing, or on a request that has not expired: whatever the row's `wake_at` says).
+        Otherwise the change is computed again from the state it is applied to, so a decision
+        that got there first makes it refused (`InvalidState`), never applied twice.
+        """
+        record = await queries.get(self._pool, task_id)
+        refuse_blocked(record)
+        state = state_of(record)
+        step_id = str((state.get("pending_approval") or {}).get("step_id") or "")
+
+        def change(current: WorkflowState) -> state_changes.StateUpdate:
+            return state_changes.expire(current, step_id, self._clock.now())
+
+        expiry = expiry_of(state)
+        try:
+            change(state)
+        except InvalidState:
+            return None
+        assert expiry is not None  # the change found it due
+        ttl = float(self._settings.lease_ttl_seconds)
+        await self._apply(record, self._settings.holder_id, ttl, [change])
+        self._metrics.approval_expired(expiry.action)
+        return expiry.action
 
     async def _accept_outside_state(self, record: WorkflowRecord, override: Override) -> Applied:
         """Take what another writer left in a blocked workflow as the engine's, and run it from
@@ -338,7 +372,26 @@ class WorkflowService:
                 except RunEnded:
                     continue
                 return await self._applied(task_id, None, state)
-            self._check_accepting()
+            launched = await self._claim_and_launch(record, holder, ttl, changes)
+            if launched is None:
+                continue  # a run of it started here meanwhile: submit to it on the next pass
+            run, lease = launched
+            state = await run.pending()[0]
+            return await self._applied(task_id, lease, state)
+        raise InvalidState("the workflow's run kept changing hands; nothing was changed, retry")
+
+    async def _claim_and_launch(
+        self, record: WorkflowRecord, holder: str, ttl: float, changes: Sequence[Change]
+    ) -> tuple[Run, Lease] | None:
+        """Claim the workflow and launch a run here that applies `changes` first; None when a
+        run of it started here meanwhile. One claim at a time per workflow in this process:
+        two changes that race here (a decision and the timer's expiry) would otherwise both
+        take this holder's lease, each moving the other's epoch on."""
+        task_id = record.task_id
+        self._check_accepting()
+        async with self._claim_lock(task_id):
+            if self._runs.get(task_id) is not None:
+                return None
             with self._runs.room_for(record.project_id):
                 claim = await self._claim(task_id, holder, ttl)
                 if claim.lease is None:
@@ -354,9 +407,22 @@ class WorkflowService:
                     )
                     raise
                 run = self._launch_resumed(claim.record, holder, claim.lease, ttl, changes)
-            state = await run.pending()[0]
-            return await self._applied(task_id, claim.lease, state)
-        raise InvalidState("the workflow's run kept changing hands; nothing was changed, retry")
+        return run, claim.lease
+
+    @contextlib.asynccontextmanager
+    async def _claim_lock(self, task_id: str) -> AsyncIterator[None]:
+        """This process's lock on claiming `task_id`, kept only while someone wants it."""
+        lock, users = self._claim_locks.get(task_id, (asyncio.Lock(), 0))
+        self._claim_locks[task_id] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._claim_locks[task_id]
+            if users == 1:
+                del self._claim_locks[task_id]
+            else:
+                self._claim_locks[task_id] = (lock, users - 1)
 
     async def _claim(
         self, task_id: str, holder: str, ttl: float, max_recoveries: int | None = None
@@ -388,7 +454,7 @@ class WorkflowService:
         record = await queries.get(self._pool, task_id)
         status = record.status
         if status == WorkflowStatus.RUNNING:  # not yet past the node the change leads to
-            status = routing.committed_status(state, time.time())
+            status = routing.committed_status(state, self._clock.now())
         return Applied(record, lease, status)
 
     async def recover(self, task_id: str) -> bool:

@@ -29,6 +29,7 @@ from langgraph.checkpoint.base.id import uuid6
 from psycopg_pool import AsyncConnectionPool
 
 from workflow_engine.context import EngineContext
+from workflow_engine.domain.deadlines import wake_at
 from workflow_engine.domain.records import Fence, WorkflowEventRecord
 from workflow_engine.domain.state_format import STATE_FORMAT, readable, unreadable_reason
 from workflow_engine.domain.status import FINAL_STATUSES, WorkflowStatus
@@ -242,6 +243,7 @@ class RowCheckpointer:
             detail=masked(event.get("detail")),
             actor=str(event.get("actor") or ""),
             release=status in FINAL_STATUSES,
+            wake_at=wake_at(state),
         )
 
         async def write() -> WriteOutcome:

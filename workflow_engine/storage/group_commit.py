@@ -46,7 +46,8 @@ WITH input AS (
     SELECT * FROM jsonb_to_recordset(%(rows)s) AS i(
         task_id uuid, holder_id text, epoch bigint, run_id uuid, state jsonb, node text,
         status text, checkpoint_id text, checkpoint jsonb, metadata jsonb,
-        summary text, error text, event_kind text, detail text, actor text, release boolean)
+        summary text, error text, event_kind text, detail text, actor text, release boolean,
+        wake_at double precision)
 ), events_of AS (
     -- How many events each row appends: its node's, and a status event when the status the
     -- row had before this statement differs.
@@ -71,10 +72,10 @@ WITH input AS (
     INSERT INTO workflow_checkpoints AS c
         (id, task_id, state, last_node_id, updated_at, created_at, run_id, status, lease_epoch,
          checkpoint_id, checkpoint, checkpoint_metadata, event_seq, summary, error,
-         engine_owned, state_format, engine_version)
+         engine_owned, state_format, engine_version, wake_at)
     SELECT gen_random_uuid(), i.task_id, i.state, i.node, now(), now(), i.run_id, i.status,
            i.epoch, i.checkpoint_id, i.checkpoint, i.metadata, n.n_events, i.summary, i.error,
-           true, %(state_format)s, %(engine_version)s
+           true, %(state_format)s, %(engine_version)s, to_timestamp(i.wake_at)
       FROM input i JOIN lease USING (task_id) JOIN events_of n USING (task_id)
     ON CONFLICT (task_id) DO UPDATE SET
         state = EXCLUDED.state,
@@ -91,7 +92,8 @@ WITH input AS (
         error = EXCLUDED.error,
         recovery_attempts = 0,
         state_format = EXCLUDED.state_format,
-        engine_version = EXCLUDED.engine_version
+        engine_version = EXCLUDED.engine_version,
+        wake_at = EXCLUDED.wake_at
     -- A retry after a commit whose answer was lost must not append the events twice; and a
     -- row that is not the engine's, that another writer changed since the engine's last
     -- write, or that a newer engine wrote in a newer state format, is not overwritten (the
@@ -180,6 +182,9 @@ class CheckpointRow:
     actor: str = ""
     #: Release the lease with this write: the row ends or pauses the workflow.
     release: bool = False
+    #: When the timer sweep must look at the row again (epoch seconds): the expiry of the
+    #: approval request a waiting workflow's state holds; None for every other row.
+    wake_at: float | None = None
 
 
 @dataclass
@@ -292,6 +297,7 @@ def batch_params(rows: Sequence[CheckpointRow]) -> dict[str, Any]:
                     "detail": r.detail,
                     "actor": r.actor,
                     "release": r.release,
+                    "wake_at": r.wake_at,
                 }
                 for r in rows
             ]

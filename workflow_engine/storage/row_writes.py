@@ -49,6 +49,8 @@ UPDATE workflow_checkpoints c
        blocked_reason = CASE WHEN %(ends)s THEN '' ELSE c.blocked_reason END,
        stopped_reason = CASE WHEN %(ends)s THEN '' ELSE c.stopped_reason END,
        error = CASE WHEN %(error)s = '' THEN c.error ELSE %(error)s END,
+       -- Only a waiting row has a time to wake at (its checkpoint wrote it).
+       wake_at = CASE WHEN %(status)s = 'WAITING_FOR_APPROVAL' THEN c.wake_at END,
        event_seq = c.event_seq + 1,
        updated_at = now()
   FROM cur

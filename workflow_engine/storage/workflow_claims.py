@@ -77,6 +77,7 @@ UPDATE workflow_checkpoints
        blocked_reason = '',
        changed_outside = false,
        recovery_attempts = 0,
+       wake_at = NULL,
        state_format = %(state_format)s,
        engine_version = %(engine_version)s,
        event_seq = event_seq + 1,

@@ -126,6 +126,10 @@ class Metrics:
         start)."""
         self._m["schedule_fires"].labels(outcome=outcome).inc()
 
+    def approval_expired(self, action: str) -> None:
+        """The timer sweep applied an approval request's expiry: `action` reject or suspend."""
+        self._m["approvals_expired"].labels(action=action).inc()
+
     def unreadable_workflows(self, count: int) -> None:
         """Unfinished workflows in a state format this engine does not read (see
         `domain.state_format`), as the recovery sweep last counted them."""
@@ -267,6 +271,12 @@ _DEFINITIONS: dict[str, Any] = {
         "workflow_engine_schedule_fires_total",
         "Schedule slots this process handled, by outcome (started, taken, skipped, missed, failed)",
         ("outcome",),
+    ),
+    "approvals_expired": _counter(
+        "workflow_engine_approvals_expired_total",
+        "Approval requests that expired and were applied by this process's timer sweep, "
+        "by action (reject, suspend)",
+        ("action",),
     ),
     "unreadable_workflows": lambda registry: Gauge(
         "workflow_engine_unreadable_workflows",

@@ -41,11 +41,20 @@ def test_round_trip_keeps_everything() -> None:
                 timeout_seconds=5,
                 expect=(Check(kind="json_field_equals", field="a.b", equals=[1, "x"]),),
             ),
-            Step(id="b", command=("true",), depends_on=("a",), requires_approval=True),
+            Step(
+                id="b",
+                command=("true",),
+                depends_on=("a",),
+                requires_approval=True,
+                approval_timeout_seconds=30,
+                on_approval_timeout="suspend",
+            ),
         ),
         preferences=({"style": {"tabs": False}},),
         metadata=TaskMetadata(user_id="u", project_id="p", labels={"l": "1"}),
         max_attempts_per_step=4,
+        approval_timeout_seconds=3600,
+        on_approval_timeout="reject",
     )
     assert TaskSpec.from_json(spec.to_json()) == spec
     assert parse(TaskSpec, spec.to_json(), "task") == spec
@@ -70,7 +79,13 @@ def test_the_stored_json_keeps_its_shape() -> None:
         "required_labels": [],
         "secret_env": [],
         "limits": NO_LIMITS,
+        # Issue 52; older rows lack them and read as "the task's default".
+        "approval_timeout_seconds": 0,
+        "on_approval_timeout": None,
     }
+    assert Step.from_json({k: v for k, v in step.to_json().items() if "approval_t" not in k}) == (
+        step
+    )
     job = JobRequest(task_id="t", job_id="j", sandbox=Sandbox(command=("true",)))
     assert job.to_json() == {
         "version": 1,

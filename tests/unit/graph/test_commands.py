@@ -30,24 +30,24 @@ def waiting() -> WorkflowState:
 
 
 def test_approve_clears_the_request_and_records_who() -> None:
-    update = changes.decide(waiting(), Decision("ship", "approve", decided_by="alice"))
+    update = changes.decide(waiting(), Decision("ship", "approve", decided_by="alice"), 0.0)
     assert update.values["status"] == "running" and update.values["pending_approval"] is None
     assert update.values["approvals"]["ship"]["decided_by"] == "alice"
     assert (update.kind, update.actor) == ("approval_decided", "alice")
 
 
 def test_reject_fails_the_step_and_so_the_workflow() -> None:
-    update = changes.decide(waiting(), Decision("ship", "reject", reason="not today"))
+    update = changes.decide(waiting(), Decision("ship", "reject", reason="not today"), 0.0)
     state: WorkflowState = {**waiting(), **update.values}
     assert state["steps"]["ship"]["status"] == "failed"
     assert routing.committed_status(state, 0) == "FAILED"
 
 
 def test_edit_replaces_the_command_and_is_checked() -> None:
-    update = changes.decide(waiting(), Decision("ship", "edit", command=("echo", "staged")))
+    update = changes.decide(waiting(), Decision("ship", "edit", command=("echo", "staged")), 0.0)
     assert update.values["plan"]["steps"][1]["command"] == ["echo", "staged"]
     with pytest.raises(InvalidArgument, match=r"^decision\[1\].command\[0\]"):
-        changes.decide(waiting(), Decision("ship", "edit", command=("",)))
+        changes.decide(waiting(), Decision("ship", "edit", command=("",)), 0.0)
 
 
 @pytest.mark.parametrize(
@@ -61,11 +61,11 @@ def test_a_decision_that_does_not_fit_is_refused(
     state: WorkflowState, decision: Decision, phrase: str
 ) -> None:
     with pytest.raises(InvalidState, match=phrase):
-        changes.decide(state, decision)
+        changes.decide(state, decision, 0.0)
 
 
 def test_a_second_decision_is_refused_by_the_state_the_first_left() -> None:
-    first = lambda s: changes.decide(s, Decision("ship", "approve"))  # noqa: E731
+    first = lambda s: changes.decide(s, Decision("ship", "approve"), 0.0)  # noqa: E731
     _, after = changes.apply_all([first], waiting())
     with pytest.raises(InvalidState, match="no pending approval"):
         changes.apply_all([first], after)

@@ -45,6 +45,8 @@ class NodeBase:
     def __init__(self, capabilities: Capabilities, jobs: JobTracker | None = None) -> None:
         self._caps = capabilities
         self._secrets = capabilities.context.secrets
+        # The engine's one clock: every time a node records or compares comes from it.
+        self._clock = capabilities.context.clock
         self.jobs = jobs or capabilities.jobs
 
 

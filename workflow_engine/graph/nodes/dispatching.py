@@ -4,11 +4,10 @@ approval first.
 
 from __future__ import annotations
 
-import time
-
 import structlog
 
 from workflow_engine.capabilities.tasks.preferences import node_preferences
+from workflow_engine.domain.deadlines import approval_expiry, effective_timeout
 from workflow_engine.domain.jobs import Finding, JobRequest, Sandbox, Verification
 from workflow_engine.domain.status import WorkflowStatus
 from workflow_engine.domain.task import LOADER_PROBLEM, Step, loader_variables
@@ -24,6 +23,7 @@ from workflow_engine.graph.nodes.base import (
 )
 from workflow_engine.graph.state import (
     JobResultRecord,
+    PendingApproval,
     StepState,
     VerificationRecord,
     WorkflowState,
@@ -46,7 +46,7 @@ class Dispatching(NodeBase):
         flying = routing.in_flight(state)
         room = int(state.get("max_parallel_steps") or 1) - len(flying)
         approvals = state.get("approvals", {})
-        now = time.time()
+        now = self._clock.now()
         dispatches = int(state.get("dispatches", 0))
         update: WorkflowState = {}
         dispatched: list[str] = []
@@ -57,7 +57,7 @@ class Dispatching(NodeBase):
                 continue
             if step.requires_approval and step_id not in approvals:
                 if not flying and not dispatched:
-                    return _approval_request(state, step, now)
+                    return approval_request(state, step, now)
                 continue  # asked for once the steps in flight are done
             if room <= 0 or routing.budget_exhausted(state, now, step_id, dispatches):
                 break
@@ -151,22 +151,48 @@ def _refused_env(previous: StepState, step_id: str, names: list[str]) -> StepSta
     }
 
 
-def _approval_request(state: WorkflowState, step: Step, now: float) -> WorkflowState:
+def approval_request(state: WorkflowState, step: Step, now: float) -> WorkflowState:
     reason = f"step {step.id} requires approval before it runs"
     # A model-planned step: say which rule of the command policy asked for the approval.
     if policy := routing.step_state(state, step.id).get("approval_policy"):
         reason += f" ({policy}; the model planned it)"
+    pending: PendingApproval = {
+        "step_id": step.id,
+        "description": step.description,
+        "command": list(step.command),
+        "env": dict(step.env),
+        "reason": reason,
+        "requested_at": now,
+        **_expiry_fields(state, step, now),
+    }
     return {
         "status": WorkflowStatus.WAITING_FOR_APPROVAL.in_state,
-        "pending_approval": {
-            "step_id": step.id,
-            "description": step.description,
-            "command": list(step.command),
-            "env": dict(step.env),
-            "reason": reason,
-            "requested_at": now,
-        },
+        "pending_approval": pending,
+        "wait_expired": None,
     }
+
+
+def _expiry_fields(state: WorkflowState, step: Step, now: float) -> PendingApproval:
+    """When a request made at `now` for `step` expires, and what happens then: the step's
+    approval timeout (else the task's), or the workflow's deadline if that comes first."""
+    seconds, action = effective_timeout(
+        step.approval_timeout_seconds,
+        step.on_approval_timeout,
+        int(state.get("approval_timeout_seconds") or 0),
+        state.get("on_approval_timeout"),
+    )
+    fields: PendingApproval = {"timeout_seconds": seconds, "timeout_action": action}
+    expiry = approval_expiry(
+        requested_at=now,
+        timeout_seconds=seconds,
+        action=action,
+        started_at=state.get("started_at"),
+        deadline_seconds=int((state.get("budget") or {}).get("deadline_seconds") or 0),
+    )
+    if expiry is not None:
+        fields["expires_at"] = expiry.at
+        fields["on_timeout"] = expiry.action
+    return fields
 
 
 def jobs_in_flight(state: WorkflowState) -> list[tuple[str, JobRequest]]:

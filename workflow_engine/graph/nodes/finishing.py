@@ -5,7 +5,6 @@ suspension at a budget limit (`suspend_workflow`).
 from __future__ import annotations
 
 import json
-import time
 
 import structlog
 
@@ -79,12 +78,24 @@ class Finishing(NodeBase):
         }
 
     async def suspend_workflow(self, state: WorkflowState) -> WorkflowState:
-        """Stop at a budget limit with what was done and what remains; resumable with more."""
-        reason = routing.budget_exhausted(state, time.time()) or "a budget limit was reached"
+        """Stop at a budget limit, or where a wait for approval expired (see
+        `graph.changes.expire`), with what was done and what remains; resumable."""
+        expired = state.get("wait_expired") or {}
+        reason = (
+            expired.get("reason")
+            or routing.budget_exhausted(state, self._clock.now())
+            or "a budget limit was reached"
+        )
         done = [r["step_id"] for r in state.get("results", [])]
         lines = [f"Suspended: {reason}.", f"Done ({len(done)}): {', '.join(done) or 'nothing'}."]
         lines += _remaining(state)
-        lines.append("ResumeWorkflow with a raised budget continues from here.")
+        if expired.get("cause") == "approval_timeout":
+            lines.append(
+                f"ResumeWorkflow continues from here: step {expired.get('step_id')} asks for "
+                "approval again."
+            )
+        else:
+            lines.append("ResumeWorkflow with a raised budget continues from here.")
         return {"status": WorkflowStatus.SUSPENDED.in_state, "summary": "\n".join(lines)}
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import structlog
 from pydantic import ValidationError
 
@@ -41,7 +39,9 @@ class Planning(NodeBase):
             "max_attempts_per_step": task.max_attempts_per_step,
             "max_parallel_steps": task.max_parallel_steps,
             "budget": as_record(BudgetRecord, task.budget),
-            "started_at": state.get("started_at") or time.time(),
+            "started_at": state.get("started_at") or self._clock.now(),
+            "approval_timeout_seconds": task.approval_timeout_seconds,
+            "on_approval_timeout": task.on_approval_timeout,
         }
 
     async def plan_steps(self, state: WorkflowState) -> WorkflowState:

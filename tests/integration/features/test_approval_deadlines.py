@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import grpc
+import psycopg
 import pytest
 
 from tests.conftest import RunningEngine, start_engine, stop_engine
@@ -215,3 +216,34 @@ async def test_a_timeout_on_a_step_that_never_waits_and_bad_task_values_are_refu
             )
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert (err.value.details() or "").startswith(field), err.value.details()
+
+
+async def wake_at_of(db_url: str, task_id: str) -> object:
+    async with await psycopg.AsyncConnection.connect(db_url) as conn:
+        cur = await conn.execute(
+            "SELECT wake_at FROM workflow_checkpoints WHERE task_id = %s", (task_id,)
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        return row[0]
+
+
+async def test_only_a_waiting_row_has_a_wake_at(
+    running: RunningEngine, db_url: str, tmp_path: Path
+) -> None:
+    """Written with the checkpoint that begins the wait; cleared by the decision's checkpoint
+    and by a cancel (a status write), so a running or finished row never has one."""
+    spec = gated(tmp_path / "m", approval_timeout_seconds=3600)
+    decided_id, _ = await start_waiting(running, spec)
+    cancelled_id, _ = await start_waiting(running, spec)
+    assert await wake_at_of(db_url, decided_id) is not None
+    await running.stub.ResumeWorkflow(
+        pb.ResumeWorkflowRequest(
+            task_id=decided_id,
+            decision=pb.ApprovalDecision(step_id="deploy", verdict=pb.APPROVE),
+        )
+    )
+    assert (await wait_for_status(running.stub, decided_id)).status == pb.SUCCEEDED
+    assert await wake_at_of(db_url, decided_id) is None
+    await running.stub.CancelWorkflow(pb.CancelWorkflowRequest(task_id=cancelled_id))
+    assert await wake_at_of(db_url, cancelled_id) is None

@@ -1,5 +1,6 @@
 """The `workflow-engine` command: `serve` (the default), `migrate`, `prune` and `worker-node`,
-and the client commands for people (`start`, `get`, `watch`, `list`, ...: `client.subcommands`);
+and the client commands for people (`start`, `get`, `watch`, `list`, `schedule`, ...:
+`client.subcommands`);
 `--version` says which engine this is.
 
 Settings come from ``WORKFLOW_ENGINE_*`` environment variables; flags override them. For
@@ -40,7 +41,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Durable LangGraph workflow worker, driven over gRPC.",
         epilog="Every flag has a WORKFLOW_ENGINE_<NAME> environment variable; flags win. "
         "To call a running engine: workflow-engine {start,get,watch,list,cancel,approve,"
-        "reject,update} --help.",
+        "reject,update,schedule} --help.",
     )
     parser.add_argument(
         "command",

@@ -1,4 +1,4 @@
-"""The engine for people at a terminal: ``workflow-engine start|get|watch|list|cancel|...``.
+"""The engine for people at a terminal: ``workflow-engine start|get|watch|list|schedule|...``.
 
 A gRPC client of a running engine, as any other (it imports the contract, nothing of the
 engine's insides): `connection` opens the channel (address, TLS, token), `taskfile` reads a

@@ -1,4 +1,4 @@
-"""What the client commands print for people: a workflow, a list, events, a live view.
+"""What the client commands print for people: a workflow, a list, events, a live view, schedules.
 
 Plain text with colour where the terminal has it (`rich`); `--json` bypasses all of this.
 """
@@ -6,6 +6,7 @@ Plain text with colour where the terminal has it (`rich`); `--json` bypasses all
 from __future__ import annotations
 
 from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from google.protobuf import json_format
 from rich.console import Console
@@ -45,6 +46,18 @@ def time_of(stamp: Any) -> str:
     return str(stamp.ToDatetime().strftime("%Y-%m-%d %H:%M:%S")) + " UTC"
 
 
+def zoned_time_of(stamp: Any, zone: str) -> str:
+    """A time in UTC and, for a named zone, also there: "2026-11-28 01:00:00 UTC (02:00 CET)"."""
+    shown = time_of(stamp)
+    if shown == "-" or not zone or zone == "UTC":
+        return shown
+    try:
+        local = stamp.ToDatetime(tzinfo=ZoneInfo(zone))
+    except (ZoneInfoNotFoundError, ValueError):
+        return shown
+    return f"{shown} ({local.strftime('%Y-%m-%d %H:%M %Z')})"
+
+
 def plan_progress(workflow: pb.Workflow) -> tuple[int, int]:
     """(steps passed, steps planned) of a workflow's state; (0, 0) before it is planned."""
     state = to_dict(workflow.state) if workflow.HasField("state") else {}
@@ -65,6 +78,8 @@ def print_workflow(console: Console, workflow: pb.Workflow, *, history: bool = F
         rows.append(
             ("lease", f"{workflow.lease_holder_id} until {time_of(workflow.lease_expires_at)}")
         )
+    if workflow.schedule_id:
+        rows.append(("schedule", f"{workflow.schedule_id}, slot {time_of(workflow.schedule_slot)}"))
     for name, value in rows:
         console.print(f"  {name:<10} {escape(value)}")
     _print_steps(console, workflow)
@@ -72,7 +87,7 @@ def print_workflow(console: Console, workflow: pb.Workflow, *, history: bool = F
         ask = workflow.pending_approval
         console.print(
             f"[yellow]waiting for approval[/] of step [bold]{escape(ask.step_id)}[/]: "
-            f"{escape(' '.join(ask.command))}\n  {escape(ask.reason)}\n"
+            f"{escape(' '.join(ask.command))}\n  {escape(ask.reason)}\n{_expiry(ask)}"
             f"  approve: workflow-engine approve {workflow.task_id}\n"
             f"  reject:  workflow-engine reject {workflow.task_id} --reason ..."
         )
@@ -85,6 +100,14 @@ def print_workflow(console: Console, workflow: pb.Workflow, *, history: bool = F
     if history:
         for event in workflow.history:
             print_event(console, event)
+
+
+def _expiry(ask: pb.ApprovalRequest) -> str:
+    """When a pending approval expires and what happens then; empty when it never does."""
+    if not ask.HasField("expires_at"):
+        return ""
+    then = {pb.ApprovalTimeout.SUSPEND: "suspended"}.get(ask.on_timeout, "rejected")
+    return f"  expires {time_of(ask.expires_at)} (then {then})\n"
 
 
 def _print_steps(console: Console, workflow: pb.Workflow) -> None:
@@ -157,3 +180,60 @@ def progress_view(console: Console) -> Progress:
         console=console,
         disable=not console.is_terminal,
     )
+
+
+def _policy(enum: Any, value: int) -> str:
+    """A schedule policy's name; an unspecified one as its default (the first named value)."""
+    return str(enum.Name(value or 1)) if value in enum.values() else "?"
+
+
+def schedule_state(schedule: pb.Schedule) -> str:
+    return "[yellow]paused[/]" if schedule.paused else "[green]active[/]"
+
+
+def print_schedule(console: Console, schedule: pb.Schedule) -> None:
+    console.print(f"[bold]{schedule.schedule_id}[/]  {schedule_state(schedule)}")
+    if schedule.template_task_id:
+        task = f"task {schedule.template_task_id}, loaded at every slot"
+    else:
+        steps = len(schedule.task.steps)
+        task = (schedule.task.prompt or "(no prompt)") + (f"; {steps} step(s)" if steps else "")
+    zone = schedule.time_zone or "UTC"
+    rows = [
+        ("cron", f"{schedule.cron}  ({zone})"),
+        ("overlap", _policy(pb.OverlapPolicy, schedule.overlap)),
+        ("catch-up", _policy(pb.CatchUpPolicy, schedule.catch_up)),
+        ("next fire", zoned_time_of(schedule.next_fire_time, zone)),
+        ("last fire", zoned_time_of(schedule.last_fire_time, zone)),
+        ("last task", schedule.last_task_id or "-"),
+        ("task", task),
+        ("created", time_of(schedule.created_at) + _by(schedule.created_by)),
+    ]
+    for name, value in rows:
+        console.print(f"  {name:<10} {escape(value)}")
+    if schedule.last_task_id:
+        console.print(f"  its runs:  workflow-engine list --schedule-id {schedule.schedule_id}")
+
+
+def _by(caller: str) -> str:
+    return f" by {caller}" if caller else ""
+
+
+def print_schedules(console: Console, schedules: list[pb.Schedule]) -> None:
+    if not schedules:
+        console.print("no schedules")
+        return
+    table = Table(box=None)
+    table.add_column("schedule", no_wrap=True, min_width=36)
+    for name in ("cron", "zone", "state", "next fire", "last fire"):
+        table.add_column(name)
+    for schedule in schedules:
+        table.add_row(
+            schedule.schedule_id,
+            escape(schedule.cron),
+            escape(schedule.time_zone or "UTC"),
+            schedule_state(schedule),
+            time_of(schedule.next_fire_time),
+            time_of(schedule.last_fire_time),
+        )
+    console.print(table)

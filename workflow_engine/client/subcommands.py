@@ -11,7 +11,7 @@ Exit codes (scripts rely on them):
 3     the workflow was CANCELLED
 4     the workflow waits for an approval, or is blocked for an operator
 5     the workflow is SUSPENDED (a budget ran out)
-6     no such workflow (NOT_FOUND)
+6     no such workflow or schedule (NOT_FOUND)
 7     not allowed: UNAUTHENTICATED or PERMISSION_DENIED
 8     the engine could not be reached or failed (UNAVAILABLE, DEADLINE_EXCEEDED, INTERNAL)
 130   interrupted (Ctrl-C); the workflow runs on
@@ -39,7 +39,7 @@ from workflow_engine.errors import UsageError
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
 
-COMMANDS = ("start", "get", "watch", "list", "cancel", "approve", "reject", "update")
+COMMANDS = ("start", "get", "watch", "list", "cancel", "approve", "reject", "update", "schedule")
 EXIT_BY_STATUS = {
     pb.RUNNING: 0,
     pb.SUCCEEDED: 0,
@@ -61,6 +61,8 @@ EXIT_BY_CODE = {
 #: Statuses a watch stops at: the workflow ended, or it waits for someone.
 STOPS = {pb.SUCCEEDED, pb.FAILED, pb.CANCELLED, pb.WAITING_FOR_APPROVAL, pb.SUSPENDED}
 BRANCHES = {"finalize_summary": pb.FINALIZE_SUMMARY, "mark_failed": pb.MARK_FAILED}
+OVERLAP = {"skip": pb.SKIP, "allow": pb.ALLOW}
+CATCH_UP = {"skip-missed": pb.SKIP_MISSED, "run-once": pb.RUN_ONCE}
 
 
 class Client:
@@ -192,6 +194,7 @@ def cmd_list(client: Client) -> int:
         user_id=args.user or "",
         project_id=args.project or "",
         page_size=min(args.limit, 500),
+        schedule_id=args.schedule_id or "",
     )
     workflows: list[pb.Workflow] = []
     while len(workflows) < args.limit:
@@ -281,6 +284,100 @@ def _answer(client: Client, workflow: pb.Workflow, said: str) -> int:
     return 0
 
 
+def cmd_schedule(client: Client) -> int:
+    return SCHEDULE_HANDLERS[client.args.verb](client)
+
+
+def cmd_schedule_create(client: Client) -> int:
+    args = client.args
+    if args.template_task_id and (args.task_file is not None or args.prompt):
+        raise UsageError("give a task file (or --prompt) or --template-task-id, not both")
+    if not args.template_task_id and args.task_file is None and not args.prompt:
+        raise UsageError("give a task file (or - for stdin), --prompt, or --template-task-id")
+    schedule = pb.Schedule(
+        schedule_id=args.schedule_id or "",
+        cron=args.cron,
+        time_zone=args.time_zone or "",
+        template_task_id=args.template_task_id or "",
+        paused=args.paused,
+    )
+    if not args.template_task_id:
+        spec = read_task(args.task_file) if args.task_file is not None else pb.TaskSpec()
+        if args.prompt:
+            spec.prompt = args.prompt
+        schedule.task.CopyFrom(spec)
+    if args.overlap:
+        schedule.overlap = OVERLAP[args.overlap]
+    if args.catch_up:
+        schedule.catch_up = CATCH_UP[args.catch_up]
+    request = pb.CreateScheduleRequest(schedule=schedule)
+    created = client.stub.CreateSchedule(request, metadata=client.metadata)
+    return _show_schedule(client, created, "created")
+
+
+def cmd_schedule_get(client: Client) -> int:
+    request = pb.GetScheduleRequest(schedule_id=client.args.schedule_id)
+    schedule = client.stub.GetSchedule(request, metadata=client.metadata)
+    return _show_schedule(client, schedule, "")
+
+
+def cmd_schedule_list(client: Client) -> int:
+    args = client.args
+    request = pb.ListSchedulesRequest(page_size=min(args.limit, 500))
+    schedules: list[pb.Schedule] = []
+    while len(schedules) < args.limit:
+        page = client.stub.ListSchedules(request, metadata=client.metadata)
+        schedules.extend(page.schedules)
+        if not page.next_page_token:
+            break
+        request.page_token = page.next_page_token
+    schedules = schedules[: args.limit]
+    if args.json:
+        client.emit([render.to_dict(s) for s in schedules])
+    else:
+        render.print_schedules(client.out, schedules)
+    return 0
+
+
+def _set_paused(client: Client, paused: bool) -> int:
+    request = pb.UpdateScheduleRequest(
+        schedule=pb.Schedule(schedule_id=client.args.schedule_id, paused=paused),
+        update_mask=["paused"],
+    )
+    schedule = client.stub.UpdateSchedule(request, metadata=client.metadata)
+    return _show_schedule(client, schedule, "paused" if paused else "resumed")
+
+
+def cmd_schedule_pause(client: Client) -> int:
+    return _set_paused(client, True)
+
+
+def cmd_schedule_resume(client: Client) -> int:
+    return _set_paused(client, False)
+
+
+def cmd_schedule_delete(client: Client) -> int:
+    request = pb.DeleteScheduleRequest(schedule_id=client.args.schedule_id)
+    answer = client.stub.DeleteSchedule(request, metadata=client.metadata)
+    if client.args.json:
+        client.emit(answer)
+    else:
+        client.out.print(
+            f"deleted: [bold]{client.args.schedule_id}[/] (the workflows it started are kept)"
+        )
+    return 0
+
+
+def _show_schedule(client: Client, schedule: pb.Schedule, said: str) -> int:
+    if client.args.json:
+        client.emit(schedule)
+    else:
+        if said:
+            client.out.print(f"{said}: ", end="")
+        render.print_schedule(client.out, schedule)
+    return 0
+
+
 def _who() -> str:
     """Who is at the terminal: a note beside the authenticated caller the engine records."""
     try:
@@ -298,6 +395,15 @@ HANDLERS: dict[str, Callable[[Client], int]] = {
     "approve": cmd_approve,
     "reject": cmd_reject,
     "update": cmd_update,
+    "schedule": cmd_schedule,
+}
+SCHEDULE_HANDLERS: dict[str, Callable[[Client], int]] = {
+    "create": cmd_schedule_create,
+    "list": cmd_schedule_list,
+    "get": cmd_schedule_get,
+    "pause": cmd_schedule_pause,
+    "resume": cmd_schedule_resume,
+    "delete": cmd_schedule_delete,
 }
 
 
@@ -352,6 +458,7 @@ def parser() -> argparse.ArgumentParser:
     )
     listing.add_argument("--project", help="only this metadata.project_id")
     listing.add_argument("--user", help="only this metadata.user_id")
+    listing.add_argument("--schedule-id", help="only the workflows this schedule started")
     listing.add_argument("--limit", type=int, default=50, help="at most this many (50)")
     cancel = command("cancel", "cancel a workflow: its running jobs are stopped")
     cancel.add_argument("task_id", metavar="TASK_ID")
@@ -376,12 +483,58 @@ def parser() -> argparse.ArgumentParser:
     )
     update.add_argument("--reason", help="why (recorded)")
     update.add_argument("--operator", help="a name recorded beside the authenticated caller")
+    schedule = sub.add_parser(
+        "schedule",
+        help="start workflows on a calendar: create, list, get, pause, resume, delete",
+        description="Schedules start a workflow from a task template at every slot of a cron "
+        "calendar (see docs/schedules.md).",
+    )
+    _schedule_parser(schedule, common)
     return top
+
+
+def _schedule_parser(schedule: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
+    """`schedule create|list|get|pause|resume|delete`; the common flags follow the verb."""
+    verbs = schedule.add_subparsers(dest="verb", required=True, metavar="VERB")
+
+    def verb(name: str, help_: str) -> argparse.ArgumentParser:
+        return verbs.add_parser(name, parents=[common], help=help_, description=help_)
+
+    create = verb("create", "create a schedule: a task template started at every cron slot")
+    create.add_argument("task_file", nargs="?", metavar="TASK_FILE", help="as start takes one")
+    create.add_argument("--prompt", help="the task's prompt (with no file: a task of just this)")
+    create.add_argument(
+        "--template-task-id", help="instead of a task: this task, loaded at every slot"
+    )
+    create.add_argument(
+        "--cron",
+        required=True,
+        help='five cron fields, @hourly/@daily/@weekly/@monthly/@yearly, or "@every 30s"',
+    )
+    create.add_argument("--time-zone", help="IANA zone the cron is read in (default UTC)")
+    create.add_argument(
+        "--overlap", choices=sorted(OVERLAP), help="a slot while the last run is on (skip)"
+    )
+    create.add_argument(
+        "--catch-up", choices=sorted(CATCH_UP), help="slots missed in downtime (skip-missed)"
+    )
+    create.add_argument("--paused", action="store_true", help="create it paused")
+    create.add_argument("--schedule-id", help="the schedule's UUID (default: a new one)")
+    listing = verb("list", "list schedules, newest first")
+    listing.add_argument("--limit", type=int, default=50, help="at most this many (50)")
+    for name, help_ in (
+        ("get", "show a schedule: its calendar, policies and next fire time"),
+        ("pause", "pause a schedule: no slot fires until it is resumed"),
+        ("resume", "resume a paused schedule from its next slot"),
+        ("delete", "delete a schedule; the workflows it started are kept"),
+    ):
+        verb(name, help_).add_argument("schedule_id", metavar="SCHEDULE_ID")
 
 
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     err = Console(stderr=True, highlight=False, soft_wrap=True)
+    name = " ".join(filter(None, (args.command, getattr(args, "verb", None))))
     try:
         connection = Connection.from_flags(
             args.address,
@@ -394,14 +547,14 @@ def main(argv: list[str]) -> int:
         with connection.channel() as channel:
             return HANDLERS[args.command](Client(args, channel, connection.metadata()))
     except UsageError as exc:
-        err.print(f"workflow-engine {args.command}: {exc}", markup=False)
+        err.print(f"workflow-engine {name}: {exc}", markup=False)
         return EXIT_USAGE
     except grpc.RpcError as exc:
         code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
         details = exc.details() if hasattr(exc, "details") else str(exc)
         if code == grpc.StatusCode.UNAVAILABLE:
             details = f"cannot reach the engine at {connection.address}: {details}"
-        err.print(f"workflow-engine {args.command}: {code.name}: {details}", markup=False)
+        err.print(f"workflow-engine {name}: {code.name}: {details}", markup=False)
         return EXIT_BY_CODE.get(code, EXIT_ENGINE)
     except KeyboardInterrupt:
         return 130

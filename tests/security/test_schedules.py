@@ -6,15 +6,23 @@ stored."""
 
 from __future__ import annotations
 
+import time
+from dataclasses import replace
+from datetime import datetime
 from typing import Any
 
 import grpc
 import psycopg
 import pytest
+from google.protobuf.json_format import MessageToDict
 
-from tests.conftest import RunningEngine
+from tests.conftest import RunningEngine, start_engine, stop_engine
 from tests.security.conftest import as_caller, tenant_task
+from tests.support.clock import ManualClock
 from tests.support.helpers import step
+from workflow_engine.config import Settings
+from workflow_engine.domain.task import TaskSpec
+from workflow_engine.runtime.schedules import Scheduler
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 
@@ -152,3 +160,80 @@ async def test_hostile_schedules_are_refused_and_nothing_stored(
     assert code == grpc.StatusCode.INVALID_ARGUMENT, details
     assert details.startswith(field), details
     assert await count(db_url) == 0
+
+
+class _TaskTable:
+    """A task source whose tasks an orchestrator may change between slots (as its table's
+    rows can be): `tasks` is read at every load."""
+
+    where = "the test's tasks"
+
+    def __init__(self, tasks: dict[str, TaskSpec]) -> None:
+        self.tasks = tasks
+
+    async def load(self, task_id: str) -> TaskSpec:
+        return self.tasks[task_id]
+
+
+async def test_a_template_task_moved_to_another_tenant_starts_nothing_there(
+    settings: Settings, db_url: str
+) -> None:
+    """A schedule loads its `template_task_id` at every slot; a task that now belongs to
+    another project (or user) than the schedule was made for would start a workflow in that
+    tenant's name. The slot starts nothing; the control (same owner) starts one."""
+    running = await start_engine(replace(settings, schedules_enabled=False))
+    try:
+        engine = running.engine
+        mine = TaskSpec.from_json(
+            MessageToDict(
+                tenant_task("project-a", step("s", "echo", "hi")),
+                preserving_proto_field_name=True,
+            )
+            | {"prompt": "nightly"}
+        )
+        source = _TaskTable({"template-1": mine})
+        slot = (int(time.time()) // 3600) * 3600.0
+        async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+            for sid in ("sched-moved", "sched-kept"):
+                await conn.execute(
+                    "INSERT INTO workflow_schedules (schedule_id, project_id, user_id, cron,"
+                    " template_task_id, overlap, catch_up, next_fire_time)"
+                    " VALUES (%s, %s, %s, '@every 1h', 'template-1', 'ALLOW', 'RUN_ONCE',"
+                    " to_timestamp(%s))",
+                    (sid, "project-a", mine.metadata.user_id, slot),
+                )
+            await conn.execute(
+                "UPDATE workflow_schedules SET project_id = 'project-b', user_id = %s"
+                " WHERE schedule_id = 'sched-moved'",
+                (mine.metadata.user_id,),
+            )
+
+        async def start(tid: str, spec: TaskSpec, schedule: tuple[str, datetime]) -> Any:
+            return await engine.service.start(
+                task_id=tid, holder_id="", idempotency_key=tid, task=spec, schedule=schedule
+            )
+
+        scheduler = Scheduler(
+            pool=engine.pool,
+            start=start,
+            task_source=source,
+            clock=ManualClock(start=slot + 1),
+            interval_seconds=1,
+            missed_after_seconds=60,
+        )
+        assert await scheduler.sweep() == 1  # the control only
+        async with await psycopg.AsyncConnection.connect(db_url) as conn:
+            cur = await conn.execute(
+                "SELECT schedule_id FROM workflow_checkpoints WHERE schedule_id IS NOT NULL"
+            )
+            started = [row[0] for row in await cur.fetchall()]
+            cur = await conn.execute(
+                "SELECT last_task_id, next_fire_time > to_timestamp(%s)"
+                " FROM workflow_schedules WHERE schedule_id = 'sched-moved'",
+                (slot,),
+            )
+            moved = await cur.fetchone()
+    finally:
+        await stop_engine(running)
+    assert started == ["sched-kept"]
+    assert moved == ("", True)  # the slot was handled: it started nothing, and time moved on

@@ -37,6 +37,7 @@ from workflow_engine.domain.schedules import (
 )
 from workflow_engine.domain.task import TaskSpec
 from workflow_engine.errors import (
+    InvalidState,
     LeaseHeld,
     ResourceExhausted,
     ShuttingDown,
@@ -159,7 +160,16 @@ class Scheduler:
     async def _template(self, record: ScheduleRecord) -> TaskSpec:
         if record.task is not None:
             return TaskSpec.from_json(record.task)
-        return await self._task_source.load(record.template_task_id)
+        task = await self._task_source.load(record.template_task_id)
+        # The schedule's scope was checked against this task when it was made; a task moved
+        # to another project or user since must not start workflows there under it.
+        owner = (task.metadata.project_id, task.metadata.user_id)
+        if owner != (record.project_id, record.user_id):
+            raise InvalidState(
+                f"template_task_id: task {record.template_task_id} now belongs to project "
+                f"{owner[0]!r}, user {owner[1]!r}, not the schedule's; the slot starts nothing"
+            )
+        return task
 
     async def _loop(self) -> None:
         while True:

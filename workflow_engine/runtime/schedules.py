@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Awaitable, Callable
-from datetime import datetime
+from datetime import UTC, datetime
 
 import structlog
 
@@ -94,7 +94,7 @@ class Scheduler:
         """Handle every due schedule once; return how many workflows this pass started."""
         now = self._clock.now()
         started = 0
-        for record in await schedules.due(self._pool, to_datetime(now) or datetime.min, BATCH):
+        for record in await schedules.due(self._pool, datetime.fromtimestamp(now, UTC), BATCH):
             try:
                 started += await self._handle(record, now)
             except WorkflowEngineError as exc:
@@ -119,6 +119,12 @@ class Scheduler:
             return False
         outcome: str = firing.outcome
         task_id = ""
+        if outcome == "skipped":
+            # Unless a replica started the slot's workflow and died before moving on: then
+            # that workflow is the schedule's last run.
+            own = slot_task_id(record.schedule_id, firing.handled)
+            if await schedules.exists(self._pool, own):
+                outcome, task_id = "taken", own
         if firing.slot is not None:
             task_id = slot_task_id(record.schedule_id, firing.slot)
             try:

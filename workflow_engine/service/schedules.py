@@ -13,7 +13,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import datetime
 
 from workflow_engine.capabilities.protocols import TaskSource
 from workflow_engine.clock import Clock
@@ -80,7 +80,8 @@ class ScheduleService:
         """Store a new schedule; `schedule_id` (canonical) defaults to a new UUID."""
         schedule_id = schedule_id or str(uuid.uuid4())
         owner = await self._owner(schedule_id, draft, scope)
-        now = datetime.now(UTC)
+        now = to_datetime(self._clock.now())  # stands in: the database sets both times
+        assert now is not None
         record = ScheduleRecord(
             schedule_id=schedule_id,
             project_id=owner.metadata.project_id,
@@ -125,7 +126,12 @@ class ScheduleService:
             changed = _merged(record, draft, mask)
             if changed.task is None and not changed.template_task_id:
                 raise InvalidArgument("schedule.task", "required: a task or a template_task_id")
-            owner = await self._owner(schedule_id, changed, scope)
+            project_id, user_id = record.project_id, record.user_id
+            if {"task", "template_task_id"} & set(mask):  # a new template: checked as new
+                owner = (await self._owner(schedule_id, changed, scope)).metadata
+                project_id, user_id = owner.project_id, owner.user_id
+            else:
+                parse_calendar(changed.cron, changed.time_zone)
             next_fire = record.next_fire_time
             if changed.paused:
                 next_fire = None
@@ -135,8 +141,8 @@ class ScheduleService:
                 self._pool,
                 replace(
                     record,
-                    project_id=owner.metadata.project_id,
-                    user_id=owner.metadata.user_id,
+                    project_id=project_id,
+                    user_id=user_id,
                     cron=changed.cron.strip(),
                     time_zone=changed.time_zone,
                     task=changed.task.to_json() if changed.task is not None else None,

@@ -215,3 +215,26 @@ async def test_a_paused_schedule_fires_nothing_until_resumed(quick: RunningEngin
             break
         await asyncio.sleep(0.1)
     assert await workflows_of(stub, created.schedule_id)
+
+
+async def test_list_refusals(running: RunningEngine) -> None:
+    for request, field in [
+        (pb.ListSchedulesRequest(page_size=501), "page_size"),
+        (pb.ListSchedulesRequest(page_token="not a token"), "page_token"),
+        (pb.ListSchedulesRequest(page_token="e30"), "page_token"),  # {}
+    ]:
+        code, details = await refusal(running.stub.ListSchedules(request))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith(field), details
+
+
+async def test_a_new_template_replaces_the_old(running: RunningEngine) -> None:
+    created = await running.stub.CreateSchedule(pb.CreateScheduleRequest(schedule=schedule()))
+    new = task(step("bye", "echo", "bye"))
+    updated = await running.stub.UpdateSchedule(
+        pb.UpdateScheduleRequest(
+            schedule=pb.Schedule(schedule_id=created.schedule_id, task=new, time_zone="Asia/Tokyo"),
+            update_mask=["task", "time_zone"],
+        )
+    )
+    assert updated.task.steps[0].id == "bye" and updated.time_zone == "Asia/Tokyo"
+    assert updated.cron == created.cron and updated.next_fire_time.seconds > 0

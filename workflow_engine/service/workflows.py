@@ -6,7 +6,9 @@ happens lives here or below, so the same calls serve tests, benchmarks and other
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -111,6 +113,8 @@ class WorkflowService:
         self._secrets = context.secrets
         self._metrics = context.metrics
         self._clock = context.clock
+        # Per workflow: one claim at a time in this process (see `_claim_and_launch`).
+        self._claim_locks: dict[str, tuple[asyncio.Lock, int]] = {}
         self._settings = settings
         self._pool = pool
         # This process's name, recorded with every lease it takes (see `leases.acquire`).
@@ -368,7 +372,26 @@ class WorkflowService:
                 except RunEnded:
                     continue
                 return await self._applied(task_id, None, state)
-            self._check_accepting()
+            launched = await self._claim_and_launch(record, holder, ttl, changes)
+            if launched is None:
+                continue  # a run of it started here meanwhile: submit to it on the next pass
+            run, lease = launched
+            state = await run.pending()[0]
+            return await self._applied(task_id, lease, state)
+        raise InvalidState("the workflow's run kept changing hands; nothing was changed, retry")
+
+    async def _claim_and_launch(
+        self, record: WorkflowRecord, holder: str, ttl: float, changes: Sequence[Change]
+    ) -> tuple[Run, Lease] | None:
+        """Claim the workflow and launch a run here that applies `changes` first; None when a
+        run of it started here meanwhile. One claim at a time per workflow in this process:
+        two changes that race here (a decision and the timer's expiry) would otherwise both
+        take this holder's lease, each moving the other's epoch on."""
+        task_id = record.task_id
+        self._check_accepting()
+        async with self._claim_lock(task_id):
+            if self._runs.get(task_id) is not None:
+                return None
             with self._runs.room_for(record.project_id):
                 claim = await self._claim(task_id, holder, ttl)
                 if claim.lease is None:
@@ -384,9 +407,22 @@ class WorkflowService:
                     )
                     raise
                 run = self._launch_resumed(claim.record, holder, claim.lease, ttl, changes)
-            state = await run.pending()[0]
-            return await self._applied(task_id, claim.lease, state)
-        raise InvalidState("the workflow's run kept changing hands; nothing was changed, retry")
+        return run, claim.lease
+
+    @contextlib.asynccontextmanager
+    async def _claim_lock(self, task_id: str) -> AsyncIterator[None]:
+        """This process's lock on claiming `task_id`, kept only while someone wants it."""
+        lock, users = self._claim_locks.get(task_id, (asyncio.Lock(), 0))
+        self._claim_locks[task_id] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._claim_locks[task_id]
+            if users == 1:
+                del self._claim_locks[task_id]
+            else:
+                self._claim_locks[task_id] = (lock, users - 1)
 
     async def _claim(
         self, task_id: str, holder: str, ttl: float, max_recoveries: int | None = None

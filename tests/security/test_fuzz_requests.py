@@ -63,6 +63,16 @@ def valid_requests(rng: random.Random, seeded: str) -> dict[str, bytes]:
         "UpdateWorkflow": pb.UpdateWorkflowRequest(
             task_id=seeded, operator="op", set_state=struct({"summary": "s"})
         ),
+        "CreateSchedule": pb.CreateScheduleRequest(
+            schedule=pb.Schedule(cron="@every 1h", time_zone="Europe/Berlin", task=start.task)
+        ),
+        "GetSchedule": pb.GetScheduleRequest(schedule_id=new_id),
+        "ListSchedules": pb.ListSchedulesRequest(page_size=10),
+        "UpdateSchedule": pb.UpdateScheduleRequest(
+            schedule=pb.Schedule(schedule_id=new_id, cron="0 2 * * *", paused=True),
+            update_mask=["paused", "cron"],
+        ),
+        "DeleteSchedule": pb.DeleteScheduleRequest(schedule_id=new_id),
     }
     return {name: message.SerializeToString() for name, message in requests.items()}
 

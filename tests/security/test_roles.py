@@ -26,6 +26,12 @@ REQUESTS: dict[str, type[Message]] = {
     "UpdateWorkflow": pb.UpdateWorkflowRequest,
     "CancelWorkflow": pb.CancelWorkflowRequest,
 }
+#: The schedule requests, which name no task.
+SCHEDULE_REQUESTS: dict[str, type[Message]] = {
+    "CreateSchedule": pb.CreateScheduleRequest,
+    "UpdateSchedule": pb.UpdateScheduleRequest,
+    "DeleteSchedule": pb.DeleteScheduleRequest,
+}
 #: A value for each field that the service would take: what a refused request would have done.
 VALUES: dict[str, Any] = {
     "holder_id": "operator-holder",
@@ -46,12 +52,17 @@ VALUES: dict[str, Any] = {
     "reject_last_result": pb.RejectLastResult(),
     "force_branch": pb.FINALIZE_SUMMARY,
     "accept_outside_state": pb.AcceptOutsideState(),
+    "schedule": pb.Schedule(cron="@every 1h", task=tenant_task("project-a", step("s", "true"))),
+    "update_mask": ["paused"],
+    "schedule_id": "5d6f3c1e-2b4a-4c8d-9e0f-1a2b3c4d5e6f",
 }
 
 
 def request(method: str, task_id: str, *names: str) -> Message:
     """`method`'s request for `task_id` setting `names` (and nothing else) to `VALUES`."""
-    message = REQUESTS[method](task_id=task_id)
+    message = (
+        REQUESTS[method](task_id=task_id) if method in REQUESTS else SCHEDULE_REQUESTS[method]()
+    )
     state: dict[str, Any] = {}
     for name in names:
         if name == "task_id":
@@ -62,6 +73,8 @@ def request(method: str, task_id: str, *names: str) -> Message:
         elif isinstance(value, Message):
             getattr(message, name).CopyFrom(value)
             getattr(message, name).SetInParent()
+        elif isinstance(value, list):
+            getattr(message, name).extend(value)
         else:
             setattr(message, name, value)
     if state:

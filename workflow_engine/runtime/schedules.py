@@ -119,6 +119,12 @@ class Scheduler:
             return False
         outcome: str = firing.outcome
         task_id = ""
+        if outcome == "skipped":
+            # Unless a replica started the slot's workflow and died before moving on: then
+            # that workflow is the schedule's last run.
+            own = slot_task_id(record.schedule_id, firing.handled)
+            if await schedules.exists(self._pool, own):
+                outcome, task_id = "taken", own
         if firing.slot is not None:
             task_id = slot_task_id(record.schedule_id, firing.slot)
             try:

@@ -99,6 +99,8 @@ UPDATE workflow_schedules
  WHERE schedule_id = %(schedule_id)s AND NOT paused AND next_fire_time = %(old)s
 """
 
+_EXISTS = "SELECT 1 FROM workflow_checkpoints WHERE task_id = %(task_id)s"
+
 # Whether a schedule's previous workflow has not finished (for overlap SKIP).
 _UNFINISHED = """
 SELECT 1 FROM workflow_checkpoints
@@ -231,6 +233,16 @@ async def unfinished(pool: Pool, task_id: str) -> bool:
 
     async def run(conn: Connection) -> bool:
         cur = await conn.execute(_UNFINISHED, {"task_id": task_id})
+        return await cur.fetchone() is not None
+
+    return await on_connection(pool, run)
+
+
+async def exists(pool: Pool, task_id: str) -> bool:
+    """Whether a workflow row of `task_id` exists (finished or not)."""
+
+    async def run(conn: Connection) -> bool:
+        cur = await conn.execute(_EXISTS, {"task_id": task_id})
         return await cur.fetchone() is not None
 
     return await on_connection(pool, run)

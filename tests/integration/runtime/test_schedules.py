@@ -1,7 +1,7 @@
 """Schedules firing on real engines and a real PostgreSQL, in real time with short intervals:
 downtime meets the catch-up policy, overlap SKIP starts nothing while the previous run is
 unfinished, and a slot started before a crash is not started again. (Two replicas firing one
-schedule: tests/e2e/test_schedules.py, with `serve` processes.)"""
+schedule: tests/e2e/test_schedule_replicas.py, with `serve` processes.)"""
 
 from __future__ import annotations
 

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import itertools
-from datetime import UTC, datetime
+from datetime import UTC, datetime, tzinfo
 from zoneinfo import ZoneInfo
 
 import pytest
 
 from workflow_engine.domain.schedules import (
     Calendar,
+    CatchUp,
+    Overlap,
     decide,
     parse_calendar,
     slot_task_id,
@@ -21,8 +23,8 @@ BERLIN = ZoneInfo("Europe/Berlin")
 NEW_YORK = ZoneInfo("America/New_York")
 
 
-def at(year: int, month: int, day: int, hour: int, minute: int = 0, zone: object = UTC) -> float:
-    return datetime(year, month, day, hour, minute, tzinfo=zone).timestamp()  # type: ignore[arg-type]
+def at(year: int, month: int, day: int, hour: int, minute: int = 0, zone: tzinfo = UTC) -> float:
+    return datetime(year, month, day, hour, minute, tzinfo=zone).timestamp()
 
 
 def slots(calendar: Calendar, after: float, count: int) -> list[datetime]:
@@ -212,13 +214,13 @@ def test_only_the_latest_of_several_due_slots_counts() -> None:
 
 
 @pytest.mark.parametrize(("catch_up", "fired"), [("SKIP_MISSED", None), ("RUN_ONCE", 1000.0)])
-def test_missed_slots_follow_the_catch_up_policy(catch_up: str, fired: float | None) -> None:
+def test_missed_slots_follow_the_catch_up_policy(catch_up: CatchUp, fired: float | None) -> None:
     firing = decide(
         CAL,
         100.0,
         now=1005.0,
         missed_after=2,
-        catch_up=catch_up,  # type: ignore[arg-type]
+        catch_up=catch_up,
         overlap="SKIP",
         previous_unfinished=False,
     )
@@ -242,7 +244,7 @@ def test_missed_is_measured_from_the_latest_slot() -> None:
 
 @pytest.mark.parametrize(("overlap", "fired"), [("SKIP", None), ("ALLOW", 100.0)])
 def test_overlap_policy_while_the_previous_run_is_unfinished(
-    overlap: str, fired: float | None
+    overlap: Overlap, fired: float | None
 ) -> None:
     firing = decide(
         CAL,
@@ -250,7 +252,7 @@ def test_overlap_policy_while_the_previous_run_is_unfinished(
         now=100.0,
         missed_after=60,
         catch_up="SKIP_MISSED",
-        overlap=overlap,  # type: ignore[arg-type]
+        overlap=overlap,
         previous_unfinished=True,
     )
     assert firing is not None

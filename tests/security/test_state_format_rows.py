@@ -15,9 +15,11 @@ import pytest
 from tests.conftest import RunningEngine
 from tests.integration.upgrade.test_newer_format import waiting
 from tests.support.helpers import snapshot, wait_for_status
+from workflow_engine.domain.state_format import STATE_FORMAT
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
-EXTREMES = [-(2**31), 0, 3, 2**31 - 1]
+# Below the first format, the next format after this engine's, and the ends of the column.
+EXTREMES = [-(2**31), 0, STATE_FORMAT + 1, 2**31 - 1]
 
 
 async def rewrite(db_url: str, task_id: str, state_format: int, version: str) -> None:

@@ -48,7 +48,7 @@ SELECT task_id::text FROM workflow_checkpoints
  LIMIT %(limit)s
 """
 
-#: `WorkflowService.expire`: True when the expiry was applied, with its action.
+#: `WorkflowService.expire`: the action it applied (reject, suspend), or None when not due.
 Expire = Callable[[str], Awaitable[str | None]]
 
 

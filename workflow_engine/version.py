@@ -4,4 +4,4 @@ and CHANGELOG.md's newest release is it (tests/unit/test_release.py). A module o
 no imports, so that any layer may name it and a build reads it without importing the package.
 """
 
-__version__ = "0.14.0"
+__version__ = "0.15.0"

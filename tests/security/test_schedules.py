@@ -237,3 +237,48 @@ async def test_a_template_task_moved_to_another_tenant_starts_nothing_there(
         await stop_engine(running)
     assert started == ["sched-kept"]
     assert moved == ("", True)  # the slot was handled: it started nothing, and time moved on
+
+
+async def test_a_templates_secrets_are_shown_to_nobody(served: RunningEngine) -> None:
+    """A template's secret env values (and the engine's credentials) are masked in every
+    schedule answer, as GetWorkflow masks a workflow's: the reader of the tenant, and the
+    orchestrator that wrote them, see `[secret]`."""
+    secret = "hunter2-very-secret-token"
+    secret_step = step("s", "env")
+    secret_step.env["API_TOKEN"] = secret
+    secret_step.secret_env.append("API_TOKEN")
+    created = await served.stub.CreateSchedule(
+        pb.CreateScheduleRequest(
+            schedule=hourly("project-a", task=tenant_task("project-a", secret_step))
+        ),
+        metadata=as_caller("a-orchestrator"),
+    )
+    sid = created.schedule_id
+    answers: list[Any] = [created]
+    for who in ("a-orchestrator", "a-reader"):
+        meta = as_caller(who)
+        answers.append(
+            await served.stub.GetSchedule(pb.GetScheduleRequest(schedule_id=sid), metadata=meta)
+        )
+        answers.append(await served.stub.ListSchedules(pb.ListSchedulesRequest(), metadata=meta))
+    answers.append(
+        await served.stub.UpdateSchedule(
+            pb.UpdateScheduleRequest(
+                schedule=pb.Schedule(schedule_id=sid, paused=True), update_mask=["paused"]
+            ),
+            metadata=as_caller("a-orchestrator"),
+        )
+    )
+    for answer in answers:
+        assert secret.encode() not in answer.SerializeToString()
+    assert created.task.steps[0].env["API_TOKEN"] == "[secret]"
+    # Sent back as read, the template is refused rather than stored with the mask.
+    code, message = await refusal(
+        served.stub.UpdateSchedule(
+            pb.UpdateScheduleRequest(
+                schedule=pb.Schedule(schedule_id=sid, task=created.task), update_mask=["task"]
+            ),
+            metadata=as_caller("a-orchestrator"),
+        )
+    )
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "schedule.task.steps[0].env" in message

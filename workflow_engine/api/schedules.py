@@ -30,6 +30,7 @@ from workflow_engine.domain.schedules import (
 )
 from workflow_engine.domain.task import TaskSpec
 from workflow_engine.errors import InvalidArgument
+from workflow_engine.secrets import MASK, EngineSecrets, redact_json, step_secrets
 from workflow_engine.service.schedules import UPDATABLE, ScheduleDraft
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
@@ -76,11 +77,23 @@ def draft_from_proto(msg: pb.Schedule, fields: Sequence[str] = UPDATABLE) -> Sch
 
 
 def _task(msg: pb.TaskSpec) -> TaskSpec:
-    """The template, with its fields named under ``schedule.``."""
+    """The template, with its fields named under ``schedule.``.
+
+    A secret's value as answers show it (`MASK`) is refused: a client that sends back the
+    template it read would otherwise store, and run every job with, the mask for the secret.
+    """
     try:
-        return requests.task_from_proto(msg)
+        task = requests.task_from_proto(msg)
     except InvalidArgument as exc:
         raise InvalidArgument(f"schedule.{exc.field}", exc.problem) from None
+    for i, step in enumerate(task.steps):
+        for name in step.secret_env:
+            if step.env.get(name) == MASK:
+                raise InvalidArgument(
+                    f"schedule.task.steps[{i}].env",
+                    f"the secret {name} is {MASK}, as answers show it; send its value",
+                )
+    return task
 
 
 def _choice(value: int, accepted: Mapping[int, T], field: str) -> T:
@@ -109,13 +122,15 @@ def parse_page_size(value: int) -> int:
     return value or DEFAULT_PAGE_SIZE
 
 
-def schedule_to_proto(record: ScheduleRecord) -> pb.Schedule:
+def schedule_to_proto(record: ScheduleRecord, engine_secrets: EngineSecrets) -> pb.Schedule:
+    """A stored schedule as answers show it: its template's secret values (and the engine's
+    credentials) masked, as GetWorkflow masks a workflow's."""
     task = TaskSpec.from_json(record.task) if record.task is not None else None
     return pb.Schedule(
         schedule_id=record.schedule_id,
         cron=record.cron,
         time_zone=record.time_zone,
-        task=task_to_proto(task) if task is not None else None,
+        task=task_to_proto(task, engine_secrets) if task is not None else None,
         overlap=pb.OverlapPolicy.Value(record.overlap),
         catch_up=pb.CatchUpPolicy.Value(record.catch_up),
         paused=record.paused,
@@ -129,11 +144,18 @@ def schedule_to_proto(record: ScheduleRecord) -> pb.Schedule:
     )
 
 
-def task_to_proto(task: TaskSpec) -> pb.TaskSpec:
+def task_to_proto(task: TaskSpec, engine_secrets: EngineSecrets) -> pb.TaskSpec:
     """A stored template as the message it came from (the message's JSON names are the
-    task's, so the JSON form reads back as it was sent)."""
+    task's, so the JSON form reads back as it was sent, but for enum values, which the JSON
+    spells in lower case), with its secrets masked."""
+    shown = engine_secrets.credentials.redact_json(
+        redact_json(task.to_json(), step_secrets(task.steps))
+    )
+    for holder in [shown, *shown.get("steps", ())]:
+        if isinstance(holder.get("on_approval_timeout"), str):
+            holder["on_approval_timeout"] = holder["on_approval_timeout"].upper()
     message = pb.TaskSpec()
-    json_format.ParseDict(task.to_json(), message, ignore_unknown_fields=True)
+    json_format.ParseDict(shown, message, ignore_unknown_fields=True)
     return message
 
 
@@ -149,6 +171,8 @@ def decode_token(token: str) -> tuple[datetime, str] | None:
         if len(token) > _MAX_TOKEN_CHARS or not _TOKEN_CHARS.fullmatch(token):
             raise ValueError("not a token")
         body = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+        if not isinstance(body, dict) or not all(isinstance(body.get(k), str) for k in "cs"):
+            raise ValueError("not a token")
         created_at = datetime.fromisoformat(body["c"])
         schedule_id = str(uuid.UUID(body["s"]))
         if created_at.tzinfo is None:

@@ -200,13 +200,15 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
         )
         draft = await self.reader.convert(schedules.draft_from_proto, msg)
         record = await self._schedules.create(schedule_id, draft, scope(), recorded_actor(""))
-        return schedules.schedule_to_proto(record)
+        return schedules.schedule_to_proto(record, self.secrets)
 
     @_unary
     async def GetSchedule(self, request: pb.GetScheduleRequest, context: Context) -> pb.Schedule:
         schedule_id = schedules.parse_schedule_id(request.schedule_id, required=True)
         assert schedule_id is not None
-        return schedules.schedule_to_proto(await self._schedules.get(schedule_id, scope()))
+        return schedules.schedule_to_proto(
+            await self._schedules.get(schedule_id, scope()), self.secrets
+        )
 
     @_unary
     async def ListSchedules(
@@ -217,7 +219,7 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
         after = schedules.decode_token(request.page_token)
         page = await self._schedules.list(scope(), limit, after)
         return pb.ListSchedulesResponse(
-            schedules=[schedules.schedule_to_proto(record) for record in page.items],
+            schedules=[schedules.schedule_to_proto(record, self.secrets) for record in page.items],
             next_page_token=schedules.encode_token(page.next_after) if page.next_after else "",
         )
 
@@ -232,7 +234,7 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
         mask = schedules.parse_mask(request.update_mask)
         draft = await self.reader.convert(schedules.draft_from_proto, request.schedule, mask)
         record = await self._schedules.update(schedule_id, draft, mask, scope())
-        return schedules.schedule_to_proto(record)
+        return schedules.schedule_to_proto(record, self.secrets)
 
     @_unary
     async def DeleteSchedule(

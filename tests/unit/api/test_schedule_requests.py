@@ -10,6 +10,7 @@ import pytest
 from workflow_engine.api import requests, schedules
 from workflow_engine.domain.schedules import ScheduleRecord
 from workflow_engine.errors import InvalidArgument
+from workflow_engine.secrets import MASK, EngineSecrets
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 
@@ -55,7 +56,19 @@ def test_enums_default_and_refuse_unknown_numbers() -> None:
 def test_a_stored_template_reads_back_as_sent() -> None:
     sent = pb.TaskSpec(
         prompt="nightly",
-        steps=[pb.Step(id="a", command=["echo", "hi"], env={"K": "V"}, timeout_seconds=5)],
+        steps=[
+            pb.Step(
+                id="a",
+                command=["echo", "hi"],
+                env={"K": "V"},
+                timeout_seconds=5,
+                requires_approval=True,
+                approval_timeout_seconds=60,
+                on_approval_timeout=pb.ApprovalTimeout.SUSPEND,
+            )
+        ],
+        approval_timeout_seconds=30,
+        on_approval_timeout=pb.ApprovalTimeout.REJECT,
     )
     sent.metadata.project_id = "p"
     sent.metadata.labels["team"] = "x"
@@ -79,6 +92,29 @@ def test_a_stored_template_reads_back_as_sent() -> None:
         created_at=now,
         updated_at=now,
     )
-    shown = schedules.schedule_to_proto(record)
-    assert requests.task_from_proto(shown.task) == task
+    shown = schedules.schedule_to_proto(record, EngineSecrets())
+    assert requests.task_from_proto(shown.task) == task  # the approval actions included
     assert shown.catch_up == pb.RUN_ONCE and shown.created_by == "me"
+
+
+def test_page_tokens_of_the_wrong_shape_are_invalid_argument() -> None:
+    """Tokens that decode to JSON of another shape (numbers, lists) name the field; an
+    AttributeError inside would have been INTERNAL."""
+    import base64
+    import json
+
+    for body in ({"c": "2026-01-01T00:00:00+00:00", "s": 123}, [1, 2], {"c": 5, "s": "x"}, 7):
+        token = base64.urlsafe_b64encode(json.dumps(body).encode()).decode().rstrip("=")
+        with pytest.raises(InvalidArgument) as refused:
+            schedules.decode_token(token)
+        assert refused.value.field == "page_token"
+
+
+def test_a_template_sent_back_with_a_masked_secret_is_refused() -> None:
+    """A client that reads a schedule gets its secrets as MASK; sending that back would store
+    the mask as the secret's value and run every job with it."""
+    msg = pb.Schedule(cron="@daily")
+    msg.task.steps.add(id="a", command=["env"], env={"TOKEN": MASK}, secret_env=["TOKEN"])
+    with pytest.raises(InvalidArgument) as refused:
+        schedules.draft_from_proto(msg)
+    assert refused.value.field == "schedule.task.steps[0].env"

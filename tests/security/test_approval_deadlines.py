@@ -7,17 +7,21 @@ selects only the engine's readable, unblocked waiting rows."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
+from typing import Any
 
 import psycopg
 import pytest
 
 from tests.conftest import RunningEngine, start_engine, stop_engine
+from tests.support.clock import ManualClock
 from tests.support.helpers import new_task_id, snapshot, step, task, wait_for_status
 from workflow_engine.config import Settings
 from workflow_engine.domain.deadlines import MAX_APPROVAL_TIMEOUT_SECONDS
-from workflow_engine.errors import InvalidState
+from workflow_engine.errors import InvalidState, ResourceExhausted
+from workflow_engine.runtime.deadlines import DeadlineSweep
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 WAITING = {pb.WAITING_FOR_APPROVAL}
@@ -134,3 +138,45 @@ async def test_the_sweep_never_touches_a_row_that_is_not_the_engine_s_to_change(
     before = await settled(db_url)
     await asyncio.sleep(1.5)  # past the request's own expiry, some thirty rounds
     assert await snapshot(db_url) == before
+
+
+_WAITING_ROWS = """
+INSERT INTO workflow_checkpoints
+    (id, task_id, state, last_node_id, updated_at, created_at, run_id, status, event_seq,
+     engine_owned, state_format, project_id, wake_at)
+SELECT gen_random_uuid(), gen_random_uuid(), '{}'::jsonb, 'dispatch_step', now(), now(),
+       gen_random_uuid(), 'WAITING_FOR_APPROVAL', 4, true, 1, %(project)s,
+       now() - make_interval(secs => %(age)s)
+  FROM generate_series(1, %(count)s)
+RETURNING task_id::text
+"""
+
+
+async def test_a_tenant_whose_expiries_are_stuck_does_not_hold_off_another(
+    autocommit_pool: Any,
+) -> None:
+    """Tenant A has 150 expired waits whose expiries cannot be applied now (A is at its cap
+    of running workflows); tenant B's, due later than all of them, is applied in the first
+    round, and A's stuck rows are left out of the next round for a while."""
+    async with autocommit_pool.connection() as conn:
+        cur = await conn.execute(_WAITING_ROWS, {"project": "project-a", "age": 3600, "count": 150})
+        stuck = {row[0] for row in await cur.fetchall()}
+        cur = await conn.execute(_WAITING_ROWS, {"project": "project-b", "age": 1, "count": 1})
+        (theirs,) = [row[0] for row in await cur.fetchall()]
+    tried: list[str] = []
+
+    async def expire(task_id: str) -> str | None:
+        tried.append(task_id)
+        if task_id in stuck:
+            raise ResourceExhausted("project-a is running as many workflows as it may")
+        return "reject"
+
+    clock = ManualClock(start=time.time())
+    sweep = DeadlineSweep(pool=autocommit_pool, expire=expire, clock=clock, interval_seconds=1)
+    assert await sweep.sweep() == 1
+    first = set(tried)
+    clock.advance(1)
+    await sweep.sweep()
+    second = set(tried) - first
+    assert theirs in first and len(first) == 21  # at most 20 of A's in one round, and B's
+    assert len(second) == 20 and second <= stuck  # 20 others; the first wait out a back-off

@@ -15,13 +15,16 @@ import grpc
 import psycopg
 import pytest
 from google.protobuf.json_format import MessageToDict
+from psycopg.types.json import Jsonb
 
 from tests.conftest import RunningEngine, start_engine, stop_engine
 from tests.security.conftest import as_caller, tenant_task
 from tests.support.clock import ManualClock
 from tests.support.helpers import step
 from workflow_engine.config import Settings
+from workflow_engine.domain.schedules import slot_task_id
 from workflow_engine.domain.task import TaskSpec
+from workflow_engine.errors import ResourceExhausted
 from workflow_engine.runtime.schedules import Scheduler
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
@@ -282,3 +285,118 @@ async def test_a_templates_secrets_are_shown_to_nobody(served: RunningEngine) ->
         )
     )
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "schedule.task.steps[0].env" in message
+
+
+async def _insert_schedules(db_url: str, rows: list[tuple[str, str, float]]) -> None:
+    """(schedule_id, project_id, next slot) rows of `@every 1h` schedules with an inline
+    template, written as the engine writes them."""
+    template = Jsonb(
+        TaskSpec.from_json(
+            MessageToDict(
+                tenant_task("project-a", step("s", "echo", "hi")), preserving_proto_field_name=True
+            )
+        ).to_json()
+    )
+    async with (
+        await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn,
+        conn.cursor() as cur,
+    ):
+        await cur.executemany(
+            "INSERT INTO workflow_schedules (schedule_id, project_id, cron, task, overlap,"
+            " catch_up, next_fire_time) VALUES (%s, %s, '@every 1h', %s, 'SKIP',"
+            " 'RUN_ONCE', to_timestamp(%s))",
+            [(sid, project, template, slot) for sid, project, slot in rows],
+        )
+
+
+async def test_a_tenant_whose_slots_are_stuck_does_not_hold_off_another(
+    settings: Settings, db_url: str
+) -> None:
+    """Tenant A has 150 schedules due whose starts are all deferred (A is at its cap of
+    running workflows): tenant B's slot, due a second later than all of them, starts in the
+    very first pass, and A's stuck schedules are left out of the next passes for a while."""
+    running = await start_engine(replace(settings, schedules_enabled=False))
+    try:
+        slot = (int(time.time()) // 3600) * 3600.0
+        await _insert_schedules(
+            db_url,
+            [(f"a-{i:03}", "project-a", slot - 3600) for i in range(150)]
+            + [("b-000", "project-b", slot)],
+        )
+        started: list[str] = []
+        attempts: list[str] = []
+
+        async def start(tid: str, spec: TaskSpec, schedule: tuple[str, datetime]) -> Any:
+            attempts.append(schedule[0])
+            if schedule[0].startswith("a-"):
+                raise ResourceExhausted("project-a is running as many workflows as it may")
+            started.append(schedule[0])
+            return await running.engine.service.start(
+                task_id=tid, holder_id="", idempotency_key=tid, task=spec, schedule=schedule
+            )
+
+        clock = ManualClock(start=slot + 1)
+        scheduler = Scheduler(
+            pool=running.engine.pool,
+            start=start,
+            task_source=_TaskTable({}),
+            clock=clock,
+            interval_seconds=1,
+            missed_after_seconds=7200,
+        )
+        assert await scheduler.sweep() == 1
+        assert started == ["b-000"]
+        first = set(attempts)
+        clock.advance(1)
+        await scheduler.sweep()  # A's deferred schedules are backed off from, not retried
+        second = set(attempts) - first
+    finally:
+        await stop_engine(running)
+    assert len(first) == 21  # at most 20 of A's in one pass, and B's
+    assert len(second) == 20  # 20 others of A's; the first 20 wait out their back-off
+
+
+async def test_a_workflow_started_under_a_slots_task_id_is_not_the_schedules(
+    settings: Settings, db_url: str
+) -> None:
+    """Slot task ids are computable by anyone who knows the schedule's id. A workflow another
+    caller started first under one (here: one that waits for approval forever) is not
+    adopted as the schedule's last run: the slot is lost, but the overlap SKIP schedule is
+    not held off by it, and the next slot starts."""
+    running = await start_engine(replace(settings, schedules_enabled=False))
+    try:
+        engine = running.engine
+        slot = (int(time.time()) // 3600) * 3600.0
+        await _insert_schedules(db_url, [("sched-victim", "project-a", slot)])
+        squatter = step("wait", "echo", "hi")
+        squatter.requires_approval = True
+        await running.stub.StartWorkflow(
+            pb.StartWorkflowRequest(
+                task_id=slot_task_id("sched-victim", slot),
+                task=tenant_task("project-b", squatter),
+            )
+        )
+
+        async def start(tid: str, spec: TaskSpec, schedule: tuple[str, datetime]) -> Any:
+            return await engine.service.start(
+                task_id=tid, holder_id="", idempotency_key=tid, task=spec, schedule=schedule
+            )
+
+        clock = ManualClock(start=slot + 1)
+        scheduler = Scheduler(
+            pool=engine.pool,
+            start=start,
+            task_source=_TaskTable({}),
+            clock=clock,
+            interval_seconds=1,
+            missed_after_seconds=60,
+        )
+        assert await scheduler.sweep() == 0
+        victim = await engine.schedules.get("sched-victim", None)
+        clock.advance(3600)
+        assert await scheduler.sweep() == 1  # not held off by the squatter's waiting workflow
+        after = await engine.schedules.get("sched-victim", None)
+    finally:
+        await stop_engine(running)
+    assert victim.last_task_id == ""
+    assert after.last_task_id == slot_task_id("sched-victim", slot + 3600)

@@ -31,19 +31,29 @@ log = structlog.get_logger(__name__)
 
 #: Rows one round looks at, at most (the rest are due in the next round).
 BATCH = 100
+#: Of which one tenant's (project's), at most: its stuck rows cannot hold the others' off.
+PER_TENANT = 20
 #: How long a row whose `wake_at` was due but whose state was not is left out of the sweep.
 SKIP_SECONDS = 60.0
+#: How long a row whose expiry could not be applied now (the tenant is at its cap of running
+#: workflows, the engine is stopping, an error) is left out: it must not take a place in
+#: every round.
+BACKOFF_SECONDS = 5.0
 
 # The engine's waiting rows whose time has come, oldest first; by the partial index of
 # migration 8. A blocked row, one another writer changed, or one this engine does not read is
 # left alone (a decision about it is an operator's).
 _DUE = """
-SELECT task_id::text FROM workflow_checkpoints
- WHERE engine_owned AND wake_at IS NOT NULL AND wake_at <= %(now)s
-   AND status = 'WAITING_FOR_APPROVAL'
-   AND blocked_reason = '' AND NOT changed_outside
-   AND state_format BETWEEN %(first_format)s AND %(state_format)s
-   AND NOT (task_id::text = ANY(%(skip)s))
+SELECT task_id FROM (
+    SELECT task_id::text, wake_at,
+           row_number() OVER (PARTITION BY project_id ORDER BY wake_at) AS nth
+      FROM workflow_checkpoints
+     WHERE engine_owned AND wake_at IS NOT NULL AND wake_at <= %(now)s
+       AND status = 'WAITING_FOR_APPROVAL'
+       AND blocked_reason = '' AND NOT changed_outside
+       AND state_format BETWEEN %(first_format)s AND %(state_format)s
+       AND NOT (task_id::text = ANY(%(skip)s))) due
+ WHERE nth <= %(per_tenant)s
  ORDER BY wake_at
  LIMIT %(limit)s
 """
@@ -60,6 +70,7 @@ async def due(pool: Pool, now: float, skip: list[str], limit: int = BATCH) -> li
         "state_format": STATE_FORMAT,
         "skip": skip,
         "limit": limit,
+        "per_tenant": PER_TENANT,
     }
 
     async def read(conn: Connection) -> list[str]:
@@ -112,8 +123,12 @@ class DeadlineSweep:
                 # A decision, a cancel or another replica got there first: nothing to do.
                 log.debug("expiry_refused", task_id=task_id, error=exc.message)
                 continue
-            except WorkflowEngineError as exc:
-                log.warning("expiry_failed", task_id=task_id, error=exc.message)
+            except Exception as exc:  # one row's trouble must not stop the others'
+                if isinstance(exc, WorkflowEngineError):
+                    log.warning("expiry_failed", task_id=task_id, error=exc.message)
+                else:
+                    log.exception("expiry_failed", task_id=task_id)
+                self._skip[task_id] = now + BACKOFF_SECONDS
                 continue
             if action is None:
                 self._skip[task_id] = now + SKIP_SECONDS

@@ -54,6 +54,11 @@ log = structlog.get_logger(__name__)
 
 #: Schedules one pass handles at most; the rest are due on the next pass.
 BATCH = 100
+#: Of which one tenant's (project's), at most: the others' slots are not queued behind its.
+PER_TENANT = 20
+#: How long passes leave out a schedule whose slot could not be handled (deferred, or an
+#: error): a schedule stuck that way must not take a place in every pass.
+BACKOFF_SECONDS = 5.0
 #: What starts a slot's workflow: (task_id, task, (schedule_id, slot)) -> the start's answer.
 Start = Callable[[str, TaskSpec, tuple[str, datetime]], Awaitable[StartOutcome]]
 #: Errors that leave the slot due (the next pass tries again): nothing about the slot is wrong.
@@ -81,6 +86,8 @@ class Scheduler:
         self._interval = interval_seconds
         self._missed_after = missed_after_seconds
         self._metrics = Metrics() if metrics is None else metrics
+        # Schedule id -> until when passes leave it out (see BACKOFF_SECONDS).
+        self._backoff: dict[str, float] = {}
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -94,16 +101,34 @@ class Scheduler:
     async def sweep(self) -> int:
         """Handle every due schedule once; return how many workflows this pass started."""
         now = self._clock.now()
+        self._backoff = {sid: until for sid, until in self._backoff.items() if until > now}
         started = 0
-        for record in await schedules.due(self._pool, datetime.fromtimestamp(now, UTC), BATCH):
+        due = await schedules.due(
+            self._pool,
+            datetime.fromtimestamp(now, UTC),
+            BATCH,
+            per_tenant=PER_TENANT,
+            skip=sorted(self._backoff),
+        )
+        for record in due:
             try:
-                started += await self._handle(record, now)
-            except WorkflowEngineError as exc:
-                log.warning("schedule_failed", schedule_id=record.schedule_id, error=exc.message)
+                handled = await self._handle(record, now)
+            except Exception as exc:  # one schedule's trouble must not stop the others'
+                if isinstance(exc, WorkflowEngineError):
+                    log.warning(
+                        "schedule_failed", schedule_id=record.schedule_id, error=exc.message
+                    )
+                else:
+                    log.exception("schedule_failed", schedule_id=record.schedule_id)
+                handled = None
+            if handled is None:
+                self._backoff[record.schedule_id] = now + BACKOFF_SECONDS
+            started += bool(handled)
         return started
 
-    async def _handle(self, record: ScheduleRecord, now: float) -> bool:
-        """Decide about one schedule's due slots and act on it; True if a workflow started."""
+    async def _handle(self, record: ScheduleRecord, now: float) -> bool | None:
+        """Decide about one schedule's due slots and act on it; True if a workflow started,
+        None if its slot was deferred (it stays due)."""
         stored_next = record.next_fire_time
         assert stored_next is not None  # the due query selects only schedules with one
         firing = decide(
@@ -124,15 +149,17 @@ class Scheduler:
             # Unless a replica started the slot's workflow and died before moving on: then
             # that workflow is the schedule's last run.
             own = slot_task_id(record.schedule_id, firing.handled)
-            if await schedules.exists(self._pool, own):
+            if await self._started_here(record, own, quiet=True):
                 outcome, task_id = "taken", own
         if firing.slot is not None:
             task_id = slot_task_id(record.schedule_id, firing.slot)
             try:
                 outcome = await self._fire(record, firing.slot, task_id)
+                if outcome == "taken" and not await self._started_here(record, task_id):
+                    outcome, task_id = "failed", ""
             except _TRY_AGAIN as exc:
                 log.info("schedule_slot_deferred", schedule_id=record.schedule_id, why=exc.message)
-                return False
+                return None
             except WorkflowEngineError as exc:  # the template cannot start: the slot is lost
                 log.warning(
                     "schedule_slot_failed", schedule_id=record.schedule_id, error=exc.message
@@ -156,6 +183,25 @@ class Scheduler:
         except (WorkflowExists, LeaseHeld):
             return "taken"
         return "started" if answer.status == "STARTED" else "taken"
+
+    async def _started_here(
+        self, record: ScheduleRecord, task_id: str, quiet: bool = False
+    ) -> bool:
+        """Whether a workflow of a slot's task id exists and is this schedule's. Anyone who
+        knows a schedule's id can compute its slots' task ids and start a workflow under one
+        first: such a workflow is never adopted as the schedule's last run (it would hold an
+        overlap SKIP schedule off for as long as it waits); the slot is lost, and logged."""
+        schedule_id, _slot = await schedules.started_by(self._pool, task_id)
+        if schedule_id == record.schedule_id:
+            return True
+        if not quiet or schedule_id is not None:
+            log.warning(
+                "schedule_slot_taken_by_another",
+                schedule_id=record.schedule_id,
+                task_id=task_id,
+                error="a workflow this schedule did not start has the slot's task id",
+            )
+        return False
 
     async def _template(self, record: ScheduleRecord) -> TaskSpec:
         if record.task is not None:

@@ -80,12 +80,18 @@ RETURNING """
 _DELETE = "DELETE FROM workflow_schedules WHERE schedule_id = %(schedule_id)s"
 
 # The due schedules, oldest slot first (by workflow_schedules_due_idx).
+# The due schedules, oldest slot first, at most `per_tenant` of each project: a tenant with
+# thousands due (or stuck) cannot take a round's every place from the others. Schedules the
+# caller is backing off from (`skip`) are left out.
 _DUE = (
     "SELECT "
     + _COLUMNS
     + """
-  FROM workflow_schedules
- WHERE NOT paused AND next_fire_time <= %(now)s
+  FROM (SELECT s.*, row_number() OVER (PARTITION BY project_id ORDER BY next_fire_time) AS nth
+          FROM workflow_schedules s
+         WHERE NOT paused AND next_fire_time <= %(now)s
+           AND NOT (schedule_id = ANY(%(skip)s))) due
+ WHERE nth <= %(per_tenant)s
  ORDER BY next_fire_time
  LIMIT %(limit)s
 """
@@ -99,12 +105,14 @@ UPDATE workflow_schedules
  WHERE schedule_id = %(schedule_id)s AND NOT paused AND next_fire_time = %(old)s
 """
 
-_EXISTS = "SELECT 1 FROM workflow_checkpoints WHERE task_id = %(task_id)s"
-
 # Whether a schedule's previous workflow has not finished (for overlap SKIP).
 _UNFINISHED = """
 SELECT 1 FROM workflow_checkpoints
  WHERE task_id = %(task_id)s AND status NOT IN ('SUCCEEDED', 'FAILED', 'CANCELLED')
+"""
+
+_STARTED_BY = """
+SELECT schedule_id, schedule_slot FROM workflow_checkpoints WHERE task_id = %(task_id)s
 """
 
 
@@ -195,9 +203,25 @@ async def delete(pool: Pool, schedule_id: str) -> bool:
     return await on_connection(pool, run)
 
 
-async def due(pool: Pool, now: datetime, limit: int) -> list[ScheduleRecord]:
-    """Unpaused schedules whose next slot is at or before `now`, the oldest slot first."""
-    return await _many(pool, _DUE, {"now": now, "limit": limit})
+async def due(
+    pool: Pool, now: datetime, limit: int, *, per_tenant: int, skip: Sequence[str] = ()
+) -> list[ScheduleRecord]:
+    """Unpaused schedules whose next slot is at or before `now`, the oldest slot first, at
+    most `per_tenant` of one project, none of `skip`."""
+    params = {"now": now, "limit": limit, "per_tenant": per_tenant, "skip": list(skip)}
+    return await _many(pool, _DUE, params)
+
+
+async def started_by(pool: Pool, task_id: str) -> tuple[str | None, datetime | None]:
+    """The schedule and slot that started the workflow of `task_id`, as its row says
+    ((None, None) when no schedule did, or there is no such row)."""
+
+    async def run(conn: Connection) -> tuple[str | None, datetime | None]:
+        cur = await conn.execute(_STARTED_BY, {"task_id": task_id})
+        row = await cur.fetchone()
+        return (row[0], row[1]) if row is not None else (None, None)
+
+    return await on_connection(pool, run)
 
 
 async def advance(
@@ -233,16 +257,6 @@ async def unfinished(pool: Pool, task_id: str) -> bool:
 
     async def run(conn: Connection) -> bool:
         cur = await conn.execute(_UNFINISHED, {"task_id": task_id})
-        return await cur.fetchone() is not None
-
-    return await on_connection(pool, run)
-
-
-async def exists(pool: Pool, task_id: str) -> bool:
-    """Whether a workflow row of `task_id` exists (finished or not)."""
-
-    async def run(conn: Connection) -> bool:
-        cur = await conn.execute(_EXISTS, {"task_id": task_id})
         return await cur.fetchone() is not None
 
     return await on_connection(pool, run)

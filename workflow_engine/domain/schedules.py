@@ -14,9 +14,11 @@ interval since the Unix epoch (time zones do not apply).
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, tzinfo
 from typing import Literal
@@ -48,6 +50,8 @@ _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600}
 _ZONE_NAME = re.compile(r"[A-Za-z0-9_+-]+(/[A-Za-z0-9_+-]+)*")
 #: How far back `latest_due` looks for the latest slot before it walks from the first due one.
 _LOOK_BACK_SECONDS = 86400.0
+#: How many of reverse iteration's latest slots `latest_at_or_before` checks before it walks.
+_CANDIDATES = 4
 
 Overlap = Literal["SKIP", "ALLOW"]
 CatchUp = Literal["SKIP_MISSED", "RUN_ONCE"]
@@ -77,15 +81,44 @@ class Calendar:
             return math.inf
 
     def latest_at_or_before(self, instant: float, first: float) -> float:
-        """The latest slot at or before `instant`, given that `first` is a slot <= `instant`."""
+        """The latest slot at or before `instant`, given that `first` is a slot <= `instant`.
+
+        A slot is one `next_after` names (forward iteration is the one that follows Debian's
+        cron across daylight-saving changes). cronsim's reverse iteration proposes candidates
+        cheaply, latest first, whatever the downtime; the first one forward iteration also
+        names (the first slot at or after it) is walked forward to `instant`. That walk is a
+        step or two, or the slots of about an hour when `instant` is in a repeated hour (reverse
+        reads a fixed time's wall clock, and may propose the first occurrence's slots or the
+        day before's). Only when no candidate checks out does this walk from `first`, or from
+        a day back. The sweep calls this for every due schedule, on the event loop.
+        """
         if self.interval:
             return float(math.floor(instant) // self.interval * self.interval)
-        last = first
+        for candidate in itertools.islice(self._slots_back_from(instant), _CANDIDATES):
+            if candidate < first:
+                break
+            slot = self.next_after(candidate - 1)
+            if slot <= instant:
+                return self._walk(slot, instant)
         if instant - first > _LOOK_BACK_SECONDS:  # skip most of a long downtime
             probe = self.next_after(instant - _LOOK_BACK_SECONDS)
             if probe <= instant:
-                last = probe
-        while (following := self.next_after(last)) <= instant:
+                return self._walk(probe, instant)
+        return self._walk(first, instant)
+
+    def _slots_back_from(self, instant: float) -> Iterator[float]:
+        """cronsim's reverse iteration from `instant`, inclusive, latest first."""
+        start = datetime.fromtimestamp(math.floor(instant) + 1, self.zone)
+        for slot in CronSim(self.cron, start, reverse=True):  # ends after 50 years without one
+            yield slot.timestamp()
+
+    def _walk(self, last: float, instant: float) -> float:
+        """The latest slot <= `instant`, walking forward from the slot `last` with one CronSim."""
+        start = datetime.fromtimestamp(math.floor(last), self.zone)
+        for slot in CronSim(self.cron, start):
+            following = slot.timestamp()
+            if following > instant:
+                break
             last = following
         return last
 

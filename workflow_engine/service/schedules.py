@@ -10,6 +10,7 @@ workflow: another tenant's schedule reads as one that does not exist. The firing
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
@@ -19,6 +20,7 @@ from workflow_engine.capabilities.protocols import TaskSource
 from workflow_engine.clock import Clock
 from workflow_engine.domain.records import Scope
 from workflow_engine.domain.schedules import (
+    Calendar,
     CatchUp,
     Overlap,
     ScheduleRecord,
@@ -93,7 +95,7 @@ class ScheduleService:
             overlap=draft.overlap,
             catch_up=draft.catch_up,
             paused=draft.paused,
-            next_fire_time=None if draft.paused else self._next(draft),
+            next_fire_time=None if draft.paused else await self._next(draft),
             last_fire_time=None,
             last_task_id="",
             created_by=actor,
@@ -131,12 +133,12 @@ class ScheduleService:
                 owner = (await self._owner(schedule_id, changed, scope)).metadata
                 project_id, user_id = owner.project_id, owner.user_id
             else:
-                parse_calendar(changed.cron, changed.time_zone)
+                await _calendar(changed)
             next_fire = record.next_fire_time
             if changed.paused:
                 next_fire = None
             elif record.paused or {"cron", "time_zone"} & set(mask) or next_fire is None:
-                next_fire = self._next(changed)
+                next_fire = await self._next(changed)
             stored = await schedules.replace(
                 self._pool,
                 replace(
@@ -162,14 +164,15 @@ class ScheduleService:
         if not await schedules.delete(self._pool, schedule_id):
             raise ScheduleNotFound(schedule_id)
 
-    def _next(self, draft: ScheduleDraft) -> datetime | None:
-        calendar = parse_calendar(draft.cron, draft.time_zone)
-        return to_datetime(calendar.next_after(self._clock.now()))
+    async def _next(self, draft: ScheduleDraft) -> datetime | None:
+        """The first slot of `draft`'s calendar after now, found off the event loop (a rare
+        slot, such as a Monday the 29th of February, is years of cronsim's search away)."""
+        return await asyncio.to_thread(_next_fire_time, draft, self._clock.now())
 
     async def _owner(self, schedule_id: str, draft: ScheduleDraft, scope: Scope | None) -> TaskSpec:
         """The template as it would start at a slot, checked as StartWorkflow checks a task:
         in the caller's scope and startable. Its metadata names the schedule's owner."""
-        parse_calendar(draft.cron, draft.time_zone)
+        await _calendar(draft)
         if draft.task is not None and draft.template_task_id:
             raise InvalidArgument(
                 "schedule.template_task_id", "either a task or a template_task_id, not both"
@@ -187,6 +190,17 @@ class ScheduleService:
             raise InvalidArgument("schedule.task", "required: a task or a template_task_id")
         self._check_startable(slot_task(task, schedule_id, 0.0))
         return task
+
+
+async def _calendar(draft: ScheduleDraft) -> Calendar:
+    """`draft`'s calendar, parsed in a worker thread: whether a cron names a time that ever
+    comes is cronsim's search of up to 50 years (tens of ms for one that never does, e.g.
+    ``0 0 */8 * 5#5``), which a request must not spend on the event loop."""
+    return await asyncio.to_thread(parse_calendar, draft.cron, draft.time_zone)
+
+
+def _next_fire_time(draft: ScheduleDraft, now: float) -> datetime | None:
+    return to_datetime(parse_calendar(draft.cron, draft.time_zone).next_after(now))
 
 
 def _merged(record: ScheduleRecord, draft: ScheduleDraft, mask: Collection[str]) -> ScheduleDraft:

@@ -123,6 +123,7 @@ def test_intervals_are_multiples_of_the_interval_since_the_epoch() -> None:
         "61 * * * *",
         "* 24 * * *",
         "0 0 30 2 *",
+        "0 0 */8 * 5#5",  # parses, but no fifth Friday is the 1st, 9th, 17th or 25th
         "@reboot",
         "@every",
         "@every 0s",

@@ -14,8 +14,6 @@ state format this engine does not read, are never selected.
 
 from __future__ import annotations
 
-import asyncio
-import random
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
@@ -24,8 +22,8 @@ import structlog
 from workflow_engine.clock import Clock
 from workflow_engine.domain.state_format import FIRST_STATE_FORMAT, STATE_FORMAT
 from workflow_engine.errors import InvalidState, LeaseHeld, WorkflowEngineError
+from workflow_engine.runtime.periodic import Periodic
 from workflow_engine.storage.pool import Connection, Pool, on_connection
-from workflow_engine.storage.retry import is_transient
 
 log = structlog.get_logger(__name__)
 
@@ -96,20 +94,19 @@ class DeadlineSweep:
         self._pool = pool
         self._expire = expire
         self._clock = clock
-        self._interval = interval_seconds
         self._on_expired = on_expired
         # Rows that were selected but whose state was not due (a `wake_at` out of step with
         # it): left out until then, so that they cannot take a round's places every round.
         self._skip: dict[str, float] = {}
-        self._task: asyncio.Task[None] | None = None
+        self._loop = Periodic(
+            "deadline_sweep", self.sweep, clock=clock, interval_seconds=interval_seconds
+        )
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="deadline-sweep")
+        self._loop.start()
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await self._loop.close()
 
     async def sweep(self) -> int:
         """Apply what expiries are due now; return how many were applied here."""
@@ -138,13 +135,3 @@ class DeadlineSweep:
             if self._on_expired is not None:
                 self._on_expired(action)
         return applied
-
-    async def _loop(self) -> None:
-        while True:
-            # Jitter keeps replicas started together from sweeping in lockstep.
-            await self._clock.sleep(self._interval * random.uniform(0.5, 1.0))  # noqa: S311
-            try:
-                await self.sweep()
-            except Exception as exc:
-                if not is_transient(exc):
-                    log.exception("deadline_sweep_error")

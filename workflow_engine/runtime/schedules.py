@@ -13,8 +13,6 @@ starts it again, which meets the workflow it started: each slot starts at most o
 
 from __future__ import annotations
 
-import asyncio
-import random
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
@@ -45,9 +43,9 @@ from workflow_engine.errors import (
     WorkflowEngineError,
     WorkflowExists,
 )
+from workflow_engine.runtime.periodic import Periodic
 from workflow_engine.storage import schedules
 from workflow_engine.storage.pool import Pool
-from workflow_engine.storage.retry import is_transient
 from workflow_engine.telemetry.metrics import Metrics
 
 log = structlog.get_logger(__name__)
@@ -83,20 +81,19 @@ class Scheduler:
         self._start = start
         self._task_source = task_source
         self._clock = clock
-        self._interval = interval_seconds
         self._missed_after = missed_after_seconds
         self._metrics = Metrics() if metrics is None else metrics
         # Schedule id -> until when passes leave it out (see BACKOFF_SECONDS).
         self._backoff: dict[str, float] = {}
-        self._task: asyncio.Task[None] | None = None
+        self._loop = Periodic(
+            "schedule_sweep", self.sweep, clock=clock, interval_seconds=interval_seconds
+        )
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="scheduler")
+        self._loop.start()
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await self._loop.close()
 
     async def sweep(self) -> int:
         """Handle every due schedule once; return how many workflows this pass started."""
@@ -216,16 +213,6 @@ class Scheduler:
                 f"{owner[0]!r}, user {owner[1]!r}, not the schedule's; the slot starts nothing"
             )
         return task
-
-    async def _loop(self) -> None:
-        while True:
-            # Jitter keeps replicas started together from sweeping in lockstep.
-            await self._clock.sleep(self._interval * random.uniform(0.5, 1.0))  # noqa: S311
-            try:
-                await self.sweep()
-            except Exception as exc:
-                if not is_transient(exc):
-                    log.exception("schedule_sweep_error")
 
 
 async def _advance(

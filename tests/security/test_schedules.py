@@ -20,29 +20,13 @@ from psycopg.types.json import Jsonb
 from tests.conftest import RunningEngine, start_engine, stop_engine
 from tests.security.conftest import as_caller, tenant_task
 from tests.support.clock import ManualClock
-from tests.support.helpers import step
+from tests.support.helpers import refusal, step, stored_schedules
 from workflow_engine.config import Settings
 from workflow_engine.domain.schedules import slot_task_id
 from workflow_engine.domain.task import TaskSpec
 from workflow_engine.errors import ResourceExhausted
 from workflow_engine.runtime.schedules import Scheduler
 from workflow_engine.v1 import workflow_engine_pb2 as pb
-
-
-async def refusal(call: Any) -> tuple[grpc.StatusCode, str]:
-    try:
-        result = await call
-    except grpc.aio.AioRpcError as exc:
-        return exc.code(), (exc.details() or "")
-    raise AssertionError(f"not refused: {result}")
-
-
-async def count(db_url: str) -> int:
-    async with await psycopg.AsyncConnection.connect(db_url) as conn:
-        cur = await conn.execute("SELECT count(*) FROM workflow_schedules")
-        row = await cur.fetchone()
-    assert row is not None
-    return int(row[0])
 
 
 def hourly(project: str, **kw: Any) -> pb.Schedule:
@@ -118,7 +102,7 @@ async def test_no_schedule_for_another_project(served: RunningEngine, db_url: st
         )
     )
     assert code == grpc.StatusCode.PERMISSION_DENIED
-    assert await count(db_url) == 1
+    assert await stored_schedules(db_url) == 1
 
 
 async def test_readers_and_operators_may_not_create_schedules(served: RunningEngine) -> None:
@@ -162,7 +146,7 @@ async def test_hostile_schedules_are_refused_and_nothing_stored(
     )
     assert code == grpc.StatusCode.INVALID_ARGUMENT, details
     assert details.startswith(field), details
-    assert await count(db_url) == 0
+    assert await stored_schedules(db_url) == 0
 
 
 class _TaskTable:

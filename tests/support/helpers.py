@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import grpc
 import psycopg
 from google.protobuf import json_format, struct_pb2
 
@@ -180,3 +181,21 @@ async def stored_task(db_url: str, task_id: str) -> TaskSpec:
         row = await cur.fetchone()
     assert row is not None, "no task stored with the workflow"
     return TaskSpec.from_json(row[0])
+
+
+async def refusal(call: Any) -> tuple[grpc.StatusCode, str]:
+    """The status and message a gRPC call was refused with; fails when it was answered."""
+    try:
+        result = await call
+    except grpc.aio.AioRpcError as exc:
+        return exc.code(), (exc.details() or "")
+    raise AssertionError(f"not refused: {result}")
+
+
+async def stored_schedules(db_url: str) -> int:
+    """How many schedules the database holds."""
+    async with await psycopg.AsyncConnection.connect(db_url) as conn:
+        cur = await conn.execute("SELECT count(*) FROM workflow_schedules")
+        row = await cur.fetchone()
+    assert row is not None
+    return int(row[0])

@@ -11,11 +11,10 @@ from dataclasses import replace
 from typing import Any
 
 import grpc
-import psycopg
 import pytest
 
 from tests.conftest import RunningEngine, start_engine, stop_engine
-from tests.support.helpers import new_task_id, step, task
+from tests.support.helpers import new_task_id, refusal, step, stored_schedules, task
 from workflow_engine.config import Settings
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
@@ -33,22 +32,6 @@ async def quick(settings: Settings) -> AsyncIterator[RunningEngine]:
 def schedule(cron: str = "@every 1h", **kw: Any) -> pb.Schedule:
     kw.setdefault("task", task(step("hi", "echo", "hi")))
     return pb.Schedule(cron=cron, **kw)
-
-
-async def refusal(call: Any) -> tuple[grpc.StatusCode, str]:
-    try:
-        result = await call
-    except grpc.aio.AioRpcError as exc:
-        return exc.code(), (exc.details() or "")
-    raise AssertionError(f"not refused: {result}")
-
-
-async def stored_schedules(db_url: str) -> int:
-    async with await psycopg.AsyncConnection.connect(db_url) as conn:
-        cur = await conn.execute("SELECT count(*) FROM workflow_schedules")
-        row = await cur.fetchone()
-    assert row is not None
-    return int(row[0])
 
 
 async def test_crud(running: RunningEngine) -> None:

@@ -82,6 +82,10 @@ async def test_a_wake_at_set_in_the_past_does_not_make_a_request_expire_early(
     await asyncio.sleep(1.0)  # some twenty rounds of the sweep
     assert await snapshot(db_url) == before
     assert await timely.engine.service.expire(task_id) is None
+    # ... and it still waits: the snapshots alone would not see an expiry applied before the
+    # first of them was taken.
+    shown = await timely.stub.GetWorkflow(pb.GetWorkflowRequest(task_id=task_id))
+    assert shown.status == pb.WAITING_FOR_APPROVAL
 
 
 async def test_an_expiry_asked_twice_at_once_applies_once_and_never_again(

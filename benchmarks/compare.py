@@ -24,6 +24,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -58,13 +59,24 @@ from contenders import (
     LangGraphPostgres,
     LangGraphPostgresCommand,
     RawUpserts,
+    ServedPeer,
+    ServedPeerOutcome,
 )
 
 from workflow_engine.logs import configure_logging
 
 BASELINE = LangGraphPostgres.name  # contender 1: what the targets are ratios of
-# Pairs running the same real commands, each a ratio of its own baseline (the target: 2.5x).
+# The targets: (contender, its peer, {concurrency: least ratio}). The first is the target row:
+# the engine served, real `true` per step through the default worker, against what a user
+# would write instead, served behind the same contract and driven by the same client.
+TARGETS = [
+    (EngineGrpcCommand.name, ServedPeer.name, {1: 2.5, 20: 3.0, 100: 2.5}),
+    (EngineGrpcCommandOutcome.name, ServedPeerOutcome.name, {1: 2.5, 20: 3.0, 100: 2.5}),
+    (EngineInProcess.name, LangGraphPostgres.name, {20: 4.0}),
+]
+# Pairs running the same real commands, each a ratio of its own baseline.
 PAIRS = [
+    *((name, peer) for name, peer, _ in TARGETS),
     (EngineGrpcCommand.name, LangGraphPostgresCommand.name),
     (EngineGrpcCommandOutcome.name, LangGraphPostgresCommand.name),
     (EngineGrpcCommandProcesses.name, LangGraphPostgresCommand.name),
@@ -82,26 +94,42 @@ PAIRS = [
 # machine's speed drifts by up to half within minutes, so one measurement of each, a minute
 # apart, can move the ratio that much; the median of the rounds' ratios does not.
 ROUNDS_OF = (
+    ServedPeer.name,
+    ServedPeerOutcome.name,
+    LangGraphPostgres.name,
+    EngineInProcess.name,
     LangGraphPostgresCommand.name,
     EngineCommandInProcess.name,
     EngineGrpcCommand.name,
     EngineGrpcCommandOutcome.name,
     EngineGrpcCommandProcesses.name,
 )
+# The rows whose database cost is counted, statements included (`database_cost`).
+COST_OF = (ServedPeer.name, EngineGrpcCommand.name, EngineGrpcCommandOutcome.name)
 ROOT = Path(__file__).resolve().parent.parent
+SERVER_LOG = PGDATA / "log"
+LOGGED_STATEMENT = re.compile(rb"\] LOG:\s+(?:statement|execute [^:]*): ")
+# Per point of the database-cost pass (statements logged, so not a throughput figure).
+COST_WORKFLOWS = 100
 OUT = ROOT / "bench-results"
 
 
 async def measure(
-    contender: Any, server_url: str, concurrency: int, workflows: int
+    contender: Any, server_url: str, concurrency: int, workflows: int, *, statements: bool = False
 ) -> dict[str, Any]:
+    """One point. With `statements`, the server also logs every statement of the point's
+    database (which slows it: a pass of its own, not a throughput figure), counted in
+    `statements_per_workflow`."""
     db = f"bench_{uuid.uuid4().hex[:8]}"
     async with await psycopg.AsyncConnection.connect(server_url, autocommit=True) as admin:
         await admin.execute(f"CREATE DATABASE {db}")
+        if statements:
+            await admin.execute(f"ALTER DATABASE {db} SET log_statement = 'all'")
     url = make_conninfo(server_url, dbname=db)
 
     async def stats() -> tuple[int, int]:
         async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            await conn.execute("SET log_statement = 'none'")  # this reading is not counted
             await asyncio.sleep(0.6)  # other backends flush their statistics about every second
             cur = await conn.execute(
                 "SELECT xact_commit, pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint"
@@ -114,7 +142,10 @@ async def measure(
     await contender.open(url, concurrency)
     try:
         await asyncio.gather(*(contender.run(-1) for _ in range(min(concurrency, 5))))  # warm up
+        node_gaps = getattr(contender, "node_gaps", [])
+        node_gaps.clear()
         commits0, wal0 = await stats()
+        log_start = SERVER_LOG.stat().st_size if statements else 0
         server = (
             psutil.Process(contender.server_pid()) if hasattr(contender, "server_pid") else None
         )
@@ -138,6 +169,7 @@ async def measure(
     finally:
         await contender.close()  # closing flushes the backends' statistics
     commits1, wal1 = await stats()
+    logged = count_logged_statements(log_start) if statements else None
     nodes = workflows * NODES
     latencies.sort()
     async with await psycopg.AsyncConnection.connect(server_url, autocommit=True) as admin:
@@ -150,6 +182,9 @@ async def measure(
         "nodes_per_s": round(nodes / wall, 1),
         "p50_ms": round(statistics.median(latencies) * 1000, 1),
         "p99_ms": round(latencies[int(0.99 * (len(latencies) - 1))] * 1000, 1),
+        # A node's latency as an every-event watcher sees it: NODE_COMPLETED to the next.
+        "node_p50_ms": percentile_ms(node_gaps, 0.5),
+        "node_p99_ms": percentile_ms(node_gaps, 0.99),
         "cpu_ms_per_workflow": round(cpu / workflows * 1000, 2),
         # Of that, the served engine's processes (the rest is the benchmark's client).
         "engine_cpu_ms_per_workflow": round(served / workflows * 1000, 2) if server else None,
@@ -158,7 +193,26 @@ async def measure(
         # The stats query itself commits once per reading; it is not the contender's.
         "commits_per_node": round((commits1 - commits0 - 1) / nodes, 2),
         "wal_bytes_per_node": round((wal1 - wal0) / nodes),
+        "commits_per_workflow": round((commits1 - commits0 - 1) / workflows, 1),
+        "wal_bytes_per_workflow": round((wal1 - wal0) / workflows),
+        "statements_per_workflow": None if logged is None else round(logged / workflows, 1),
     }
+
+
+def count_logged_statements(start: int) -> int:
+    """Statements the server logged since byte `start` of its log (`log_statement = all`
+    is set on the measured database alone), waiting for the last lines to reach the file."""
+    time.sleep(0.5)
+    with SERVER_LOG.open("rb") as log:
+        log.seek(start)
+        return sum(1 for line in log if LOGGED_STATEMENT.search(line))
+
+
+def percentile_ms(seconds: list[float], q: float) -> float | None:
+    if not seconds:
+        return None
+    ordered = sorted(seconds)
+    return round(ordered[int(q * (len(ordered) - 1))] * 1000, 2)
 
 
 def server_cpu(server: psutil.Process | None) -> float:
@@ -199,6 +253,8 @@ def contenders(data_dir: Path) -> list[Any]:
         EngineGrpcProcesses(data_dir),
         EngineGrpcTelemetry(data_dir),
         LangGraphPostgresCommand(),
+        ServedPeer(data_dir),
+        ServedPeerOutcome(data_dir),
         EngineCommandInProcess(data_dir),
         EngineGrpcCommand(data_dir),
         EngineGrpcCommandOutcome(data_dir),
@@ -246,6 +302,41 @@ async def run(
     return results
 
 
+async def database_cost(
+    server_url: str, concurrency: int, workflows: int, only: list[str] | None = None
+) -> list[dict[str, Any]]:
+    """What a workflow costs PostgreSQL, the engine's served rows beside the served peer's:
+    commits, WAL bytes and statements per workflow, in a pass of its own (`COST_OF`), since
+    logging every statement slows the server."""
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for contender in contenders(Path(tmp)):
+            if contender.name not in COST_OF or (
+                only and not any(word in contender.name for word in only)
+            ):
+                continue
+            print(
+                f"  {contender.name}: database cost at concurrency {concurrency} ...",
+                file=sys.stderr,
+                flush=True,
+            )
+            result = await measure(contender, server_url, concurrency, workflows, statements=True)
+            out.append(
+                {
+                    key: result[key]
+                    for key in (
+                        "contender",
+                        "concurrency",
+                        "workflows",
+                        "commits_per_workflow",
+                        "wal_bytes_per_workflow",
+                        "statements_per_workflow",
+                    )
+                }
+            )
+    return out
+
+
 def table(results: list[dict[str, Any]]) -> str:
     cols = list(results[0])
     cell = {(id(r), c): "-" if r[c] is None else str(r[c]) for r in results for c in cols}
@@ -285,6 +376,57 @@ def rounds_of_ratios(results: list[dict[str, Any]]) -> dict[str, list[float]]:
                 if ours and theirs:
                     key = f"{name} / {baseline} @ c={concurrency}"
                     out.setdefault(key, []).append(round(ours / theirs, 2))
+    return out
+
+
+def target_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each of `TARGETS` per concurrency measured: the median of its rounds' ratios."""
+    each = rounds_of_ratios(results)
+    rows = []
+    for name, peer, least in TARGETS:
+        for concurrency, target in least.items():
+            got = each.get(f"{name} / {peer} @ c={concurrency}")
+            if got:
+                ratio = round(statistics.median(got), 2)
+                rows.append(
+                    {
+                        "contender": name,
+                        "peer": peer,
+                        "concurrency": concurrency,
+                        "ratio": ratio,
+                        "rounds": got,
+                        "target": target,
+                        "met": ratio >= target,
+                    }
+                )
+    return rows
+
+
+def added_node_latency(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per concurrency, a node's latency as an every-event watcher sees it, the served
+    engine's (real `true`) beside the served peer's, and what the engine adds (negative: what
+    it saves): the median over the rounds both ran of each round's difference."""
+    by = {(r["contender"], r["concurrency"], r["round"]): r for r in results}
+    out = []
+    for concurrency in dict.fromkeys(r["concurrency"] for r in results):
+        pairs = [
+            (by[EngineGrpcCommand.name, concurrency, n], by[ServedPeer.name, concurrency, n])
+            for n in sorted({r["round"] for r in results})
+            if (EngineGrpcCommand.name, concurrency, n) in by
+            and (ServedPeer.name, concurrency, n) in by
+        ]
+        pairs = [(ours, theirs) for ours, theirs in pairs if ours["node_p50_ms"] is not None]
+        if not pairs:
+            continue
+        row: dict[str, Any] = {"concurrency": concurrency, "rounds": len(pairs)}
+        for q in ("p50", "p99"):
+            key = f"node_{q}_ms"
+            row[f"engine_{q}_ms"] = round(statistics.median(ours[key] for ours, _ in pairs), 2)
+            row[f"peer_{q}_ms"] = round(statistics.median(theirs[key] for _, theirs in pairs), 2)
+            row[f"added_{q}_ms"] = round(
+                statistics.median(ours[key] - theirs[key] for ours, theirs in pairs), 2
+            )
+        out.append(row)
     return out
 
 
@@ -378,9 +520,14 @@ def main() -> None:
     args = parser.parse_args()
     rounds = args.rounds or (2 if args.smoke else 3)
     configure_logging("warning")
-    results = run_on_bench_postgres(
-        lambda url: run(url, args.concurrency, args.smoke, args.only, args.workflows, rounds)
-    )
+    cost_concurrency = 20 if 20 in args.concurrency else max(args.concurrency)
+
+    async def everything(url: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        results = await run(url, args.concurrency, args.smoke, args.only, args.workflows, rounds)
+        cost_workflows = 4 if args.smoke else COST_WORKFLOWS
+        return results, await database_cost(url, cost_concurrency, cost_workflows, args.only)
+
+    results, cost = run_on_bench_postgres(everything)
     print(table(results))
     each, overall = rounds_of_ratios(results), ratios(results)
     for name, value in overall.items():
@@ -390,6 +537,20 @@ def main() -> None:
             else ""
         )
         print(f"{name}: {value}x{rounds_note}")
+    targets, latency = target_rows(results), added_node_latency(results)
+    print("\ntargets (median of the rounds' ratios):")
+    for row in targets:
+        verdict = "met" if row["met"] else "NOT MET"
+        print(
+            f"  {row['contender']} / {row['peer']} @ c={row['concurrency']}: {row['ratio']}x"
+            f" (target {row['target']}x: {verdict}; rounds {', '.join(map(str, row['rounds']))})"
+        )
+    if latency:
+        print("\nlatency per node, every-event watch, engine real `true` against the served peer:")
+        print(table(latency))
+    if cost:
+        print(f"\nPostgreSQL cost per workflow at concurrency {cost_concurrency}:")
+        print(table(cost))
     if args.only:
         return
     inflight = run_inflight(20 if args.smoke else 1000, 0.2, wait=True)
@@ -402,6 +563,9 @@ def main() -> None:
         "results": results,
         "ratios": overall,
         "rounds_of_ratios": each,
+        "targets": targets,
+        "node_latency": latency,
+        "database_cost": cost,
         "inflight": inflight,
         "inflight_long_jobs": parked,
     }

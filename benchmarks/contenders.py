@@ -12,6 +12,7 @@ import inspect
 import shutil
 import socket
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any, TypedDict
@@ -469,6 +470,10 @@ class EngineGrpc:
 
     def __init__(self, data_dir: Path) -> None:
         self.data_dir = data_dir
+        # Seconds from one NODE_COMPLETED to the next as the client receives them (the first
+        # from the StartWorkflow call): a node's latency as a watcher sees it. Every-event
+        # watches only.
+        self.node_gaps: list[float] = []
 
     async def open(self, url: str, concurrency: int) -> None:
         import os
@@ -495,9 +500,7 @@ class EngineGrpc:
             **await self.worker_env(concurrency),
         }
         self.proc = await asyncio.create_subprocess_exec(
-            *ended_with_us(str(Path(sys.executable).parent / "workflow-engine"), "serve"),
-            env=env,
-            stderr=asyncio.subprocess.PIPE,
+            *ended_with_us(*self.server_argv(url)), env=env, stderr=asyncio.subprocess.PIPE
         )
         await wait_serving(self.address, self.proc)
         self._drain = asyncio.create_task(self._read_rest())
@@ -506,6 +509,10 @@ class EngineGrpc:
         self.channels = await spread_channels(self.address, self.proc.pid, max(1, concurrency // 5))
         self.stubs = [pb_grpc.WorkflowEngineStub(c) for c in self.channels]
         self._next = 0
+
+    def server_argv(self, url: str) -> tuple[str, ...]:
+        """The server this contender's client drives (configured by the environment)."""
+        return (str(Path(sys.executable).parent / "workflow-engine"), "serve")
 
     async def worker_env(self, concurrency: int) -> dict[str, str]:
         """Variables the engine's worker needs besides `WORKFLOW_ENGINE_WORKER`."""
@@ -521,8 +528,15 @@ class EngineGrpc:
         self._next += 1
         stub = self.stubs[self._next % len(self.stubs)]  # start and watch on one connection
         await stub.StartWorkflow(pb.StartWorkflowRequest(task_id=task_id, task=ENGINE_TASK))
+        started = time.perf_counter()
         watch = pb.WatchWorkflowRequest(task_id=task_id, kinds=self.watch_kinds)
-        events = [e async for e in stub.WatchWorkflow(watch)]
+        events = []
+        async for event in stub.WatchWorkflow(watch):
+            events.append(event)
+            if event.kind == pb.NODE_COMPLETED:
+                now = time.perf_counter()
+                self.node_gaps.append(now - started)
+                started = now
         if events[-1].status != pb.SUCCEEDED:
             raise RuntimeError(f"workflow ended {events[-1].status}")
 
@@ -670,3 +684,22 @@ class EngineGrpcNode(EngineGrpcCommand):
 async def _drain_lines(stream: asyncio.StreamReader) -> None:
     while await stream.readline():
         pass
+
+
+class ServedPeer(EngineGrpcCommand):
+    """What a user would write instead, served: LangGraph + `AsyncPostgresSaver` behind the
+    same gRPC contract (`benchmarks/served_peer.py`), each step `true` as an asyncio
+    subprocess, driven by the same client as the engine's gRPC rows."""
+
+    name = "served peer: langgraph+AsyncPostgresSaver via gRPC, real `true`"
+
+    def server_argv(self, url: str) -> tuple[str, ...]:
+        peer = str(Path(__file__).resolve().parent / "served_peer.py")
+        return (sys.executable, peer, "--database-url", url, "--listen", self.address)
+
+
+class ServedPeerOutcome(ServedPeer):
+    """The served peer with a client that watches for the outcome only."""
+
+    name = "served peer: langgraph+AsyncPostgresSaver via gRPC, real `true`, outcome only"
+    watch_kinds = (pb.STATUS_CHANGED,)

@@ -415,7 +415,11 @@ def added_node_latency(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if (EngineGrpcCommand.name, concurrency, n) in by
             and (ServedPeer.name, concurrency, n) in by
         ]
-        pairs = [(ours, theirs) for ours, theirs in pairs if ours["node_p50_ms"] is not None]
+        pairs = [
+            (ours, theirs)
+            for ours, theirs in pairs
+            if ours["node_p50_ms"] is not None and theirs["node_p50_ms"] is not None
+        ]
         if not pairs:
             continue
         row: dict[str, Any] = {"concurrency": concurrency, "rounds": len(pairs)}

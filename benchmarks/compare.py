@@ -169,7 +169,9 @@ async def measure(
     finally:
         await contender.close()  # closing flushes the backends' statistics
     commits1, wal1 = await stats()
-    logged = count_logged_statements(log_start) if statements else None
+    # The last stats reading's `SET log_statement` is logged (as it is set); it is not the
+    # contender's.
+    logged = count_logged_statements(log_start) - 1 if statements else None
     nodes = workflows * NODES
     latencies.sort()
     async with await psycopg.AsyncConnection.connect(server_url, autocommit=True) as admin:

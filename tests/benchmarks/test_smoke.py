@@ -6,16 +6,18 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+PEER = "langgraph+AsyncPostgresSaver via gRPC, real `true`"
 pytestmark = pytest.mark.e2e
 
 
 def test_compare_smoke() -> None:
     done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "compare.py"), "--smoke", "--concurrency", "2"],
+        [sys.executable, str(ROOT / "benchmarks" / "compare.py"), "--smoke", "--concurrency", "1"],
         capture_output=True,
         text=True,
         timeout=300,
@@ -32,24 +34,54 @@ def test_compare_smoke() -> None:
         "langgraph+AsyncPostgresSaver, real `true`",
     } <= names
     assert (
-        "engine via gRPC, real `true` / langgraph+AsyncPostgresSaver, real `true` @ c=2"
+        "engine via gRPC, real `true` / langgraph+AsyncPostgresSaver, real `true` @ c=1"
         in (payload["ratios"])
     )
     assert (
-        "engine, real `true`, in-process / langgraph+AsyncPostgresSaver, real `true` @ c=2"
+        "engine, real `true`, in-process / langgraph+AsyncPostgresSaver, real `true` @ c=1"
         in (payload["ratios"])
     )
     # The target's pairs run in two rounds at smoke size; their ratio is the rounds' median.
-    target = "engine via gRPC, real `true` / langgraph+AsyncPostgresSaver, real `true` @ c=2"
+    target = "engine via gRPC, real `true` / langgraph+AsyncPostgresSaver, real `true` @ c=1"
     each = payload["rounds_of_ratios"][target]
     assert len(each) == 2 and payload["ratios"][target] == round(sum(each) / 2, 2)
     assert {r["round"] for r in payload["results"]} == {1, 2}
     assert all(r["workflows_per_s"] > 0 for r in payload["results"])
     served = [r for r in payload["results"] if "via gRPC" in r["contender"]]
     assert served and all(r["engine_cpu_ms_per_workflow"] > 0 for r in served)
+    assert_served_peer_figures(payload)
     assert payload["inflight"]["share_of_fair_bound"] > 0
     assert payload["inflight_long_jobs"]["probe_node_p99_ms"] > 0
     assert payload["inflight_long_jobs"]["peak_rss_mb"] > 0
+
+
+def assert_served_peer_figures(payload: dict[str, Any]) -> None:
+    """The served peer's rows: the targets, a node's added latency, the database cost."""
+    engine, peer = "engine via gRPC, real `true`", f"served peer: {PEER}"
+    outcome = ", outcome only"
+    by_name = {(r["contender"], r["round"]): r for r in payload["results"]}
+    for round_ in (1, 2):
+        assert by_name[peer, round_]["node_p50_ms"] > 0
+        assert by_name[peer + outcome, round_]["node_p50_ms"] is None  # it sees no node
+    # At concurrency 1, the served pairs' target (2.5x), the median of their two rounds.
+    targets = {(r["contender"], r["peer"]): r for r in payload["targets"]}
+    assert set(targets) == {(engine, peer), (engine + outcome, peer + outcome)}
+    for row in targets.values():
+        assert (row["concurrency"], row["target"], len(row["rounds"])) == (1, 2.5, 2)
+        assert row["ratio"] == round(sum(row["rounds"]) / 2, 2) > 0
+        assert row["met"] == (row["ratio"] >= 2.5)
+    (latency,) = payload["node_latency"]
+    assert (latency["concurrency"], latency["rounds"]) == (1, 2)
+    for q in ("p50", "p99"):
+        assert latency[f"engine_{q}_ms"] > 0 and latency[f"peer_{q}_ms"] > 0
+    cost = {r["contender"]: r for r in payload["database_cost"]}
+    assert set(cost) == {peer, engine, engine + outcome}
+    for row in cost.values():
+        assert row["concurrency"] == 1
+        assert row["commits_per_workflow"] > 0 and row["wal_bytes_per_workflow"] > 0
+        assert row["statements_per_workflow"] > 0
+    # The peer's own upsert after each of its 12 nodes, besides its checkpointer's writes.
+    assert cost[peer]["statements_per_workflow"] > 12
 
 
 def test_grpc_floor_smoke() -> None:

@@ -7,7 +7,9 @@ because a broken check must fail the step rather than the workflow.
 
 Checks do work that grows with what a tenant wrote and a job printed (a pattern searched through
 the output, the output parsed as JSON, the work directory walked), so they run off the event
-loop, on threads of the verifier's own, within a time limit per step (docs/task.md).
+loop, on threads of the verifier's own, within a time limit per step (docs/task.md). The one
+check whose work does not grow so, an exit code (every step has one), is judged on the loop
+when the output it reads is small: handing it to a thread and back cost more than judging it.
 
 A finding quotes output and values with their secrets masked before they are quoted, escaped
 or cut (`workflow_engine.secrets`).
@@ -43,6 +45,9 @@ CHECKS_TIMEOUT_SECONDS = 10.0
 CHECK_THREADS = 2
 _MAX_SHOWN = 200
 _IMPLICIT_EXIT_CODE = Check(kind="exit_code", equals=0)
+#: An exit-code check reads the last lines of stderr for the worker's note (`_worker_note`);
+#: up to this many characters of stderr, that costs less than a thread's round trip.
+_INLINE_STDERR_CHARS = 64 * 1024
 # What to do about a failed check of each kind; the next attempt sees these lines.
 _ADVICE = {
     "timeout": "make the command finish sooner or raise the step's timeout_seconds",
@@ -126,15 +131,19 @@ class MachineVerifier:
         return verification
 
     async def _judge(self, name: str, check: Check, result: JobResult, deadline: float) -> Finding:
-        """`check`'s finding, judged on the verifier's threads; failed if not done by `deadline`.
+        """`check`'s finding, judged on the verifier's threads (an exit code on small output:
+        here, see the module's docstring); failed if not done by `deadline`.
 
         A search that runs past the deadline is left to finish on its thread (RE2 cannot be
         interrupted); its size is bounded (`domain.patterns`), so the thread comes back.
         """
         loop = asyncio.get_running_loop()
+        left = deadline - loop.time()
+        if left > 0 and check.kind == "exit_code" and len(result.stderr) <= _INLINE_STDERR_CHARS:
+            return _evaluate(name, check, result, self._secrets)
         judged = loop.run_in_executor(self._threads, _evaluate, name, check, result, self._secrets)
         try:
-            return await asyncio.wait_for(judged, max(0.0, deadline - loop.time()))
+            return await asyncio.wait_for(judged, max(0.0, left))
         except TimeoutError:
             detail = f"not judged: the step's checks took longer than {self._timeout:g} s"
             return Finding(check=name, passed=False, detail=detail)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ import pytest
 from workflow_engine.capabilities.embedded_verifier import MachineVerifier
 from workflow_engine.domain import AcceptanceCriterion, Check, Step
 from workflow_engine.domain.jobs import JobResult, Truncated, Verification
+from workflow_engine.sandbox import WORKER_NOTE
 
 STEP = Step(id="s", command=("true",))
 
@@ -307,3 +309,29 @@ async def test_a_job_that_did_not_run_to_its_end_is_a_finding_with_the_workers_r
     assert any(reason in action for action in v.recommended_actions)
     ran = await verify(status="failed", exit_code=3, stderr="boom")  # it ran: its exit code says
     assert [f.check for f in ran.findings] == ["exit_code"]
+
+
+async def test_an_exit_code_is_judged_while_other_steps_checks_hold_every_thread() -> None:
+    """Another workflow's slow pattern checks (another tenant's, say) take the verifier's
+    threads; a step that checks only its exit code is still judged at once, not failed as
+    "not judged" when the step's time runs out."""
+    costly = Check(kind="stdout_matches", value="(a|b)*a(a|b){500}c")
+    slow_step = STEP.model_copy(update={"expect": (costly,)})
+    verifier = MachineVerifier(timeout_seconds=0.5, threads=1)
+    slow = asyncio.create_task(verifier.verify(slow_step, result(stdout="ab" * 400_000), ()))
+    await asyncio.sleep(0.05)  # the slow search has the only thread
+
+    v = await verifier.verify(STEP, result(), ())
+
+    assert [(f.check, f.passed) for f in v.findings] == [("exit_code", True)], v.findings
+    assert not slow.done()
+    await slow
+
+
+async def test_an_exit_code_check_on_a_long_stderr_still_finds_the_workers_note() -> None:
+    """Past `_INLINE_STDERR_CHARS` the check goes to the threads; its finding is the same."""
+    for noise in ("x" * 10 + "\n", "x" * 100_000 + "\n"):
+        stderr = noise + f"{WORKER_NOTE}the job used more memory than its limit\n"
+        v = await verify(status="failed", exit_code=137, stderr=stderr)
+        assert not only(v, "exit_code")
+        assert "the worker says: the job used more memory" in v.findings[0].detail

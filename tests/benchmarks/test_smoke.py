@@ -20,7 +20,7 @@ def test_compare_smoke() -> None:
         [sys.executable, str(ROOT / "benchmarks" / "compare.py"), "--smoke", "--concurrency", "1"],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     payload = json.loads(done.stdout.strip().splitlines()[-1])

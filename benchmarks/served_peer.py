@@ -28,6 +28,10 @@ from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 import grpc
+
+# The contract row every contender keeps current, as the bare LangGraph contenders write it (the
+# peer runs as a script from this directory, so its sibling module is importable).
+from contenders import CONTRACT_TABLE, UPSERT
 from google.protobuf.timestamp_pb2 import Timestamp
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
@@ -40,20 +44,6 @@ from psycopg_pool import AsyncConnectionPool
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
 
-# The contract row, as the peer creates it on its own database (the engine's migrations add
-# the orchestrator's columns; the peer keeps to the ones the contract names).
-CONTRACT_TABLE = """
-CREATE TABLE IF NOT EXISTS workflow_checkpoints (
-    id uuid PRIMARY KEY DEFAULT gen_random_uuid(), task_id uuid NOT NULL UNIQUE,
-    state jsonb NOT NULL, last_node_id text, updated_at timestamptz NOT NULL DEFAULT now()
-)
-"""
-UPSERT = """
-INSERT INTO workflow_checkpoints (task_id, state, last_node_id, updated_at)
-VALUES (%(task_id)s, %(state)s, %(node)s, now())
-ON CONFLICT (task_id) DO UPDATE
-   SET state = EXCLUDED.state, last_node_id = EXCLUDED.last_node_id, updated_at = now()
-"""
 ENDED = {pb.SUCCEEDED, pb.FAILED, pb.CANCELLED}
 
 

@@ -17,12 +17,11 @@ from typing import Any
 import orjson
 from psycopg import AsyncConnection
 from psycopg.types.json import set_json_dumps, set_json_loads
-from psycopg_pool import AsyncConnectionPool
 
 from workflow_engine.config import Settings
 from workflow_engine.storage.embedded import start_embedded_postgres
 from workflow_engine.storage.migrations import migrate
-from workflow_engine.storage.pool import Pool
+from workflow_engine.storage.pool import EnginePool, Pool
 
 
 @asynccontextmanager
@@ -53,7 +52,7 @@ async def configure_connection(conn: AsyncConnection[Any]) -> None:
 
 
 async def open_pool(url: str, settings: Settings) -> Pool:
-    pool: Pool = AsyncConnectionPool(
+    pool: Pool = EnginePool(
         url,
         min_size=settings.pool_min_size,
         max_size=settings.pool_max_size,

@@ -126,7 +126,8 @@ class Supervisor:
             os.close(write_fd)
         engine = self._engines[slot] = _Engine(self._started, process)
         try:
-            ready = await asyncio.wait_for(_read_line(read_fd), START_TIMEOUT_SECONDS)
+            async with asyncio.timeout(START_TIMEOUT_SECONDS):
+                ready = await _read_line(read_fd)
         finally:
             os.close(read_fd)
         if not ready:

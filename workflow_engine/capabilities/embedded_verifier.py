@@ -143,7 +143,8 @@ class MachineVerifier:
             return _evaluate(name, check, result, self._secrets)
         judged = loop.run_in_executor(self._threads, _evaluate, name, check, result, self._secrets)
         try:
-            return await asyncio.wait_for(judged, max(0.0, left))
+            async with asyncio.timeout(max(0.0, left)):
+                return await judged
         except TimeoutError:
             detail = f"not judged: the step's checks took longer than {self._timeout:g} s"
             return Finding(check=name, passed=False, detail=detail)

@@ -95,7 +95,8 @@ class NodeJobs:
     async def wait_idle(self, seconds: float) -> bool:
         """Whether every job of this process ended within `seconds`."""
         try:
-            await asyncio.wait_for(self._idle.wait(), seconds)
+            async with asyncio.timeout(seconds):
+                await self._idle.wait()
         except TimeoutError:
             return False
         return True

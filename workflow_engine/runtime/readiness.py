@@ -56,7 +56,8 @@ class Readiness:
     async def check(self) -> str:
         """Why the engine cannot work now ("" when it can)."""
         try:
-            await asyncio.wait_for(asyncio.to_thread(self._touch), CHECK_TIMEOUT_SECONDS)
+            async with asyncio.timeout(CHECK_TIMEOUT_SECONDS):
+                await asyncio.to_thread(self._touch)
         except (OSError, TimeoutError) as exc:
             return f"data directory {str(self._data_dir)!r} is not writable: {exc}"
         try:

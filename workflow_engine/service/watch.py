@@ -91,7 +91,8 @@ class Watches:
                     if record is not None and record.terminal and next_seq > record.event_seq:
                         return
                     try:
-                        await asyncio.wait_for(news.woken.wait(), self._watch_poll)
+                        async with asyncio.timeout(self._watch_poll):
+                            await news.woken.wait()
                     except TimeoutError:
                         record = await queries.get(self._pool, task_id)
                         news.stale = True

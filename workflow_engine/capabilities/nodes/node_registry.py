@@ -159,7 +159,8 @@ class NodeRegistry:
     async def wait_for_change(self, seconds: float) -> None:
         """Return when health or load changes, or after `seconds`."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._changed.wait(), seconds)
+            async with asyncio.timeout(seconds):
+                await self._changed.wait()
 
     def _notify(self) -> None:
         # Wake every waiter once; later waiters wait on a fresh event.

@@ -21,6 +21,7 @@ from workflow_engine.domain.records import StartOutcome, WorkflowEventRecord, Wo
 from workflow_engine.domain.status import WorkflowStatus
 from workflow_engine.domain.task import Step, TaskSpec
 from workflow_engine.errors import (
+    AddressInUse,
     AnswerProblem,
     AuthConfigError,
     BodyTooLarge,
@@ -65,6 +66,7 @@ if TYPE_CHECKING:
     from workflow_engine.engine import Engine, WorkflowHandle, WorkflowResult
 
 __all__ = [
+    "AddressInUse",
     "AnswerProblem",
     "AuthConfigError",
     "BodyTooLarge",

@@ -22,7 +22,7 @@ import structlog
 from workflow_engine.client import subcommands as client_commands
 from workflow_engine.config import ENV_PREFIX, Settings, settings_from_env
 from workflow_engine.config.sections import MAX_RETENTION_DAYS
-from workflow_engine.errors import ConfigError, NodeInUse, UsageError
+from workflow_engine.errors import AddressInUse, ConfigError, NodeInUse, UsageError
 from workflow_engine.logs import configure_logging
 from workflow_engine.node import node_tls_context, serve_node
 from workflow_engine.runtime.retention import prune_command
@@ -184,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
             asyncio.run(supervise(settings))
         else:
             asyncio.run(serve(settings))
-    except (ConfigError, NodeInUse) as exc:  # an unknown capability, a bad nodes file
+    # An unknown capability, a bad nodes file, an address or data directory in use.
+    except (ConfigError, NodeInUse, AddressInUse) as exc:
         print(f"workflow-engine: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -259,6 +259,11 @@ class NodeInUse(WorkflowEngineError):
     """Another process serves a worker node from the same data directory."""
 
 
+class AddressInUse(WorkflowEngineError):
+    """The engine cannot listen where it is told to: another process (another engine, as
+    likely as not) holds the address, or the host has no such address."""
+
+
 class Unauthorized(WorkflowEngineError):
     """A request to a worker node carries no bearer token, or another one than the node's."""
 

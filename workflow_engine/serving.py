@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any, TypeVar, cast
 
 import grpc
@@ -31,7 +32,7 @@ from workflow_engine.api.reflection import CommentedPool
 from workflow_engine.api.servicer import WorkflowEngineServicer
 from workflow_engine.config import Settings
 from workflow_engine.engine import Engine
-from workflow_engine.errors import AuthConfigError
+from workflow_engine.errors import AddressInUse, AuthConfigError
 from workflow_engine.runtime.readiness import Readiness
 from workflow_engine.secrets import EngineSecrets
 from workflow_engine.telemetry import tracing
@@ -88,11 +89,13 @@ class GrpcServer:
         self.health_server: grpc.aio.Server | None = None
         self.health_port = 0
         if settings.health_listen:
-            self.health_server = grpc.aio.server(options=shared)
-            health_pb2_grpc.add_HealthServicer_to_server(self.health, self.health_server)
-            self.health_port = self.health_server.add_insecure_port(settings.health_listen)
-            if self.health_port == 0:
-                raise OSError(f"cannot listen on {settings.health_listen}")
+            self.health_server = health_server = grpc.aio.server(options=shared)
+            health_pb2_grpc.add_HealthServicer_to_server(self.health, health_server)
+            self.health_port = _bound(
+                "WORKFLOW_ENGINE_HEALTH_LISTEN",
+                settings.health_listen,
+                partial(health_server.add_insecure_port, settings.health_listen),
+            )
         if settings.reflection:
             reflection.enable_server_reflection(
                 (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME),
@@ -102,11 +105,10 @@ class GrpcServer:
             )
         credentials = server_credentials(settings)
         if credentials is None:
-            self.port = self.server.add_insecure_port(settings.listen)
+            add = partial(self.server.add_insecure_port, settings.listen)
         else:
-            self.port = self.server.add_secure_port(settings.listen, credentials)
-        if self.port == 0:
-            raise OSError(f"cannot listen on {settings.listen}")
+            add = partial(self.server.add_secure_port, settings.listen, credentials)
+        self.port = _bound("WORKFLOW_ENGINE_LISTEN", settings.listen, add)
 
     @property
     def address(self) -> str:
@@ -150,6 +152,18 @@ class GrpcServer:
         if self.health_server is not None:
             await self.health_server.stop(grace=1)
         log.info("stopped")
+
+
+def _bound(setting: str, address: str, add_port: Callable[[], int]) -> int:
+    """The port `add_port` bound `address` to; `AddressInUse`, naming `setting`, when it could
+    not (gRPC says so by raising, or, in older releases, by answering 0)."""
+    try:
+        port = add_port()
+    except RuntimeError:
+        port = 0
+    if port == 0:
+        raise AddressInUse(f"{setting}: cannot listen on {address} (in use, or not this host's)")
+    return port
 
 
 def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:

@@ -40,6 +40,7 @@ from prometheus_client import multiprocess
 
 from workflow_engine.capabilities.factory import check_choices
 from workflow_engine.config import Settings
+from workflow_engine.errors import AddressInUse
 from workflow_engine.serving import unless_stopped
 from workflow_engine.storage.database import database_url, migrate_database
 from workflow_engine.telemetry.metrics import MULTIPROC_ENV, serve_metrics, summed_registry
@@ -57,12 +58,23 @@ STABLE_SECONDS = 60.0
 
 
 def reserve(listen: str) -> tuple[socket.socket, str]:
-    """Bind `listen` with SO_REUSEPORT (not listening); the socket and the real host:port."""
+    """Bind `listen` with SO_REUSEPORT (not listening); the socket and the real host:port.
+
+    The address is first bound without SO_REUSEPORT, which fails while anything holds it, so a
+    second supervisor (or engine) started on the same port is refused instead of sharing it.
+    """
     host, _, port = listen.rpartition(":")
     bare = host.strip("[]")
     family, kind, proto, _, address = socket.getaddrinfo(
         bare or None, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
     )[0]
+    with socket.socket(family, kind, proto) as probe:
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            why = f"cannot listen on {listen}: {exc.strerror}"
+            raise AddressInUse(f"WORKFLOW_ENGINE_LISTEN: {why}") from None
+        address = probe.getsockname()  # a port of 0: the one the kernel chose
     sock = socket.socket(family, kind, proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind(address)

@@ -281,6 +281,31 @@ async def test_a_killed_supervisor_leaves_no_engine_behind(
         await asyncio.sleep(0.1)
 
 
+@pytest.mark.parametrize("second", ["1", "2"])
+def test_a_second_serve_on_the_same_port_is_refused(
+    db_url: str, tmp_path: Path, processes: list[EngineProcess], second: str
+) -> None:
+    # The engines of one supervisor share their port (SO_REUSEPORT); a second supervisor, or a
+    # lone engine, started on it by mistake would otherwise be handed some of its connections.
+    first = EngineProcess(
+        db_url=db_url, data_dir=tmp_path / "first", holder_id="first", extra_env=TWO
+    )
+    processes.append(first)
+    engine_pids(first)
+    other = EngineProcess(
+        db_url=db_url,
+        data_dir=tmp_path / "second",
+        holder_id="second",
+        extra_env={"WORKFLOW_ENGINE_PROCESSES": second, "WORKFLOW_ENGINE_LISTEN": first.address},
+        wait_serving=False,
+    )
+    processes.append(other)
+    assert other.proc.wait(60) == 2
+    other.wait_for_raw(f"WORKFLOW_ENGINE_LISTEN: cannot listen on {first.address}")
+    assert other.count("serving") == 0
+    assert first.alive()
+
+
 @pytest.mark.parametrize("processes_setting", ["1", "2"])
 def test_sigterm_during_start_up_stops_at_once(
     tmp_path: Path, processes: list[EngineProcess], processes_setting: str

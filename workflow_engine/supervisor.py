@@ -62,6 +62,8 @@ def reserve(listen: str) -> tuple[socket.socket, str]:
 
     The address is first bound without SO_REUSEPORT, which fails while anything holds it, so a
     second supervisor (or engine) started on the same port is refused instead of sharing it.
+    That bind has SO_REUSEADDR, as every server's has: the connections of an engine that just
+    stopped, left in TIME_WAIT on the port, do not hold it.
     """
     host, _, port = listen.rpartition(":")
     bare = host.strip("[]")
@@ -69,6 +71,7 @@ def reserve(listen: str) -> tuple[socket.socket, str]:
         bare or None, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
     )[0]
     with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(address)
         except OSError as exc:

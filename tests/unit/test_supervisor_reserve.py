@@ -17,7 +17,8 @@ from workflow_engine.supervisor import reserve
 
 def _listening(reuse_port: bool) -> socket.socket:
     sock = socket.socket()
-    if reuse_port:
+    if reuse_port:  # as gRPC binds an engine's port
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind(("127.0.0.1", 0))
     sock.listen()
@@ -44,3 +45,17 @@ def test_port_0_becomes_a_free_port_the_engines_can_share() -> None:
             engine.listen()
         with pytest.raises(AddressInUse):  # and a second supervisor cannot
             reserve(address)
+
+
+def test_a_port_the_last_run_left_in_time_wait_is_not_refused() -> None:
+    # `make run`, Ctrl-C, `make run` again: the stopped engine closed its connections first,
+    # so they wait out TIME_WAIT on the port for a minute; nothing listens there any more.
+    with _listening(reuse_port=True) as old:
+        port = old.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            served, _ = old.accept()
+            served.close()  # the server's side closes first: its end goes to TIME_WAIT
+            client.recv(1)
+    reservation, address = reserve(f"127.0.0.1:{port}")
+    with reservation:
+        assert address == f"127.0.0.1:{port}"

@@ -1,6 +1,6 @@
 """The `workflow-engine` command: `serve` (the default), `migrate`, `prune` and `worker-node`,
 and the client commands for people (`start`, `get`, `watch`, `list`, `schedule`, ...:
-`client.subcommands`);
+`client`);
 `--version` says which engine this is.
 
 Settings come from ``WORKFLOW_ENGINE_*`` environment variables; flags override them. For
@@ -17,22 +17,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import structlog
-
-from workflow_engine.client import subcommands as client_commands
+from workflow_engine import client
 from workflow_engine.config import ENV_PREFIX, Settings, settings_from_env
 from workflow_engine.config.sections import MAX_RETENTION_DAYS
 from workflow_engine.errors import AddressInUse, ConfigError, NodeInUse, UsageError
 from workflow_engine.logs import configure_logging
-from workflow_engine.node import node_tls_context, serve_node
-from workflow_engine.runtime.retention import prune_command
-from workflow_engine.serving import auth_of, serve, server_credentials
-from workflow_engine.storage.database import database_url, migrate_database
-from workflow_engine.supervisor import supervise
-from workflow_engine.under_supervisor import supervised
 from workflow_engine.version import __version__
 
-log = structlog.get_logger(__name__)
+# Each command imports what it runs when it runs (below): `--version`, `--help` and the client
+# commands never import the engine, LangGraph or a model SDK (tests/unit/test_cli_imports.py).
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -138,9 +131,13 @@ def _given(args: argparse.Namespace, *names: str) -> dict[str, Any]:
 
 
 async def _migrate(settings: Settings) -> None:
+    import structlog
+
+    from workflow_engine.storage.database import database_url, migrate_database
+
     async with database_url(settings) as url:
         applied = await migrate_database(url, settings)
-    log.info("migrated", migrations=applied)
+    structlog.get_logger(__name__).info("migrated", migrations=applied)
 
 
 def _check_prune_args(args: argparse.Namespace) -> None:
@@ -155,40 +152,62 @@ def _check_prune_args(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] in client_commands.COMMANDS:
-        return client_commands.main(argv)
+    if argv and argv[0] in client.COMMANDS:
+        return client.main(argv)
     args = _parser().parse_args(argv)
     try:
         settings = settings_from_args(args, settings_from_env())
         configure_logging(settings.log_level)
-        if args.command == "serve":
-            settings.check_exposure()
-            auth_of(settings)  # a tokens file that cannot be used stops the start here
-            server_credentials(settings)
-        elif args.command == "prune":
-            _check_prune_args(args)
-        elif args.command == "worker-node":
-            settings.node.check_exposure()
-            node_tls_context(settings.node)  # a certificate that cannot be used stops it here
+        _check_before_start(args, settings)
     except ValueError as exc:
         print(f"workflow-engine: {exc}", file=sys.stderr)
         return 2
     try:
-        if args.command == "migrate":
-            asyncio.run(_migrate(settings))
-        elif args.command == "prune":
-            print(asyncio.run(prune_command(settings, args.older_than, dry_run=args.dry_run)))
-        elif args.command == "worker-node":
-            asyncio.run(serve_node(settings.node))
-        elif settings.processes > 1 and not supervised():
-            asyncio.run(supervise(settings))
-        else:
-            asyncio.run(serve(settings))
+        _run(args, settings)
     # An unknown capability, a bad nodes file, an address or data directory in use.
     except (ConfigError, NodeInUse, AddressInUse) as exc:
         print(f"workflow-engine: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _check_before_start(args: argparse.Namespace, settings: Settings) -> None:
+    """What stops a command before it starts anything: bad settings, files it cannot use."""
+    if args.command == "serve":
+        from workflow_engine.serving import auth_of, server_credentials
+
+        settings.check_exposure()
+        auth_of(settings)  # a tokens file that cannot be used stops the start here
+        server_credentials(settings)
+    elif args.command == "prune":
+        _check_prune_args(args)
+    elif args.command == "worker-node":
+        from workflow_engine.node import node_tls_context
+
+        settings.node.check_exposure()
+        node_tls_context(settings.node)  # a certificate that cannot be used stops it here
+
+
+def _run(args: argparse.Namespace, settings: Settings) -> None:
+    if args.command == "migrate":
+        asyncio.run(_migrate(settings))
+    elif args.command == "prune":
+        from workflow_engine.runtime.retention import prune_command
+
+        print(asyncio.run(prune_command(settings, args.older_than, dry_run=args.dry_run)))
+    elif args.command == "worker-node":
+        from workflow_engine.node import serve_node
+
+        asyncio.run(serve_node(settings.node))
+    else:
+        from workflow_engine.serving import serve
+        from workflow_engine.supervisor import supervise
+        from workflow_engine.under_supervisor import supervised
+
+        if settings.processes > 1 and not supervised():
+            asyncio.run(supervise(settings))
+        else:
+            asyncio.run(serve(settings))
 
 
 if __name__ == "__main__":

@@ -39,7 +39,6 @@ from workflow_engine.errors import UsageError
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
 
-COMMANDS = ("start", "get", "watch", "list", "cancel", "approve", "reject", "update", "schedule")
 EXIT_BY_STATUS = {
     pb.RUNNING: 0,
     pb.SUCCEEDED: 0,

@@ -24,9 +24,8 @@ from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Self, cast
+from typing import TYPE_CHECKING, Any, Self, cast
 
-import openai
 import structlog
 from opentelemetry.trace import SpanKind
 
@@ -49,6 +48,12 @@ from workflow_engine.errors import (
 )
 from workflow_engine.secrets import EngineSecrets, Secrets
 from workflow_engine.telemetry import tracing
+
+if TYPE_CHECKING:
+    # The SDK is imported when a model client opens (and where its errors are told apart):
+    # about 1 s of CPU that an engine with no `llm` capability, and each of its processes,
+    # never pays.
+    import openai
 
 log = structlog.get_logger(__name__)
 
@@ -167,6 +172,8 @@ class ModelClient:
         return self._settings.model
 
     async def __aenter__(self) -> Self:
+        import openai
+
         self._client = openai.AsyncOpenAI(
             base_url=self._settings.base_url,
             # The SDK insists on a key; local servers take any.
@@ -197,6 +204,8 @@ class ModelClient:
         or `AnswerProblem` for an answer that is there but cut or not JSON."""
         if self._client is None:
             raise ModelError("the model client is not open")
+        import openai  # imported by `__aenter__` already: a lookup
+
         attempts = self._settings.retries + 1
         attempt = 1
         while True:
@@ -362,6 +371,8 @@ def _retryable(exc: openai.APIError, attempt: int, max_seconds: float) -> float 
     retried: any other 4xx (the request is wrong: key, model, schema) and an answer the SDK
     could not read.
     """
+    import openai
+
     backoff = float(min(max_seconds, 0.5 * 2 ** (attempt - 1)))
     if isinstance(exc, openai.APITimeoutError | openai.APIConnectionError):
         return backoff
@@ -385,6 +396,8 @@ def _retry_after(value: str | None) -> float | None:
 
 
 def _describe_error(exc: openai.APIError, attempt: int, secrets: Secrets) -> str:
+    import openai
+
     tries = f" (after {attempt} attempt(s))" if attempt > 1 else ""
     if isinstance(exc, openai.APITimeoutError):
         return f"the model did not answer in time{tries}"

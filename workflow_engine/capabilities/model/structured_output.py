@@ -22,13 +22,15 @@ from __future__ import annotations
 import json
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import openai
 import structlog
 
 from workflow_engine.config import OUTPUT_MODES
 from workflow_engine.domain.values import JsonObject
+
+if TYPE_CHECKING:
+    import openai  # imported when a model client opens (`model_client`)
 
 log = structlog.get_logger(__name__)
 
@@ -139,6 +141,8 @@ class OutputModes:
 
 def refuses_shape(exc: openai.APIError) -> bool:
     """Whether the server's error says it does not take the request's response format."""
+    import openai
+
     if not isinstance(exc, openai.APIStatusError) or exc.status_code not in _SHAPE_STATUSES:
         return False
     said = f"{exc.message} {_body_text(exc.body)}".lower()

@@ -6,14 +6,21 @@
 `preferences` folds the preference layers a run uses.
 
 What the factory, the planner and the graph use (`__all__`): the four sources and the two
-preference folds; `orchestrator_task` is internal.
+preference folds; `orchestrator_task` is internal. `McpTaskSource` is imported on first use:
+the MCP SDK is about 1.5 s of CPU that an engine with another task source never pays.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from workflow_engine.capabilities.tasks.inline_tasks import InlineTaskSource
-from workflow_engine.capabilities.tasks.mcp_tasks import McpTaskSource
 from workflow_engine.capabilities.tasks.preferences import merge_preferences, node_preferences
 from workflow_engine.capabilities.tasks.stored_tasks import StoredTasks
 from workflow_engine.capabilities.tasks.task_table import TaskTableSource
+
+if TYPE_CHECKING:
+    from workflow_engine.capabilities.tasks.mcp_tasks import McpTaskSource
 
 __all__ = [
     "InlineTaskSource",
@@ -23,3 +30,12 @@ __all__ = [
     "merge_preferences",
     "node_preferences",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """`McpTaskSource`, imported on first use."""
+    if name == "McpTaskSource":
+        from workflow_engine.capabilities.tasks.mcp_tasks import McpTaskSource
+
+        return McpTaskSource
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -10,7 +10,7 @@ PROTO_OUT := workflow_engine/v1
 JOBWRAP := workflow_engine/sandbox/jobwrap
 JOBWRAP_FLAGS = -O2 -Wall -Wextra -o $(JOBWRAP) $(JOBWRAP).c
 
-.PHONY: install node-tools go-tools image-tools image image-test dist dist-check run migrate test test-pooler test-model eval-model model-server pgbouncer chaos lint docs fmt proto proto-check bench bench-pooler profile clean
+.PHONY: install node-tools go-tools image-tools image image-test dist dist-check run migrate test test-bench test-pooler test-model eval-model model-server pgbouncer chaos lint docs fmt proto proto-check bench bench-pooler profile clean
 
 install: $(STAMP) $(JOBWRAP)
 
@@ -80,8 +80,24 @@ run: install
 migrate: install
 	$(BIN)/workflow-engine migrate
 
+# A suite in two phases: first the tests marked `timing` (a stall or a latency measured in wall
+# time) alone, one at a time; then the rest on TEST_WORKERS processes at once (pytest-xdist):
+# most of a test's time is spent waiting for engine processes, jobs and timers, not on a CPU,
+# so more workers than cores pay (CONTRIBUTING.md). It ends with its 25 slowest tests.
+TEST_WORKERS ?= 4
+define two_phases
+$(BIN)/pytest -p no:cacheprovider -m timing $(1) || [ $$? = 5 ]
+$(BIN)/pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal -m "not timing" --durations=25 $(1)
+endef
+
+# The whole suite but the benchmarks' smoke tests, which are a stage of their own.
 test: install pgbouncer node-tools go-tools
-	$(BIN)/pytest
+	$(call two_phases,--ignore=tests/benchmarks)
+
+# Each benchmark of `make bench` still runs, at its smallest size, and its output is checked
+# (no figure is asserted): tests/benchmarks.
+test-bench: install pgbouncer
+	$(BIN)/pytest -n 2 -p no:cacheprovider --durations=10 tests/benchmarks
 
 # The integration and chaos tests, and the end-to-end tests whose engines' database work differs
 # behind a pooler (crashes, restarts, replicas, retention, the orchestrator's tables), once
@@ -92,8 +108,9 @@ test: install pgbouncer node-tools go-tools
 POOLED_E2E := processes retention crash_resume schedule_replicas features_crash pooler \
 	approval_expiry_restart orchestrator_db start_by_id
 POOLED_TESTS := tests/integration tests/chaos $(POOLED_E2E:%=tests/e2e/test_%.py)
+test-pooler: export WORKFLOW_ENGINE_TEST_POOLER = pgbouncer
 test-pooler: install pgbouncer
-	WORKFLOW_ENGINE_TEST_POOLER=pgbouncer $(BIN)/pytest -p no:cacheprovider $(POOLED_TESTS)
+	$(call two_phases,$(POOLED_TESTS))
 
 # Debian's PgBouncer, for the tests that run behind a pooler; installed once, as root.
 pgbouncer:

@@ -9,9 +9,9 @@ cannot see each other's rows and cloning is fast.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -24,6 +24,7 @@ from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
 from tests.support import database
+from tests.support.database_supply import DatabaseSupply
 from tests.support.helpers import open_to_jobs
 from tests.support.pgbouncer import PgBouncer
 from workflow_engine.capabilities import Capabilities
@@ -47,6 +48,24 @@ os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", "/var/tmp")
 EMBEDDED_PGDATA = Path(__file__).resolve().parent.parent / ".data" / "test-pgdata"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Start the embedded test server once, before pytest-xdist's workers (who share it)."""
+    given = os.environ.get("WORKFLOW_ENGINE_TEST_ADMIN_DATABASE_URL") or os.environ.get(
+        "WORKFLOW_ENGINE_TEST_DATABASE_URL"
+    )
+    if not given and not hasattr(config, "workerinput"):
+        config.stash[_EMBEDDED] = database.start_embedded(EMBEDDED_PGDATA)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    server = config.stash.get(_EMBEDDED, None)
+    if server is not None:
+        server.cleanup()
+
+
+_EMBEDDED = pytest.StashKey[Any]()
+
+
 @pytest.fixture
 def tmp_path(tmp_path: Path) -> Path:
     """pytest's `tmp_path`, where local jobs may write too (`helpers.open_to_jobs`)."""
@@ -57,20 +76,15 @@ def tmp_path(tmp_path: Path) -> Path:
 def pg_server_url() -> Iterator[str]:
     """URL of the session's PostgreSQL server (its maintenance database), reached directly.
 
-
     Also sets `tests.support.database.ROUTE`: how tests and engines reach the test databases
-    (through
-    a pooler when the environment asks for one).
+    (through a pooler when the environment asks for one).
     """
     configure_logging("warning")
     given = os.environ.get("WORKFLOW_ENGINE_TEST_DATABASE_URL")
     admin = os.environ.get("WORKFLOW_ENGINE_TEST_ADMIN_DATABASE_URL") or given
     server = None
     if not admin:
-        from pgserver.postgres_server import get_server
-
-        EMBEDDED_PGDATA.parent.mkdir(parents=True, exist_ok=True)
-        server = get_server(EMBEDDED_PGDATA, cleanup_mode="stop")
+        server = database.start_embedded(EMBEDDED_PGDATA)  # this process's handle on it
         admin = str(server.get_uri())
     bouncer = None
     if os.environ.get("WORKFLOW_ENGINE_TEST_POOLER") == "pgbouncer":
@@ -107,16 +121,23 @@ async def template_db(pg_server_url: str) -> AsyncIterator[str]:
         await admin.execute(f"DROP DATABASE IF EXISTS {TEMPLATE_DB} WITH (FORCE)")
 
 
+@pytest.fixture(scope="session")
+def database_supply(pg_server_url: str, template_db: str) -> Iterator[DatabaseSupply]:
+    """Clones of the template, made ahead of the tests that take them (see its module)."""
+    supply = DatabaseSupply(pg_server_url, template_db)
+    yield supply
+    supply.close()
+
+
 @pytest.fixture
-async def db_url(pg_server_url: str, template_db: str) -> AsyncIterator[str]:
+async def db_url(database_supply: DatabaseSupply) -> AsyncIterator[str]:
     """A fresh, migrated database for one test."""
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    async with await psycopg.AsyncConnection.connect(pg_server_url, autocommit=True) as admin:
-        await admin.execute(f"CREATE DATABASE {name} TEMPLATE {template_db}")
+    name = await asyncio.to_thread(database_supply.take)
     assert database.ROUTE is not None
-    yield database.ROUTE.client(name)
-    async with await psycopg.AsyncConnection.connect(pg_server_url, autocommit=True) as admin:
-        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    try:
+        yield database.ROUTE.client(name)
+    finally:
+        database_supply.give_back(name)
 
 
 @pytest.fixture

@@ -93,6 +93,7 @@ async def run_probing_health(served: RunningEngine, job: pb.Step) -> tuple[pb.Wo
     raise TimeoutError(f"workflow {task_id} did not end; slowest health check {slowest:.3f} s")
 
 
+@pytest.mark.timing
 @pytest.mark.timeout(120)  # Python's `re` would hold the loop, and this test, until then
 async def test_a_backtracking_pattern_is_judged_while_health_answers_at_once(
     served: RunningEngine,
@@ -113,6 +114,7 @@ async def test_a_backtracking_pattern_is_judged_while_health_answers_at_once(
     assert judged[1][1].startswith("expected stdout to match /(a+)+$/")
 
 
+@pytest.mark.timing
 async def test_a_costly_linear_pattern_is_judged_off_the_event_loop(
     served: RunningEngine,
 ) -> None:

@@ -43,6 +43,7 @@ async def attack_while_timing_health(
     return answers, health.worst
 
 
+@pytest.mark.timing
 async def test_unauthenticated_deep_message_does_not_stall_the_server(
     served: RunningEngine,
 ) -> None:
@@ -52,6 +53,7 @@ async def test_unauthenticated_deep_message_does_not_stall_the_server(
     assert worst < HEALTH_BUDGET_SECONDS
 
 
+@pytest.mark.timing
 async def test_authenticated_deep_message_is_refused_quickly_naming_the_field(
     served: RunningEngine,
 ) -> None:

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import grpc
+import pytest
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
 from tests.conftest import RunningEngine
@@ -259,6 +260,7 @@ def cases(seeded: str, limit: int) -> Iterator[tuple[str, str, str | None, bytes
                     yield method.name, kind, caller, body
 
 
+@pytest.mark.timing
 async def test_no_request_bytes_get_a_silent_answer_or_stall_the_server(
     served: RunningEngine,
 ) -> None:
@@ -311,6 +313,7 @@ async def test_no_request_bytes_get_a_silent_answer_or_stall_the_server(
     assert health.worst < HEALTH_LIMIT_SECONDS
 
 
+@pytest.mark.timing
 async def test_a_callers_huge_request_does_not_stall_the_server(served: RunningEngine) -> None:
     """The orchestrator's StartWorkflow with 60,000 empty steps (120 KB of the 4 MiB it may
     send) held the event loop for 3.8 s before it was refused: every step was converted and

@@ -118,6 +118,7 @@ SHAPES = {
 }
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("shape", list(SHAPES))
 async def test_the_largest_requests_leave_the_server_answering(
     served: RunningEngine, shape: str

@@ -50,6 +50,7 @@ async def plan_once(running: RunningEngine) -> pb.Workflow:
     return await wait_for_status(running.stub, task_id, DONE)
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize(
     "content",
     [

@@ -16,8 +16,15 @@ process the settings that fit it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
+import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+#: Connections the embedded test server allows: several pytest-xdist workers, each with its
+#: engines' pools, their processes' and a pooler's, share it (PostgreSQL's default is 100).
+MAX_CONNECTIONS = 500
 
 
 @dataclass(frozen=True)
@@ -51,3 +58,23 @@ def engine_env(db_url: str) -> dict[str, str]:
     return {
         f"WORKFLOW_ENGINE_{name.upper()}": value for name, value in engine_settings(db_url).items()
     }
+
+
+def start_embedded(pgdata: Path) -> Any:
+    """A handle on the embedded test server in `pgdata` (`pgserver`), started if it is not
+    running; it stops when the last process holding a handle lets go (`cleanup`).
+
+    The first start sets `MAX_CONNECTIONS` (which takes a restart): pytest's controller starts
+    the server before its workers attach, so the restart meets no one.
+    """
+    from pgserver.postgres_server import get_server
+
+    pgdata.parent.mkdir(parents=True, exist_ok=True)
+    server = get_server(pgdata, cleanup_mode="stop")
+    with psycopg.connect(str(server.get_uri()), autocommit=True) as admin:
+        row = admin.execute("SHOW max_connections").fetchone()
+        if row is not None and int(row[0]) >= MAX_CONNECTIONS:
+            return server
+        admin.execute(f"ALTER SYSTEM SET max_connections = {MAX_CONNECTIONS}")
+    server.cleanup()  # stops it, when no other process holds it
+    return get_server(pgdata, cleanup_mode="stop")

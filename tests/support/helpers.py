@@ -38,10 +38,21 @@ def open_to_jobs(path: Path) -> Path:
     (job directories, the files a test makes 0600) stays closed.
     """
     path.mkdir(parents=True, exist_ok=True)
-    for ancestor in (path.parent.parent, path.parent):
+    for ancestor in _pytests_own(path):
         ancestor.chmod(ancestor.stat().st_mode & 0o777 | 0o111)  # enter, not list
     path.chmod(0o777)
     return path
+
+
+def _pytests_own(path: Path) -> list[Path]:
+    """The ancestors of `path` that pytest made, up to its ``pytest-of-<user>`` (one level
+    more under pytest-xdist: ``pytest-N/popen-gwK/``)."""
+    owned = []
+    for ancestor in path.parents:
+        owned.append(ancestor)
+        if ancestor.name.startswith("pytest-of-"):
+            return owned
+    raise ValueError(f"{path} is not in pytest's temporary directories")
 
 
 def job_pids(token: str) -> list[int]:

@@ -257,6 +257,7 @@ def test_ids_are_answered_in_canonical_form(node: NodeProcess) -> None:
     assert response.json()["job_id"] == str(job_id)
 
 
+@pytest.mark.timing
 async def test_answers_do_not_wait_for_the_clients_delayed_ack(client: httpx.AsyncClient) -> None:
     # Without TCP_NODELAY on the node's connections each answer waited ~40 ms (Nagle against
     # the client's delayed ACK): far above this median on any machine, loaded or not.

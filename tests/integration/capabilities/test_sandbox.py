@@ -429,8 +429,11 @@ async def test_the_engine_starts_no_python_per_job(tmp_path: Path, each_wrapper:
     sandbox = worker(tmp_path)
     running = asyncio.ensure_future(sandbox.run("local", request))
     await wait_until(lambda: lines(marker))
+    # The shell has written the mark; `sleep` is its next child, soon (later on a busy machine).
+    group = wrapper_pid(tmp_path, "cheap-1")
+    await wait_until(lambda: "sleep" in programs_in_group(group))
 
-    programs = programs_in_group(wrapper_pid(tmp_path, "cheap-1"))
+    programs = programs_in_group(group)
 
     await sandbox.cancel("local", request)
     assert (await asyncio.wait_for(running, 10)).status == "cancelled"

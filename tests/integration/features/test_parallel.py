@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import RunningEngine
 from tests.support.helpers import new_task_id, shell_step, task, wait_for_status
 from workflow_engine.v1 import workflow_engine_pb2 as pb
@@ -37,6 +39,7 @@ async def run_to_end(running: RunningEngine, spec: pb.TaskSpec) -> tuple[pb.Work
     return wf, time.monotonic() - started
 
 
+@pytest.mark.timing
 async def test_independent_steps_overlap_and_the_dependent_waits_for_all(
     running: RunningEngine, tmp_path: Path
 ) -> None:

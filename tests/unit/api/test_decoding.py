@@ -57,6 +57,7 @@ COSTLY = {
 }
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("shape", sorted(COSTLY))
 def test_naming_the_field_is_bounded(shape: str) -> None:
     cls, body = COSTLY[shape]
@@ -94,6 +95,7 @@ MANY = {
 }
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("shape", sorted(MANY))
 def test_too_many_fields_are_refused_before_protobuf_decodes_them(shape: str) -> None:
     cls, body, path = MANY[shape]

@@ -59,6 +59,7 @@ def test_elements_are_counted_json_by_its_bytes_and_counting_can_stop_early() ->
     assert counted(request, stop_after=elements - 1) is None
 
 
+@pytest.mark.timing
 def test_a_list_over_its_limit_costs_nothing_per_element() -> None:
     request = pb.StartWorkflowRequest(task=pb.TaskSpec(steps=[pb.Step()] * 1_000_000))
     started = time.perf_counter()

@@ -96,6 +96,7 @@ def test_check_refuses_command_lines_that_plan_steps_that_cannot_run(
     assert problem in err.value.message
 
 
+@pytest.mark.timing
 def test_command_lines_are_counted_before_any_is_split() -> None:
     """A prompt (at most 64 KiB) of 16,383 '$ x' lines: splitting each and refusing the 501st
     step took 0.52 s of the event loop, at start and again in plan_steps."""

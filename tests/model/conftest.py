@@ -1,7 +1,7 @@
 """The model tests: the engine against a real model server (`tests.support.llama_server`).
 
 They need the model's own environment, which ``make test-model`` builds (llama-cpp-python
-compiles llama.cpp for about 12 minutes the first time), so ``make test`` skips them.
+compiles llama.cpp for about 8 minutes the first time), so ``make test`` skips them.
 """
 
 from __future__ import annotations

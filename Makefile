@@ -173,6 +173,7 @@ bench: install pgbouncer
 	$(BIN)/python benchmarks/grpc_floor.py
 	$(BIN)/python benchmarks/node_cost.py
 	$(BIN)/python benchmarks/retention_cost.py
+	$(BIN)/python benchmarks/masking.py
 	$(BIN)/python benchmarks/pooler.py
 
 # Watch delay and throughput direct vs behind a transaction-mode PgBouncer (bench-results/pooler.*).

@@ -32,10 +32,12 @@ database is trusted: see docs/security.md, "Secrets"). So does a job's environme
 
 from __future__ import annotations
 
+import functools
 import json
-import re
 from collections.abc import Iterable, Mapping, MutableMapping
 from typing import Any
+
+from ahocorasick_rs import AhoCorasick, MatchKind
 
 #: What a secret is shown as.
 MASK = "[secret]"
@@ -99,65 +101,157 @@ def _field(step: Any, name: str) -> Any:
     return step.get(name) if isinstance(step, Mapping) else getattr(step, name, None)
 
 
-class _Masker:
-    """Masks a workflow's secrets in text: each of their `forms`, and a piece of one cut at
-    either end of the text."""
+class _Forms:
+    """Finds any of many texts (secrets' `forms`) in a text at once: an Aho-Corasick automaton
+    (the Rust `aho-corasick` crate), in time linear in the text however many there are and
+    however they repeat themselves.
 
-    def __init__(self, secrets: Iterable[str]) -> None:
-        self.raw = sorted({s for s in secrets if len(s) >= MIN_MASKED_CHARS}, key=len)
-        self.forms = sorted({f for s in self.raw for f in forms(s)}, key=len, reverse=True)
+    Where two overlap in a text both are masked: the stretches the leftmost-longest matches
+    cover read forwards, and those they cover read backwards (a second automaton, of the
+    reversed texts), are masked as one."""
 
-    def __call__(self, text: str) -> str:
-        for form in self.forms:
-            if form in text:
+    def __init__(self, texts: Iterable[str]) -> None:
+        self._texts = sorted(set(texts), key=len, reverse=True)
+        #: Those UTF-8 cannot hold (a lone surrogate), which the automaton cannot take either.
+        self._odd = [t for t in self._texts if not _encodable(t)]
+        sound = [t for t in self._texts if _encodable(t)] if self._odd else self._texts
+        longest = MatchKind.LeftmostLongest
+        self._forwards = AhoCorasick(sound, matchkind=longest)
+        self._backwards = AhoCorasick([t[::-1] for t in sound], matchkind=longest)
+
+    def __len__(self) -> int:
+        return len(self._texts)
+
+    def mask(self, text: str) -> str:
+        """`text` with every stretch one of the texts covers replaced by `MASK`."""
+        try:
+            found = [(b, e) for _, b, e in self._forwards.find_matches_as_indexes(text)]
+            n = len(text)
+            backwards = self._backwards.find_matches_as_indexes(text[::-1])
+        except UnicodeEncodeError:  # a lone surrogate, which the automaton's UTF-8 cannot hold
+            for form in self._texts:
                 text = text.replace(form, MASK)
-        for secret in self.raw:
-            start = _cut_start(text, secret)
-            if start >= 0:
-                text = text[:start] + MASK
-            end = _cut_end(text, secret)
-            if end:
-                text = MASK + text[end:]
+            return text
+        found += [(n - e, n - b) for _, b, e in backwards]
+        if found:
+            parts: list[str] = []
+            at = 0
+            for begin, end in _merged(found):
+                parts += (text[at:begin], MASK)
+                at = end
+            parts.append(text[at:])
+            text = "".join(parts)
+        for form in self._odd:
+            text = text.replace(form, MASK)
         return text
 
 
-def _cut_start(text: str, secret: str) -> int:
-    """Where `text` ends with the first `MIN_MASKED_CHARS` or more characters of `secret`
-    (the longest such piece), or -1."""
-    head = secret[:MIN_MASKED_CHARS]
-    at = text.find(head, max(0, len(text) - len(secret) + 1))
-    while at >= 0:
-        if secret.startswith(text[at:]):
-            return at
-        at = text.find(head, at + 1)
-    return -1
+def _encodable(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
-def _cut_end(text: str, secret: str) -> int:
-    """How long a piece of `secret`'s end (`MIN_MASKED_CHARS` or more characters, the longest)
-    `text` starts with, or 0."""
-    tail = secret[-MIN_MASKED_CHARS:]
-    window = text[: len(secret) - 1]
-    at = window.rfind(tail)
-    while at >= 0:
-        end = at + MIN_MASKED_CHARS
-        if secret.endswith(text[:end]):
-            return end
-        at = window.rfind(tail, 0, end - 1)
-    return 0
+class _Masker:
+    """Masks a workflow's secrets in text: each of their `forms` (`_Forms`), and a piece of one
+    cut at either end of the text. More than `MAX_CUT_CHECKS` places where a cut piece could
+    begin mask the whole end of the text they are in: a text built to make that costly is
+    masked more, never less."""
+
+    def __init__(self, secrets: Iterable[str]) -> None:
+        raw = sorted({s for s in secrets if len(s) >= MIN_MASKED_CHARS}, key=len)
+        self._forms = _Forms(f for s in raw for f in forms(s)) if raw else None
+        self._longest = len(raw[-1]) if raw else 0
+        self._heads: dict[str, list[str]] = {}
+        self._tails: dict[str, list[str]] = {}
+        for secret in raw:
+            self._heads.setdefault(secret[:MIN_MASKED_CHARS], []).append(secret)
+            self._tails.setdefault(secret[-MIN_MASKED_CHARS:], []).append(secret)
+
+    def __call__(self, text: str) -> str:
+        if self._forms is None or len(text) < MIN_MASKED_CHARS:
+            return text
+        text = self._forms.mask(text)
+        start = self._cut_start(text)
+        if start >= 0:
+            text = text[:start] + MASK
+        end = self._cut_end(text)
+        if end:
+            text = MASK + text[end:]
+        return text
+
+    def _cut_start(self, text: str) -> int:
+        """Where `text` ends with the first `MIN_MASKED_CHARS` or more characters of a secret
+        (the longest such piece), or -1."""
+        window = max(0, len(text) - self._longest + 1)
+        checks = 0
+        for at in range(window, len(text) - MIN_MASKED_CHARS + 1):
+            for secret in self._heads.get(text[at : at + MIN_MASKED_CHARS], ()):
+                piece = len(text) - at  # a piece is shorter than its secret, and ends as `text`
+                if piece >= len(secret) or secret[piece - 1] != text[-1]:
+                    continue
+                checks += 1
+                if checks > MAX_CUT_CHECKS:
+                    return window
+                if text.startswith(secret[:piece], at):
+                    return at
+        return -1
+
+    def _cut_end(self, text: str) -> int:
+        """How long a piece of a secret's end (`MIN_MASKED_CHARS` or more characters, the
+        longest) `text` starts with, or 0."""
+        window = min(len(text), self._longest - 1)
+        checks = 0
+        for end in range(window, MIN_MASKED_CHARS - 1, -1):
+            for secret in self._tails.get(text[end - MIN_MASKED_CHARS : end], ()):
+                if end >= len(secret) or secret[len(secret) - end] != text[0]:
+                    continue
+                checks += 1
+                if checks > MAX_CUT_CHECKS:
+                    return window
+                if secret.endswith(text[:end]):
+                    return end
+        return 0
+
+
+def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """`spans` ([begin, end) pairs) with those that overlap joined, in order."""
+    joined: list[tuple[int, int]] = []
+    for begin, end in sorted(spans):
+        if joined and begin < joined[-1][1]:
+            joined[-1] = (joined[-1][0], max(end, joined[-1][1]))
+        else:
+            joined.append((begin, end))
+    return joined
+
+
+#: Places at one end of a text where a cut piece of a secret could begin, checked before
+#: that whole end is masked.
+MAX_CUT_CHECKS = 64
+#: Forms an engine's `Secrets` takes in before it rebuilds its settled matcher.
+RECENT_FORMS = 2048
+
+
+@functools.lru_cache(maxsize=8)
+def _masker(secrets: frozenset[str]) -> _Masker:
+    """The masker of `secrets`: a workflow read again (a watcher, a poll) reuses its
+    automaton. Few are kept: each holds its secrets."""
+    return _Masker(secrets)
 
 
 def redact(text: str, secrets: Iterable[str]) -> str:
     """`text` with every secret of at least `MIN_MASKED_CHARS` characters masked, raw or
     escaped (`forms`), and a piece of one cut at either end (see the module docstring)."""
-    return _Masker(secrets)(text)
+    return _masker(frozenset(secrets))(text)
 
 
 def redact_json(value: Any, secrets: set[str]) -> Any:
     """`value` (JSON) with every string that is, or holds, a secret masked."""
     if not secrets:
         return value
-    masker = _Masker(secrets)
+    masker = _masker(frozenset(secrets))
 
     def walk(value: Any) -> Any:
         if isinstance(value, str):
@@ -172,11 +266,18 @@ def redact_json(value: Any, secrets: set[str]) -> Any:
 
 
 class Secrets:
-    """The secrets one engine knows of, for its logs and error messages."""
+    """The secrets one engine knows of, for its logs and error messages.
+
+    Every workflow that starts adds its own, and each log line and error is masked with all of
+    them, so the matcher is kept in two parts: the settled forms, matched by an automaton
+    rebuilt only when `RECENT_FORMS` have come since, and those recent ones, by a small one
+    rebuilt as they come. Adding a workflow's secrets costs a rebuild of the small one."""
 
     def __init__(self) -> None:
         self._values: dict[str, None] = {}  # insertion-ordered: the oldest is forgotten first
-        self._pattern: re.Pattern[str] | None = None  # all of them, longest first; None: stale
+        self._settled: _Forms | None = None  # every form but the recent ones
+        self._recent: list[str] = []  # forms added since `_settled` was built
+        self._recent_forms: _Forms | None = None  # None: stale (or nothing recent)
         self._longest = 0  # characters of the longest ever remembered
 
     def add(self, values: Iterable[str]) -> None:
@@ -187,7 +288,8 @@ class Secrets:
             for form in forms(value):
                 if form not in self._values:
                     self._values[form] = None
-                    self._pattern = None
+                    self._recent.append(form)
+                    self._recent_forms = None
                     self._longest = max(self._longest, len(form))
                     if len(self._values) > MAX_REMEMBERED:
                         del self._values[next(iter(self._values))]
@@ -198,10 +300,14 @@ class Secrets:
     def redact(self, text: str) -> str:
         if not self._values:
             return text
-        if self._pattern is None:
-            ordered = sorted(self._values, key=len, reverse=True)
-            self._pattern = re.compile("|".join(map(re.escape, ordered)))
-        return self._pattern.sub(MASK, text)
+        if len(self._recent) > RECENT_FORMS:
+            self._settled = _Forms(self._values)  # the forgotten ones go now
+            self._recent, self._recent_forms = [], None
+        if self._recent and self._recent_forms is None:
+            self._recent_forms = _Forms(self._recent)
+        if self._settled is not None:
+            text = self._settled.mask(text)
+        return self._recent_forms.mask(text) if self._recent_forms is not None else text
 
     def redact_part(self, text: str, limit: int, keep: str = "head") -> tuple[str, bool]:
         """The first (`keep="head"`) or last (`"tail"`) `limit` characters of `text` once it is

@@ -14,6 +14,7 @@ import json
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -75,14 +76,23 @@ async def served(secured: Settings) -> AsyncIterator[RunningEngine]:
 
 
 async def start_planned(
-    settings: Settings, model: ModelServer, tmp_path: Path, policy: dict[str, object]
+    settings: Settings,
+    model: ModelServer,
+    tmp_path: Path,
+    policy: dict[str, object],
+    **llm_settings: Any,
 ) -> RunningEngine:
     """An engine whose planner is the scripted `model`, its steps judged by machine checks,
-    under the command `policy`."""
+    under the command `policy`; `llm_settings` as given (no retries by default)."""
     policy_file = tmp_path / "policy.json"
     policy_file.write_text(json.dumps(policy))
     key = write_secret(tmp_path / "api-key", API_KEY)
-    llm = LlmSettings(base_url=model.base_url, model=MODEL, api_key_file=str(key), retries=0)
+    llm = LlmSettings(
+        base_url=model.base_url,
+        model=MODEL,
+        api_key_file=str(key),
+        **{"retries": 0, **llm_settings},
+    )
     return await start_engine(
         replace(
             settings,

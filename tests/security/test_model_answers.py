@@ -10,20 +10,22 @@ that the schema a model writes does not offer (the `image` a worker node runs, r
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 from google.protobuf import json_format
 
-from tests.conftest import RunningEngine, stop_engine
+from tests.conftest import RunningEngine, start_engine, stop_engine
 from tests.security.conftest import start_planned
 from tests.security.stalls import HealthWatch
 from tests.security.test_secrets import stored_state
-from tests.support.helpers import new_task_id, wait_for_status
-from tests.support.model_server import ModelServer, Reply
-from workflow_engine.config import Settings
+from tests.support.helpers import new_task_id, wait_for_status, write_secret
+from tests.support.model_server import API_KEY, MODEL, ModelServer, Reply
+from workflow_engine.config import LlmSettings, Settings
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 DONE = {pb.SUCCEEDED, pb.FAILED, pb.CANCELLED, pb.SUSPENDED, pb.WAITING_FOR_APPROVAL}
@@ -206,3 +208,81 @@ async def test_a_revision_keeps_the_callers_protections_and_never_sees_a_secret(
     assert stored["limits"]["memory_mb"] == 256 and stored["limits"]["processes"] == 32
     kept = (await stored_state(settings, task_id))["plan"]["steps"][0]
     assert kept["env"]["TOKEN"] == secret  # the caller's value, not the model's
+
+
+@pytest.fixture
+async def impatient(
+    settings: Settings, model: ModelServer, tmp_path: Path
+) -> AsyncIterator[RunningEngine]:
+    """An engine whose planner waits at most 2 s for each of two attempts at a call."""
+    running = await start_planned(
+        settings, model, tmp_path, {"allow": ["true", "echo"]}, timeout_seconds=2, retries=1
+    )
+    try:
+        yield running
+    finally:
+        await stop_engine(running)
+
+
+async def test_a_server_that_answers_a_byte_at_a_time_is_timed_out_per_call(
+    impatient: RunningEngine, model: ModelServer
+) -> None:
+    # Each answer takes minutes at a byte a second; the SDK's own timeout is per read, which
+    # every byte resets. The engine's bounds the call as a whole: two attempts of 2 s.
+    model.script("plan", Reply(drip=1.0), Reply(drip=1.0))
+    wf = await plan_once(impatient)  # gives up after 60 s
+
+    assert wf.status == pb.FAILED
+    assert "the model did not answer in time (after 2 attempt(s))" in wf.error, wf.error
+    assert len(model.asked("plan")) == 2
+
+
+async def test_the_model_server_cannot_add_metric_series(
+    planned: RunningEngine, model: ModelServer
+) -> None:
+    # A server that names a new model in each answer: the label is the configured model's.
+    registry = planned.engine.context.metrics.enable()
+    plan = {"steps": [{"id": "hi", "command": ["echo", "hi"], "expect": []}], "assumptions": []}
+    names = [f"model-{i}-" + "m" * 180 for i in range(3)]
+    model.script("plan", *[Reply(json=plan, model=name) for name in names])
+    for _ in names:
+        assert (await plan_once(planned)).status == pb.SUCCEEDED
+    served = {
+        sample.labels.get("gen_ai_request_model")
+        for metric in registry.collect()
+        for sample in metric.samples
+        if "gen_ai_request_model" in sample.labels
+    }
+    assert served == {MODEL}
+
+
+async def test_the_verifiers_brief_shows_the_model_no_secret(
+    settings: Settings, model: ModelServer, tmp_path: Path
+) -> None:
+    # A step whose check looks for its secret in the output: the brief the model judges from
+    # quotes the check, the command and the output, each of which holds the secret.
+    secret = f"deploy-key-{uuid.uuid4().hex}"
+    key = write_secret(tmp_path / "api-key", API_KEY)
+    llm = LlmSettings(base_url=model.base_url, model=MODEL, api_key_file=str(key), retries=0)
+    running = await start_engine(replace(settings, verifier="llm", llm=llm))
+    try:
+        step = pb.Step(
+            id="show",
+            command=["sh", "-c", f'echo "$KEY"; echo {secret} >&2'],
+            env={"KEY": secret},
+            secret_env=["KEY"],
+            expect=[pb.Check(kind="stdout_contains", value=secret)],
+        )
+        task_id = new_task_id()
+        await running.stub.StartWorkflow(
+            pb.StartWorkflowRequest(task_id=task_id, task=pb.TaskSpec(steps=[step]))
+        )
+        wf = await wait_for_status(running.stub, task_id)
+    finally:
+        await stop_engine(running)
+
+    assert wf.status == pb.SUCCEEDED, wf.error
+    asked = model.asked("verification")
+    assert asked, "the model was not asked to judge"
+    for call in asked:
+        assert secret not in json.dumps(call.body)

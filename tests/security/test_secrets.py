@@ -28,6 +28,7 @@ from tests.support.helpers import (
     check,
     new_task_id,
     shell_step,
+    snapshot,
     step,
     struct,
     wait_for_status,
@@ -290,3 +291,49 @@ async def test_the_engines_own_credentials_are_masked_in_a_workflows_state(
     assert_never_shown([token], await reader_answers(served, task_id))
     (result,) = json_format.MessageToDict(wf.state)["results"]
     assert result["stdout"] == f"{MASK}\n"
+
+
+async def test_an_edit_decision_cannot_change_a_secret(
+    served: RunningEngine, secured: Settings, db_url: str
+) -> None:
+    # The operator approves with an EDIT whose env gives the secret a value of its choosing:
+    # the job would run with it while every answer shows [secret]. Refused, naming the field,
+    # and so is the secret's own value (else a refusal would tell a guess right from wrong);
+    # sent as shown, the secret keeps its value and the edit takes.
+    secret = f"deploy-key-{uuid.uuid4().hex}"
+    spec = tenant_task(
+        "project-a",
+        shell_step(
+            "ship",
+            'echo "key=$KEY mode=$MODE"',
+            env={"KEY": secret, "MODE": "dry"},
+            secret_env=["KEY"],
+            requires_approval=True,
+        ),
+    )
+    task_id = new_task_id()
+    await served.stub.StartWorkflow(
+        pb.StartWorkflowRequest(task_id=task_id, task=spec), metadata=as_caller("a-orchestrator")
+    )
+    await wait_for_status(served.stub, task_id, {pb.WAITING_FOR_APPROVAL}, metadata=READER)
+    before = await snapshot(db_url)
+    for value in ("a-value-of-my-own", secret):
+        mine = pb.ApprovalDecision(
+            step_id="ship", verdict=pb.EDIT, env={"KEY": value, "MODE": "live"}
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await served.stub.ResumeWorkflow(
+                pb.ResumeWorkflowRequest(task_id=task_id, decision=mine), metadata=OPERATOR
+            )
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        details = refused.value.details() or ""
+        assert details.startswith("decision.env[KEY]: ") and secret not in details, details
+    assert await snapshot(db_url) == before
+
+    shown = pb.ApprovalDecision(step_id="ship", verdict=pb.EDIT, env={"KEY": MASK, "MODE": "live"})
+    await served.stub.ResumeWorkflow(
+        pb.ResumeWorkflowRequest(task_id=task_id, decision=shown), metadata=OPERATOR
+    )
+    await wait_for_status(served.stub, task_id, metadata=READER)
+    stored = await stored_state(secured, task_id)
+    assert stored["steps"]["ship"]["result"]["stdout"] == f"key={secret} mode=live\n"

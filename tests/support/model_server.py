@@ -18,7 +18,9 @@ default (a ``verification`` passes). A scripted answer is one of:
 
 - a dict or list: answered as the JSON content;
 - ``Reply(...)``: a status (429 with ``Retry-After``, 500, 401), a delay (a slow server), raw
-  content (not JSON), a ``finish_reason`` (``length``), a refusal, or a whole response body.
+  content (not JSON), a ``finish_reason`` (``length``), a refusal, a whole response body, a
+  ``model`` name of the server's choosing, or a ``drip``: the body sent a byte at a time, that
+  many seconds apart (a server that keeps a call alive without ever answering).
 
 Usage is counted as a server does: prompt tokens from the messages' size, completion tokens
 from the answer's (a quarter of the characters), so a test can read what a workflow cost.
@@ -31,7 +33,7 @@ import json
 import threading
 import time
 from collections import defaultdict, deque
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +41,7 @@ import pytest
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from workflow_engine.capabilities.model.structured_output import OutputModes
@@ -73,6 +75,10 @@ class Reply:
     refusal: str | None = None
     #: A whole response body (JSON, or a string sent as it is): a hostile server's.
     body: Any = None
+    #: The model the answer says it came from.
+    model: str = MODEL
+    #: Seconds between the body's bytes (0: all at once).
+    drip: float = 0.0
 
 
 @dataclass
@@ -180,6 +186,11 @@ class ModelServer:
         self.calls.append(Call(name, body, reply.status))
         if reply.delay:
             await asyncio.sleep(reply.delay)
+        if reply.drip:
+            return StreamingResponse(
+                _dripped(json.dumps(completion_body(MODEL, "{}", 1, 1)), reply.drip),
+                media_type="application/json",
+            )
         if reply.body is not None:
             text = reply.body if isinstance(reply.body, str) else json.dumps(reply.body)
             return Response(text, 200, media_type="application/json")
@@ -197,30 +208,42 @@ class ModelServer:
             content = ""
         prompt_tokens = len(json.dumps(body["messages"])) // 4
         completion_tokens = max(1, len(content) // 4)
-        return JSONResponse(
+        body = completion_body(reply.model, content, prompt_tokens, completion_tokens)
+        body["id"] = f"chatcmpl-{len(self.calls)}"
+        message = body["choices"][0]
+        message["message"]["refusal"] = reply.refusal
+        message["finish_reason"] = reply.finish_reason
+        return JSONResponse(body)
+
+
+def completion_body(
+    model: str, content: str, prompt_tokens: int, completion_tokens: int
+) -> dict[str, Any]:
+    """A chat completion's response body, as a server sends it."""
+    return {
+        "id": "chatcmpl-0",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
             {
-                "id": f"chatcmpl-{len(self.calls)}",
-                "object": "chat.completion",
-                "created": int(time.time()),
-                "model": MODEL,
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {
-                            "role": "assistant",
-                            "content": content or None,
-                            "refusal": reply.refusal,
-                        },
-                        "finish_reason": reply.finish_reason,
-                    }
-                ],
-                "usage": {
-                    "prompt_tokens": prompt_tokens,
-                    "completion_tokens": completion_tokens,
-                    "total_tokens": prompt_tokens + completion_tokens,
-                },
+                "index": 0,
+                "message": {"role": "assistant", "content": content or None, "refusal": None},
+                "finish_reason": "stop",
             }
-        )
+        ],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+    }
+
+
+async def _dripped(text: str, seconds: float) -> AsyncIterator[bytes]:
+    for byte in text.encode():
+        yield bytes([byte])
+        await asyncio.sleep(seconds)
 
 
 def schema_of(body: Any) -> Any:

@@ -81,6 +81,23 @@ def workflow_to_proto(
     )
 
 
+#: The most steps a state shown on the event loop may have (`cheap_to_show`).
+INLINE_STEPS = 64
+
+
+def cheap_to_show(state: JsonObject) -> bool:
+    """Whether showing `state` is cheap enough for the event loop: no secret of its own to
+    mask, and at most `INLINE_STEPS` steps. Masking costs follow the number of secrets (a
+    task may have 256) times the strings shown, so such a state is shown off the loop."""
+    if not isinstance(state, dict):
+        return True
+    plan = state.get("plan")
+    steps = plan.get("steps") if isinstance(plan, dict) else None
+    if isinstance(steps, list) and len(steps) > INLINE_STEPS:
+        return False
+    return not state_secrets(state)
+
+
 def shown_state(
     state: JsonObject, secrets: set[str] | None = None, *, engine_secrets: EngineSecrets
 ) -> JsonObject:

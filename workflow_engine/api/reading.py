@@ -79,6 +79,15 @@ class RequestReader:
             return convert(*args, **kwargs)
         return await self._off_loop(convert, *args, **kwargs)
 
+    async def answer(
+        self, build: Callable[P, T], small: bool, *args: P.args, **kwargs: P.kwargs
+    ) -> T:
+        """An answer, `build(*args, **kwargs)`: on the event loop when it is `small` (see
+        `convert.cheap_to_show`), else on the reader's thread, as a large request is read."""
+        if small:
+            return build(*args, **kwargs)
+        return await self._off_loop(build, *args, **kwargs)
+
     def close(self) -> None:
         self._thread.shutdown(wait=False, cancel_futures=True)
 

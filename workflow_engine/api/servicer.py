@@ -9,7 +9,7 @@ inside grpcio.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import replace
 from functools import wraps
 from typing import Any, TypeVar
@@ -21,6 +21,7 @@ from workflow_engine.api.auth import caller, recorded_actor, scope
 from workflow_engine.api.decoding import RefusedRequest
 from workflow_engine.api.reading import RequestReader
 from workflow_engine.api.status_codes import status_for
+from workflow_engine.domain.records import WorkflowEventRecord, WorkflowRecord
 from workflow_engine.errors import RunControl
 from workflow_engine.secrets import EngineSecrets
 from workflow_engine.service import WorkflowService
@@ -66,6 +67,19 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
         self.reader = reader
         #: The engine's: masked in every answer and error message.
         self.secrets = secrets
+
+    async def _shown(
+        self, record: WorkflowRecord, history: Sequence[WorkflowEventRecord] = ()
+    ) -> pb.Workflow:
+        """`record` (with `history`) as answers show it, built off the event loop when its
+        secrets or its size make that costly (`convert.cheap_to_show`)."""
+        return await self.reader.answer(
+            convert.workflow_to_proto,
+            convert.cheap_to_show(record.state),
+            record,
+            history,
+            engine_secrets=self.secrets,
+        )
 
     @_unary
     async def StartWorkflow(
@@ -118,10 +132,16 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
             actor=recorded_actor(""),
         )
         record = outcome.record
+        state = await self.reader.answer(
+            convert.shown_state,
+            convert.cheap_to_show(record.state),
+            record.state,
+            engine_secrets=self.secrets,
+        )
         return pb.ResumeWorkflowResponse(
             task_id=record.task_id,
             run_id=record.run_id or "",
-            state=convert.to_struct(convert.shown_state(record.state, engine_secrets=self.secrets)),
+            state=convert.to_struct(state),
             last_node_id=record.last_node_id or "",
             updated_at=convert.to_timestamp(record.updated_at),
             status=convert.status_to_proto(outcome.status),
@@ -135,7 +155,7 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
         `MAX_HISTORY_EVENTS` (1000) of them; WatchWorkflow from sequence 1 has them all."""
         task_id = requests.parse_task_id(request.task_id)
         record, history = await self._service.get_with_history(task_id, scope())
-        return convert.workflow_to_proto(record, history, engine_secrets=self.secrets)
+        return await self._shown(record, history)
 
     @_unary
     async def CancelWorkflow(
@@ -145,7 +165,7 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
         reason = requests.parse_reason(request.reason)
         actor = recorded_actor("")
         cancelled = await self._service.cancel(task_id, reason, actor, scope())
-        return convert.workflow_to_proto(cancelled, engine_secrets=self.secrets)
+        return await self._shown(cancelled)
 
     async def WatchWorkflow(
         self, request: pb.WatchWorkflowRequest, context: Context
@@ -185,7 +205,7 @@ class WorkflowEngineServicer(pb_grpc.WorkflowEngineServicer):
         task_id = requests.parse_task_id(request.task_id)
         override = await self.reader.convert(requests.update_from_proto, request)
         applied = await self._service.update(task_id, override, scope())
-        workflow = convert.workflow_to_proto(applied.record, engine_secrets=self.secrets)
+        workflow = await self._shown(applied.record)
         workflow.status = convert.status_to_proto(applied.status)
         return workflow
 

@@ -4,20 +4,30 @@ The address defaults to the engine's own ``WORKFLOW_ENGINE_LISTEN`` (so a shell 
 the engine can call it without flags), with a wildcard host read as this host's loopback.
 TLS is on when a CA file, a client certificate or ``--tls`` is given; the token comes from
 ``--token-file`` or ``WORKFLOW_ENGINE_CLIENT_TOKEN`` (never a flag, which ``ps`` shows).
+
+A token is a caller's whole authority, so it is not sent in clear beyond this host: without TLS,
+an address whose host is neither loopback (``localhost``, 127.0.0.0/8, ``::1``), nor an
+address of this host's interfaces, nor a unix socket is refused (a name is not resolved)
+when there is a token to send, unless
+``--allow-plaintext-remote`` (or ``WORKFLOW_ENGINE_CLIENT_ALLOW_PLAINTEXT_REMOTE=true``) says
+the network is trusted, as the engine's own client of worker nodes refuses it.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 
-from workflow_engine.config import ENV_PREFIX, Settings
+from workflow_engine.config import ENV_PREFIX, Settings, is_loopback
 from workflow_engine.errors import UsageError
 
 TOKEN_ENV = f"{ENV_PREFIX}CLIENT_TOKEN"
+ALLOW_PLAINTEXT_ENV = f"{ENV_PREFIX}CLIENT_ALLOW_PLAINTEXT_REMOTE"
 #: A listen address's wildcard host, and the host a client on this machine calls instead.
 _WILDCARDS = {"0.0.0.0": "127.0.0.1", "[::]": "[::1]", "": "127.0.0.1"}  # noqa: S104
 
@@ -51,6 +61,7 @@ class Connection:
         cert_file: Path | None = None,
         key_file: Path | None = None,
         token_file: Path | None = None,
+        allow_plaintext_remote: bool = False,
     ) -> Connection:
         address = address or default_address()
         if address.rpartition(":")[2] in ("", "0"):
@@ -65,9 +76,17 @@ class Connection:
         token = os.environ.get(TOKEN_ENV, "")
         if token_file is not None:
             token = _read(token_file, "--token-file").decode().strip()
+        tls = tls or ca_file is not None or cert_file is not None
+        allowed = allow_plaintext_remote or os.environ.get(ALLOW_PLAINTEXT_ENV, "") == "true"
+        if token and not tls and not allowed and not _on_this_host(address):
+            raise UsageError(
+                f"--address: {address!r} is not this host's loopback, and the bearer token "
+                f"would cross the network in clear; use --tls (or --ca-file), or "
+                f"--allow-plaintext-remote where the network is trusted"
+            )
         return cls(
             address=address,
-            tls=tls or ca_file is not None or cert_file is not None,
+            tls=tls,
             ca_file=ca_file,
             cert_file=cert_file,
             key_file=key_file,
@@ -86,6 +105,31 @@ class Connection:
 
     def metadata(self) -> tuple[tuple[str, str], ...]:
         return (("authorization", f"Bearer {self.token}"),) if self.token else ()
+
+
+def _on_this_host(address: str) -> bool:
+    """Whether gRPC's target `address` reaches this host only: a unix socket, a loopback host,
+    or an address of one of this host's interfaces (an engine listening on one; the kernel
+    keeps such traffic off the network). ``dns:///`` and ``ipv4:``/``ipv6:`` prefixes are read
+    through; a name is not resolved."""
+    if address.startswith(("unix:", "unix-abstract:")):
+        return True
+    target = address.removeprefix("dns:///").removeprefix("ipv4:").removeprefix("ipv6:")
+    host = target.rpartition(":")[0]
+    return is_loopback(host) or _an_address_of_this_host(host.strip("[]"))
+
+
+def _an_address_of_this_host(host: str) -> bool:
+    try:
+        family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+    except ValueError:
+        return False  # a name, or a list of addresses: not known to be here
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((host, 0))  # only an address of this host's can be bound
+        except OSError:
+            return False
+    return not ipaddress.ip_address(host).is_unspecified
 
 
 def _read(path: Path, flag: str) -> bytes:

@@ -417,6 +417,11 @@ def parser() -> argparse.ArgumentParser:
     reach.add_argument("--cert-file", type=Path, help="client certificate (mutual TLS)")
     reach.add_argument("--key-file", type=Path, help="its private key")
     reach.add_argument("--token-file", type=Path, help=f"bearer token file (or set {TOKEN_ENV})")
+    reach.add_argument(
+        "--allow-plaintext-remote",
+        action="store_true",
+        help="send the token without TLS to an engine beyond loopback (a trusted network)",
+    )
     common.add_argument("--json", action="store_true", help="JSON output, for scripts")
 
     top = argparse.ArgumentParser(
@@ -542,6 +547,7 @@ def main(argv: list[str]) -> int:
             cert_file=args.cert_file,
             key_file=args.key_file,
             token_file=args.token_file,
+            allow_plaintext_remote=args.allow_plaintext_remote,
         )
         with connection.channel() as channel:
             return HANDLERS[args.command](Client(args, channel, connection.metadata()))

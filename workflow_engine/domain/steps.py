@@ -52,6 +52,10 @@ MAX_ARG_CHARS = 32 * 1024
 MAX_ENV = 256
 #: `secret_env` names `env` variables, so it needs no more names than `env` has variables.
 MAX_SECRET_ENV = MAX_ENV
+#: Distinct secret values in a task's (or a plan's) steps together, and their characters in
+#: all: every answer masks each of them, in several forms, in every string it shows.
+MAX_SECRETS = 256
+MAX_SECRET_CHARS = 64 * 1024
 #: A step may wait for every other step.
 MAX_DEPENDS_ON = MAX_STEPS
 MAX_CHECKS = 64
@@ -352,9 +356,28 @@ def _few_steps(steps: Any, info: ValidationInfo) -> Any:
                 at_most(
                     step.get("secret_env"), MAX_SECRET_ENV, "secret variables", f"[{i}].secret_env"
                 )
+        secrets = _secret_values(steps)
+        if len(secrets) > MAX_SECRETS:
+            raise invalid("", f"more than {MAX_SECRETS} secret values in all ({len(secrets)})")
+        if (chars := sum(map(len, secrets))) > MAX_SECRET_CHARS:
+            raise invalid(
+                "", f"secret values of more than {MAX_SECRET_CHARS} characters in all ({chars})"
+            )
     expects = [step.get("expect") for step in steps if isinstance(step, Mapping)]
     few_patterns([c for e in expects if isinstance(e, list | tuple) for c in e], info)
     return steps
+
+
+def _secret_values(steps: list[Any] | tuple[Any, ...]) -> set[str]:
+    """The distinct values the steps' `secret_env` names, as sent (before validation)."""
+    values: set[str] = set()
+    for step in steps:
+        env = step.get("env") if isinstance(step, Mapping) else None
+        names = step.get("secret_env") if isinstance(step, Mapping) else None
+        if isinstance(env, Mapping) and isinstance(names, list | tuple):
+            found = (env.get(name) for name in names if isinstance(name, str))
+            values.update(value for value in found if isinstance(value, str))
+    return values
 
 
 #: The steps of a task or a plan, checked as a whole.

@@ -19,6 +19,7 @@ from typing import Any
 
 from workflow_engine.domain.deadlines import DEADLINE_ACTOR, expiry_of
 from workflow_engine.domain.status import WorkflowStatus
+from workflow_engine.domain.steps import MAX_SECRET_CHARS, MAX_SECRETS
 from workflow_engine.domain.task import STEPS, Budget, Step
 from workflow_engine.domain.values import parse
 from workflow_engine.errors import InvalidArgument, InvalidState
@@ -36,7 +37,7 @@ from workflow_engine.graph.state import (
 )
 from workflow_engine.graph.state import Branch as Branch  # re-exported: the API's values
 from workflow_engine.graph.state import Verdict as Verdict
-from workflow_engine.secrets import MASK
+from workflow_engine.secrets import MASK, state_secrets, step_secrets
 
 #: The node whose router continues the graph after an update.
 CONTINUE_FROM = "verify_step_result"
@@ -226,12 +227,31 @@ def _edited_plan(state: WorkflowState, decision: Decision) -> PlanRecord:
             data = {
                 **data,
                 "command": list(decision.command or step.command),
-                "env": {**step.env, **decision.env},
+                "env": {**step.env, **_edited_env(step, decision.env)},
             }
         steps.append(data)
     parse(STEPS, steps, "decision")
     plan["steps"] = steps
     return plan
+
+
+def _edited_env(step: Step, env: Mapping[str, str]) -> dict[str, str]:
+    """An EDIT decision's `env` for `step`: a secret sent as shown (`MASK`) keeps its value; one
+    sent with any value at all is refused, its own included (an operator may not change a
+    secret, would not be shown the value it set, and may not test a guess of it either)."""
+    edited = dict(env)
+    for name in step.secret_env:
+        if name not in edited:
+            continue
+        if edited[name] == MASK:
+            del edited[name]
+        else:
+            raise InvalidArgument(
+                f"decision.env[{name}]",
+                f"would change the value of the secret {name} of step {step.id}; leave it out "
+                f"or send it as shown ({MASK})",
+            )
+    return edited
 
 
 def raise_budget(state: WorkflowState, budget: Budget, actor: str) -> StateUpdate:
@@ -312,6 +332,12 @@ def force_branch(state: WorkflowState, branch: Branch, actor: str, reason: str) 
     return StateUpdate(values, "operator_override", "overridden", detail, actor)
 
 
+#: The secrets a workflow keeps (its plans' together: a plan an operator replaces keeps the
+#: old plan's, so that what they printed stays masked), and their characters, at most.
+MAX_KEPT_SECRETS = 4 * MAX_SECRETS
+MAX_KEPT_SECRET_CHARS = 4 * MAX_SECRET_CHARS
+
+
 def _plan_keeping_secrets(state: WorkflowState, plan: Mapping[str, Any]) -> dict[str, Any]:
     """`plan` (an operator's edit of the plan they were shown) with each secret value shown as
     `MASK` put back; refused when a step it keeps (by id) would lose a secret, or a secret's
@@ -339,6 +365,13 @@ def _plan_keeping_secrets(state: WorkflowState, plan: Mapping[str, Any]) -> dict
                     f"send it as shown ({MASK})",
                 )
         steps.append({**data, "env": env} if env != (data.get("env") or {}) else data)
+    kept = state_secrets(state) | step_secrets(steps)
+    if len(kept) > MAX_KEPT_SECRETS or sum(map(len, kept)) > MAX_KEPT_SECRET_CHARS:
+        raise InvalidArgument(
+            "set_state.plan.steps",
+            f"the workflow would keep more than {MAX_KEPT_SECRETS} secret values (or "
+            f"{MAX_KEPT_SECRET_CHARS} characters of them), those of its earlier plans counted",
+        )
     return {**plan, "steps": steps}
 
 

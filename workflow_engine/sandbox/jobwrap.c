@@ -29,7 +29,11 @@
  *     (a `setsid` child included); the job sees only its own processes (a fresh /proc), as
  *     /tmp and /dev/shm the directory TMP (its task's, which the engine made; "-" with
  *     ISOLATION "none"), an empty /run (no host socket lives in any of them for it), and in
- *     the jobs directory only its own job directory;
+ *     the jobs directory only its own job directory, and a System V IPC namespace and a
+ *     UTS namespace (host name) of its own; in every case the command starts with no
+ *     descriptor above 2 (whatever the engine held open without close-on-exec stays here),
+ *     an empty session keyring of its own, and no_new_privs (a setuid program it runs gains
+ *     nothing);
  *   - while the engine lives (fd 3 stays open) it only waits; once fd 3 reads end of file it
  *     keeps the deadline itself (DEADLINE: whole seconds of CLOCK_BOOTTIME), or, for a
  *     cancelled job, GRACE seconds: then it writes timed_out (not for a cancel) and kills
@@ -73,6 +77,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#ifndef SYS_close_range
+#define SYS_close_range 436 /* one number on every architecture (Linux 5.9) */
+#endif
+#define KEYCTL_JOIN_SESSION_KEYRING 1
+
 #define ENGINE_PIPE 3
 #define SHARED_NETNS 4
 #define SHARED_USERNS 5
@@ -87,6 +96,16 @@ static volatile sig_atomic_t terminated;
 static void on_term(int signum) {
     (void)signum;
     terminated = 1;
+}
+
+/* Close every descriptor from `first` on: what the engine's process held open without
+ * close-on-exec (a socket activation's, a log pipe's) reaches no job. */
+static void close_from(int first) {
+    if (syscall(SYS_close_range, (unsigned)first, ~0U, 0) == 0) return;
+    struct rlimit files; /* a kernel before 5.9: one at a time */
+    long last = getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur != RLIM_INFINITY
+                    ? (long)files.rlim_cur : 1 << 20;
+    for (long fd = first; fd < last; fd++) close((int)fd);
 }
 
 /* Kill the job's process group, this process included: how every path ends. */
@@ -394,11 +413,25 @@ static void run_command(char **command, char **env, const char *user, int nlimit
             _exit(125);
         }
     }
+    /* A session keyring of its own, empty: the engine's (systemd gives each service one;
+     * Kerberos keeps tickets there) would be the job's to read, as its possessor. Where the
+     * kernel has no keyrings, or a seccomp filter forbids keyctl, the job cannot use them
+     * either. A job that runs as the engine's own user (UID "-", the engine not root) could
+     * read that user's keys anyway, and shares its key quota with every other such job: there
+     * a keyring that cannot be had (the quota full) does not stop the job. */
+    if (syscall(SYS_keyctl, KEYCTL_JOIN_SESSION_KEYRING, NULL) < 0 && errno != ENOSYS &&
+        errno != EPERM && strcmp(user, "-") != 0) {
+        dprintf(err, "jobwrap: cannot give the job a keyring of its own: %s\n", strerror(errno));
+        _exit(125);
+    }
+    /* No setuid or file-capability program the job runs gains a privilege it lacks. */
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) {
+        dprintf(err, "jobwrap: cannot set no_new_privs: %s\n", strerror(errno));
+        _exit(125);
+    }
     umask(022);
     if (dup2(out, 1) < 0 || dup2(err, 2) < 0) _exit(125);
-    close(out);
-    close(err);
-    close(ENGINE_PIPE);
+    close_from(3); /* out, err, the engine's pipe and whatever else this process holds */
     environ = env; /* only now, as the job's user: what the caller wrote is the job's alone */
     execvp(command[0], command);
     int failure = errno;
@@ -449,7 +482,11 @@ static void be_init(const char *job_dir, const char *tmp, int in_userns, char **
 }
 
 int main(int argc, char **argv) {
-    if (argc == 3 && strcmp(argv[1], "--namespaces") == 0) return serve_namespaces(argv[2]);
+    if (argc == 3 && strcmp(argv[1], "--namespaces") == 0) {
+        close_from(ENGINE_PIPE + 1);
+        return serve_namespaces(argv[2]);
+    }
+    close_from(JOB_DATA + 1); /* fds 0 to 6 are the engine's protocol; anything above, a leak */
     if (argc < 8) {
         fprintf(stderr, "usage: jobwrap JOB_DIR DEADLINE GRACE ISOLATION UID TMP LIMIT... -- COMMAND...\n"
                         "       jobwrap --namespaces net|userns\n");
@@ -522,8 +559,10 @@ int main(int argc, char **argv) {
     int contained = strcmp(isolation, "none") != 0;
     const char *why = isolate(isolation);
     char no_pid_namespace[128];
-    if (why == NULL && contained && unshare(CLONE_NEWPID) != 0) {
-        snprintf(no_pid_namespace, sizeof no_pid_namespace, "no PID namespace: %s",
+    /* With its own PID namespace, its own System V IPC (no segment of another job's or the
+     * host's PostgreSQL's is visible, and its own go with it) and its own host name. */
+    if (why == NULL && contained && unshare(CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS) != 0) {
+        snprintf(no_pid_namespace, sizeof no_pid_namespace, "no PID, IPC and UTS namespace: %s",
                  strerror(errno));
         why = no_pid_namespace;
     }

@@ -22,7 +22,7 @@ from workflow_engine.config import LlmSettings
 from workflow_engine.domain.jobs import Finding, JobResult, Verification
 from workflow_engine.domain.task import AcceptanceCriterion, Step
 from workflow_engine.domain.values import JsonObject, parse
-from workflow_engine.secrets import Secrets
+from workflow_engine.secrets import Secrets, redact_json, step_secrets
 
 VERIFY_SYSTEM = """\
 You verify one step of a workflow (you are the Project Manager Agent's judge). Decide from the \
@@ -112,9 +112,10 @@ def verification_brief(
     secrets: Secrets,
 ) -> JsonObject:
     """What a judge (the model, or the analyst's job) is shown: the step, bounded excerpts of
-    its result (the engine's `secrets` masked), the machine checks' verdict, the criteria and
-    the preferences."""
-    return {
+    its result, the machine checks' verdict, the criteria and the preferences; every secret
+    masked throughout (the step's own, and all the engine's `secrets`), wherever one is: a
+    check's value, the command, a finding that quotes the output."""
+    brief = {
         "step": {
             "id": step.id,
             "description": step.description,
@@ -126,6 +127,8 @@ def verification_brief(
         "acceptance_criteria": [c.to_json() for c in criteria],
         "preferences": dict(preferences or {}),
     }
+    masked: JsonObject = secrets.redact_json(redact_json(brief, step_secrets([step])))
+    return masked
 
 
 def combine(checked: Verification, judged: Verification, judge: str = "model") -> Verification:

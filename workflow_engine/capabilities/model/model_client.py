@@ -273,13 +273,21 @@ class ModelClient:
             options["response_format"] = request.response_format
         if self._stop:
             options["stop"] = self._stop
-        completion = await self._client.chat.completions.create(
-            model=self._settings.model,
-            messages=cast(Any, request.messages),
-            max_tokens=self._settings.tokens_for(purpose),
-            temperature=self._settings.temperature,
-            **options,
-        )
+        import openai
+
+        # The SDK's timeout bounds each read, so a server that sends a byte now and then is
+        # never timed out by it; this bounds the whole call.
+        try:
+            async with asyncio.timeout(self._settings.timeout_seconds):
+                completion = await self._client.chat.completions.create(
+                    model=self._settings.model,
+                    messages=cast(Any, request.messages),
+                    max_tokens=self._settings.tokens_for(purpose),
+                    temperature=self._settings.temperature,
+                    **options,
+                )
+        except TimeoutError:  # retried and told as the SDK's own timeout (nothing reads request)
+            raise openai.APITimeoutError(request=cast(Any, None)) from None
         usage = getattr(completion, "usage", None)
         span.set_attribute("gen_ai.response.model", str(getattr(completion, "model", "") or ""))
         span.set_attribute("gen_ai.usage.input_tokens", _count(usage, "prompt_tokens"))
@@ -300,9 +308,11 @@ class ModelClient:
         ledger = _LEDGER.get()
         if ledger is not None:
             ledger.calls.append(call)
+        # Labelled with the configured model, not the answer's: a label's values must be few,
+        # and the server names its model as it likes (the call's record keeps its name).
         self._metrics.model_call(
             purpose=purpose,
-            model=call.model,
+            model=self._settings.model,
             seconds=call.latency_ms / 1000,
             input_tokens=call.prompt_tokens,
             output_tokens=call.completion_tokens,

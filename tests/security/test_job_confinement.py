@@ -23,15 +23,18 @@ import os
 import platform
 import random
 import shutil
+import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import RunningEngine
+from tests.conftest import RunningEngine, start_engine, stop_engine
 from tests.security.conftest import as_caller, tenant_task
 from tests.support.helpers import JOB_PYTHON, shell_step, step, wait_for_status
+from workflow_engine.config import Settings
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 pytestmark = pytest.mark.skipif(
@@ -224,3 +227,54 @@ async def test_a_setuid_program_gives_a_job_no_privilege(
     own, escalated, _, no_new_privs = seen["escalate"].split()
     assert own != "0" and escalated == own, seen["escalate"]
     assert no_new_privs == "1", seen["escalate"]
+
+
+@pytest.fixture
+def planted() -> Iterator[Path]:
+    """A directory of the host's that a job may make (/var/tmp is everyone's), removed at the
+    end with whatever is in it."""
+    path = Path("/var/tmp") / f"we-planted-{uuid.uuid4().hex[:8]}"
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+async def served_from_tmp(secured: Settings) -> AsyncIterator[RunningEngine]:
+    """A served engine whose data directory, so its jobs directory, is beneath /tmp, which
+    each job's /tmp covers: its init makes the jobs directory's path again in there."""
+    data_dir = Path(tempfile.mkdtemp(prefix="we-data-", dir="/tmp"))
+    running = await start_engine(replace(secured, data_dir=data_dir))
+    try:
+        yield running
+    finally:
+        await stop_engine(running)
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+async def test_a_link_planted_in_the_tasks_tmp_sends_root_nowhere(
+    served_from_tmp: RunningEngine, planted: Path
+) -> None:
+    # Step 1 moves the jobs directory's path (as its init made it in the task's /tmp) aside
+    # and plants `.../jobs` as a link to a directory of the host's; step 2's init, as root,
+    # must not follow it (it made `<planted>/<job id>` on the host).
+    plant = (
+        'jobs=$(dirname "$(dirname "$PWD")"); top=/tmp/$(echo "$jobs" | cut -d/ -f3); '
+        f"mkdir -p -m 777 {planted} && "
+        'mv "$top" "$top.moved" && mkdir -p "$(dirname "$jobs")" && '
+        f'ln -s {planted} "$jobs" && echo planted "$jobs"'
+    )
+    task_id = str(uuid.uuid4())
+    spec = tenant_task("project-a", shell_step("plant", plant), shell_step("next", "true"))
+    spec.steps[1].depends_on.append("plant")
+    spec.max_attempts_per_step = 1
+    stub = served_from_tmp.stub
+    await stub.StartWorkflow(
+        pb.StartWorkflowRequest(task_id=task_id, task=spec), metadata=as_caller("a-orchestrator")
+    )
+    wf = await wait_for_status(stub, task_id, metadata=as_caller("a-orchestrator"))
+    plant_result = wf.state["steps"]["plant"]["result"]
+    assert plant_result["stdout"].startswith("planted /tmp/we-data-"), plant_result["stderr"]
+    assert planted.is_dir()
+    assert list(planted.iterdir()) == []  # nothing of root's was made through the link

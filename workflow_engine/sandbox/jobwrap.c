@@ -335,15 +335,32 @@ static int beneath(const char *path, const char *dir) {
     return strncmp(path, dir, n) == 0 && (path[n] == '/' || path[n] == '\0');
 }
 
-/* `mkdir -p path` (as the init, before the job runs: nobody else writes there yet). */
-static int make_path(char *path) {
-    for (char *slash = strchr(path + 1, '/'); slash != NULL; slash = strchr(slash + 1, '/')) {
-        *slash = '\0';
-        int made = mkdir(path, 0711) == 0 || errno == EEXIST;
-        *slash = '/';
-        if (!made) return 0;
+/* `mkdir -p path` as root where the job's user may have written first (its /tmp, a task's
+ * directory its earlier jobs wrote in): each component is made and entered without following
+ * a symbolic link, so a link a job planted cannot send root's mkdir elsewhere on the host. The
+ * directory, open (O_PATH), or -1. */
+static int make_path(const char *path) {
+    char parts[PATH_MAX];
+    if (snprintf(parts, sizeof parts, "%s", path) >= (int)sizeof parts) return -1;
+    int dir = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+    char *save = NULL;
+    for (char *part = strtok_r(parts, "/", &save); part != NULL && dir >= 0;
+         part = strtok_r(NULL, "/", &save)) {
+        int next = -1;
+        if (mkdirat(dir, part, 0711) == 0 || errno == EEXIST)
+            next = openat(dir, part, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        close(dir);
+        dir = next;
     }
-    return mkdir(path, 0711) == 0 || errno == EEXIST;
+    return dir;
+}
+
+/* Bind the directory open on `fd` onto the directory open on `onto`; whether that worked. */
+static int bind_onto(int fd, int onto) {
+    char source[64], target[64];
+    snprintf(source, sizeof source, "/proc/self/fd/%d", fd);
+    snprintf(target, sizeof target, "/proc/self/fd/%d", onto);
+    return mount(source, target, NULL, MS_BIND, NULL) == 0;
 }
 
 /* In the job's init, in its new PID namespace: give the job a mount namespace of its own in
@@ -370,10 +387,11 @@ static const char *contain(const char *job_dir, const char *tmp_dir, int in_user
     } else {
         *cut = '\0';
         int hidden = beneath(jobs, "/tmp") || beneath(jobs, "/dev/shm") || beneath(jobs, "/run");
-        snprintf(path, sizeof path, "%s", job_dir);
-        if (hidden ? !make_path(jobs) : !cover(jobs, -1, "size=1m,nr_inodes=256,mode=711"))
+        int jobs_dir = -1, onto = -1;
+        if (hidden ? (jobs_dir = make_path(jobs)) < 0
+                   : !cover(jobs, -1, "size=1m,nr_inodes=256,mode=711"))
             failed = "cannot hide the other jobs";
-        else if (!make_path(path) || !cover(path, job, NULL))
+        else if ((onto = make_path(job_dir)) < 0 || !bind_onto(job, onto))
             failed = "cannot show its own job directory";
         /* A container that masks parts of /proc lets no user namespace mount a fresh one:
          * there (the engine is not root) the job gets an empty /proc rather than the host's. */
@@ -383,6 +401,10 @@ static const char *contain(const char *job_dir, const char *tmp_dir, int in_user
         else if (snprintf(path, sizeof path, "%s/work", job_dir) >= (int)sizeof path ||
                  chdir(path) != 0)
             failed = "cannot enter work/";
+        int failure = errno;
+        if (jobs_dir >= 0) close(jobs_dir);
+        if (onto >= 0) close(onto);
+        errno = failure;
     }
     int saved = errno;
     free(jobs);

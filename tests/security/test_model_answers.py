@@ -25,6 +25,7 @@ from tests.security.stalls import HealthWatch
 from tests.security.test_secrets import stored_state
 from tests.support.helpers import new_task_id, wait_for_status, write_secret
 from tests.support.model_server import API_KEY, MODEL, ModelServer, Reply
+from workflow_engine.capabilities.model.model_client import MAX_ANSWER_BYTES
 from workflow_engine.config import LlmSettings, Settings
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
@@ -286,3 +287,28 @@ async def test_the_verifiers_brief_shows_the_model_no_secret(
     assert asked, "the model was not asked to judge"
     for call in asked:
         assert secret not in json.dumps(call.body)
+
+
+def padded(megabytes: int) -> dict[str, Any]:
+    """A valid plan's answer padded with an array of `megabytes` MB, as a server writes it."""
+    return {**completion(VALID), "padding": [12345678] * (megabytes * 1_000_000 // 10)}
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize(("megabytes", "planned_ok"), [(60, False), (6, True)])
+async def test_a_huge_answer_neither_stalls_the_loop_nor_is_read_whole(
+    planned: RunningEngine, model: ModelServer, megabytes: int, planned_ok: bool
+) -> None:
+    # 60 MB: refused as it arrives, past MAX_ANSWER_BYTES (it held the loop 2 to 2.75 s when
+    # the SDK parsed it there); 6 MB: read, parsed off the event loop, and planned.
+    body = json.dumps(padded(megabytes))  # written now: the test's server shares this process
+    model.script("plan", Reply(body=body))
+    async with HealthWatch(planned.channel) as watch:
+        wf = await plan_once(planned)
+
+    if planned_ok:
+        assert wf.status == pb.SUCCEEDED, wf.error
+    else:
+        assert wf.status == pb.FAILED
+        assert f"larger than {MAX_ANSWER_BYTES} bytes" in wf.error, wf.error
+    assert watch.worst < MAX_STALL_SECONDS, f"the event loop stalled {watch.worst:.3f} s"

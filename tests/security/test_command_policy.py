@@ -148,3 +148,43 @@ async def test_the_same_steps_without_the_tricks_run(
 
     assert wf.status == pb.SUCCEEDED, wf.error
     assert marker.exists()
+
+
+#: The review's policy: pushing needs a person, forcing is refused, git is otherwise allowed.
+GIT_POLICY = {
+    "deny": ["* --force*"],
+    "require_approval": ["git push*"],
+    "allow": ["git", "true"],
+    "default": "approve",
+}
+
+
+@pytest.fixture
+async def git_planned(
+    settings: Settings, model: ModelServer, tmp_path: Path
+) -> AsyncIterator[RunningEngine]:
+    running = await start_planned(settings, model, tmp_path, GIT_POLICY)
+    try:
+        yield running
+    finally:
+        await stop_engine(running)
+
+
+@pytest.mark.parametrize(
+    ("command", "status", "rule"),
+    [
+        # An option inserted before the subcommand, and --force abbreviated as getopt takes it.
+        (["git", "-c", "x.y=z", "push", "--forc", "origin", "main"], pb.FAILED, "* --force*"),
+        (["git", "-c", "x.y=z", "push", "origin", "main"], pb.WAITING_FOR_APPROVAL, "git push*"),
+        (["git", "push", "--force=yes", "origin"], pb.FAILED, "* --force*"),
+    ],
+    ids=["option-inserted-and-abbreviated", "option-inserted", "option-with-value"],
+)
+async def test_options_in_between_do_not_slip_a_command_past_the_policy(
+    git_planned: RunningEngine, model: ModelServer, command: list[str], status: int, rule: str
+) -> None:
+    wf = await run_plan(git_planned, model, planned_step("push", *command))
+
+    assert wf.status == status, wf.error
+    said = wf.pending_approval.reason if status == pb.WAITING_FOR_APPROVAL else wf.error
+    assert repr(rule) in said, said

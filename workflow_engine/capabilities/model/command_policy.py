@@ -37,6 +37,15 @@ The first list that matches wins, in the order deny, require_approval, allow; no
 gets `default`; then the environment can only make the verdict stricter. No policy file:
 every model-planned step waits for approval. Allowing a shell (``sh``, ``bash``, ``python3``
 with ``-c``) allows whatever it is given.
+
+**Options in between.** A deny or require_approval pattern with words also matches word by
+word (`_words_match`): ``git push*`` matches ``git -c x.y=z push origin``, and ``* --force*``
+matches ``--forc`` (getopt takes a long option abbreviated) and ``--force=yes``. An allow
+pattern with words matches only the whole command line as written, so nothing in between
+widens it. What no pattern can see: a program's own aliases and configuration
+(``git -c alias.p=push p``, a Makefile's recipes). Allowing a program by name allows whatever
+its arguments make it do; where the model is not trusted that far, list what it may run with
+``default: deny``, and keep programs that run what they are given out of ``allow``.
 """
 
 from __future__ import annotations
@@ -44,6 +53,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+import re
 import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -108,9 +118,12 @@ class CommandPolicy:
         strict = _names(path)
         loose = [*strict, *_written_names(command[0] if command else "")]
         for name, verdict in _LISTS.items():
-            names = strict if verdict == "allow" else loose
+            cautious = verdict != "allow"
+            names = loose if cautious else strict
             for pattern in getattr(self, name):
-                if _matches(pattern, names, args):
+                if _matches(pattern, names, args) or (
+                    cautious and _words_match(pattern, names, args)
+                ):
                     return Decision(verdict, f"{name} pattern {pattern!r} of {self.source}")
         if path is None:
             return Decision(
@@ -183,6 +196,29 @@ def _matches(pattern: str, names: Sequence[str], args: Sequence[str]) -> bool:
         return any(fnmatch.fnmatchcase(" ".join([name, *args]), pattern) for name in names)
     wants_path = "/" in pattern
     return any(fnmatch.fnmatchcase(name, pattern) for name in names if ("/" in name) == wants_path)
+
+
+def _words_match(pattern: str, names: Sequence[str], args: Sequence[str]) -> bool:
+    """Whether a pattern with words (``git push*``, ``* --force*``) matches a command word by
+    word, for deny and require_approval: its first word a name of the program, and each other
+    word, in order, an argument of the command, whatever arguments come between them
+    (``git -c x.y=z push``). A word that is a long option matches that option abbreviated as
+    getopt takes it, to three letters (``--forc`` for ``--force*``), with ``=value`` or not."""
+    words = pattern.split()
+    if len(words) < 2 or not any(fnmatch.fnmatchcase(name, words[0]) for name in names):
+        return False
+    rest = iter(args)
+    return all(any(_word_matches(word, arg) for arg in rest) for word in words[1:])
+
+
+def _word_matches(word: str, arg: str) -> bool:
+    if fnmatch.fnmatchcase(arg, word):
+        return True
+    if not word.startswith("--") or not arg.startswith("--"):
+        return False
+    option = arg.split("=", 1)[0]
+    literal = re.split(r"[*?\[]", word, maxsplit=1)[0]  # the option as the word spells it
+    return len(option) >= 5 and literal.startswith(option)
 
 
 def _cautious(default: Verdict) -> Verdict:

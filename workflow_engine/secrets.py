@@ -37,7 +37,7 @@ import json
 from collections.abc import Iterable, Mapping, MutableMapping
 from typing import Any
 
-from ahocorasick_rs import AhoCorasick, MatchKind
+from ahocorasick_rs import AhoCorasick, Implementation, MatchKind
 
 #: What a secret is shown as.
 MASK = "[secret]"
@@ -46,8 +46,9 @@ STATE_FIELD = "secrets"
 #: Shorter values are not masked inside other text (a short secret would mask that word
 #: everywhere); an env value that short is masked only where it is the whole value.
 MIN_MASKED_CHARS = 8
-#: Secrets the process remembers for its logs, newest kept.
+#: Secrets' forms the process remembers for its logs, and their characters, newest kept.
 MAX_REMEMBERED = 50_000
+MAX_REMEMBERED_CHARS = 16 << 20
 
 
 def step_secrets(steps: Iterable[Any]) -> set[str]:
@@ -115,9 +116,11 @@ class _Forms:
         #: Those UTF-8 cannot hold (a lone surrogate), which the automaton cannot take either.
         self._odd = [t for t in self._texts if not _encodable(t)]
         sound = [t for t in self._texts if _encodable(t)] if self._odd else self._texts
-        longest = MatchKind.LeftmostLongest
-        self._forwards = AhoCorasick(sound, matchkind=longest)
-        self._backwards = AhoCorasick([t[::-1] for t in sound], matchkind=longest)
+        # A contiguous NFA, not the crate's default DFA: a DFA's construction is quadratic in a
+        # secret that repeats itself (2.9 s for 16,000 of one letter), the NFA's linear.
+        kind, nfa = MatchKind.LeftmostLongest, Implementation.ContiguousNFA
+        self._forwards = AhoCorasick(sound, matchkind=kind, implementation=nfa)
+        self._backwards = AhoCorasick([t[::-1] for t in sound], matchkind=kind, implementation=nfa)
 
     def __len__(self) -> int:
         return len(self._texts)
@@ -275,6 +278,7 @@ class Secrets:
 
     def __init__(self) -> None:
         self._values: dict[str, None] = {}  # insertion-ordered: the oldest is forgotten first
+        self._chars = 0  # characters of `_values`
         self._settled: _Forms | None = None  # every form but the recent ones
         self._recent: list[str] = []  # forms added since `_settled` was built
         self._recent_forms: _Forms | None = None  # None: stale (or nothing recent)
@@ -288,11 +292,14 @@ class Secrets:
             for form in forms(value):
                 if form not in self._values:
                     self._values[form] = None
+                    self._chars += len(form)
                     self._recent.append(form)
                     self._recent_forms = None
                     self._longest = max(self._longest, len(form))
-                    if len(self._values) > MAX_REMEMBERED:
-                        del self._values[next(iter(self._values))]
+                    while len(self._values) > MAX_REMEMBERED or self._chars > MAX_REMEMBERED_CHARS:
+                        oldest = next(iter(self._values))
+                        del self._values[oldest]
+                        self._chars -= len(oldest)
 
     def __bool__(self) -> bool:
         return bool(self._values)

@@ -176,7 +176,6 @@ class WorkflowService:
                 task_id=task_id,
             )
         self._check_startable(task)
-        self._secrets.add(step_secrets(task.steps))
         ttl = self._ttl(lease_ttl_seconds)
         self._check_accepting()
         holder = holder_id or self._settings.holder_id
@@ -203,6 +202,9 @@ class WorkflowService:
                 return outcome
             assert outcome.lease is not None  # a started workflow holds the lease it took
             assert outcome.started_at is not None
+            # Only a workflow stored adds its secrets: a refused start leaves the engine's
+            # (every log line's) matcher as it was.
+            self._secrets.add(step_secrets(task.steps))
             first = WorkflowEventRecord(
                 1, "status", None, WorkflowStatus.RUNNING, outcome.started_at, outcome.run_id
             )

@@ -32,10 +32,13 @@ POLICY = {"allow": ["cp", "ls", "touch", "python3"], "default": "approve"}
 
 @pytest.fixture
 async def planned(
-    settings: Settings, model: ModelServer, tmp_path: Path
+    settings: Settings, model: ModelServer, tmp_path: Path, request: pytest.FixtureRequest
 ) -> AsyncIterator[RunningEngine]:
-    """An engine whose planner is the scripted model, under `POLICY`."""
-    running = await start_planned(settings, model, tmp_path, POLICY)
+    """An engine whose planner is the scripted model, under `POLICY` (or the policy a test's
+    `policy` mark names)."""
+    mark = request.node.get_closest_marker("policy")
+    policy = mark.args[0] if mark is not None else POLICY
+    running = await start_planned(settings, model, tmp_path, policy)
     try:
         yield running
     finally:
@@ -159,17 +162,7 @@ GIT_POLICY = {
 }
 
 
-@pytest.fixture
-async def git_planned(
-    settings: Settings, model: ModelServer, tmp_path: Path
-) -> AsyncIterator[RunningEngine]:
-    running = await start_planned(settings, model, tmp_path, GIT_POLICY)
-    try:
-        yield running
-    finally:
-        await stop_engine(running)
-
-
+@pytest.mark.policy(GIT_POLICY)
 @pytest.mark.parametrize(
     ("command", "status", "rule"),
     [
@@ -181,9 +174,9 @@ async def git_planned(
     ids=["option-inserted-and-abbreviated", "option-inserted", "option-with-value"],
 )
 async def test_options_in_between_do_not_slip_a_command_past_the_policy(
-    git_planned: RunningEngine, model: ModelServer, command: list[str], status: int, rule: str
+    planned: RunningEngine, model: ModelServer, command: list[str], status: int, rule: str
 ) -> None:
-    wf = await run_plan(git_planned, model, planned_step("push", *command))
+    wf = await run_plan(planned, model, planned_step("push", *command))
 
     assert wf.status == status, wf.error
     said = wf.pending_approval.reason if status == pb.WAITING_FOR_APPROVAL else wf.error

@@ -6,6 +6,7 @@ task of a start that sent none); `watch` streams a workflow's events; `checks` h
 they make against a row before acting.
 """
 
-from workflow_engine.service.workflows import Applied, ResumeOutcome, WorkflowService
+from workflow_engine.service.outcomes import Applied, ResumeOutcome
+from workflow_engine.service.workflows import WorkflowService
 
 __all__ = ["Applied", "ResumeOutcome", "WorkflowService"]

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 
 from workflow_engine.capabilities.protocols import TaskSource
@@ -23,8 +22,6 @@ from workflow_engine.domain.records import (
     Scope,
     StartOutcome,
     WorkflowEventRecord,
-    WorkflowPage,
-    WorkflowQuery,
     WorkflowRecord,
 )
 from workflow_engine.domain.status import WorkflowStatus
@@ -36,7 +33,6 @@ from workflow_engine.errors import (
     RunEnded,
     ShuttingDown,
     WorkflowExists,
-    WorkflowNotFound,
 )
 from workflow_engine.graph import changes as state_changes
 from workflow_engine.graph import routing
@@ -59,11 +55,12 @@ from workflow_engine.service.checks import (
     resume_changes,
     state_of,
 )
+from workflow_engine.service.outcomes import Applied, ResumeOutcome
+from workflow_engine.service.reads import WorkflowReads
 from workflow_engine.service.task_by_id import task_by_id
 from workflow_engine.service.watch import Watches
 from workflow_engine.storage import leases, queries, workflow_rows
 from workflow_engine.storage.pool import Pool, on_connection
-from workflow_engine.storage.queries import MAX_HISTORY_EVENTS
 
 #: How long a change waits for a closing run of its workflow (one that wrote its last
 #: checkpoint, or was told to stop) to end before claiming the workflow itself. Such a run has
@@ -73,28 +70,9 @@ RUN_END_WAIT_SECONDS = 10.0
 CANCEL_RUN_WAIT_SECONDS = 0.5
 
 
-@dataclass(frozen=True, slots=True)
-class ResumeOutcome:
-    record: WorkflowRecord
-    lease: Lease | None
-    resumed: bool
-    #: The status the workflow has, or is bound for, after the call (see `Applied.status`).
-    status: str
-
-
-@dataclass(frozen=True, slots=True)
-class Applied:
-    """Changes made durable: the row after them, the lease taken for them (if a claim was
-    needed), and the status the workflow has or is committed to (a forced `mark_failed` is
-    FAILED even before that node has run)."""
-
-    record: WorkflowRecord
-    lease: Lease | None
-    status: str
-
-
-class WorkflowService:
-    """Start/resume/get/cancel/watch, on top of the store and this process's run manager."""
+class WorkflowService(WorkflowReads):
+    """Start/resume/get/cancel/watch, on top of the store and this process's run manager (the
+    reads, and the scope checks they share with the changes, are `WorkflowReads`')."""
 
     def __init__(
         self,
@@ -491,31 +469,6 @@ class WorkflowService:
             changes=changes,
         )
 
-    async def get(self, task_id: str, scope: Scope | None = None) -> WorkflowRecord:
-        return in_scope(await queries.get(self._pool, task_id), scope)
-
-    async def get_with_history(
-        self, task_id: str, scope: Scope | None = None
-    ) -> tuple[WorkflowRecord, Sequence[WorkflowEventRecord]]:
-        """The workflow and its events, oldest first (the newest `MAX_HISTORY_EVENTS` of them)."""
-        record, history = await queries.get_with_history(self._pool, task_id, MAX_HISTORY_EVENTS)
-        return in_scope(record, scope), history
-
-    async def _taken_in_scope(self, task_id: str, scope: Scope | None) -> None:
-        """A start met an existing workflow: tell a scoped caller nothing about another
-        tenant's (its status, its lease holder), only that the task id is taken."""
-        if scope is None:
-            return
-        try:
-            await self._check_scope(task_id, scope)
-        except WorkflowNotFound:
-            raise WorkflowExists(task_id, "not shown") from None
-
-    async def _check_scope(self, task_id: str, scope: Scope | None) -> None:
-        """NOT_FOUND, as for a workflow that does not exist, unless `scope` admits it."""
-        if scope is not None:
-            in_scope(await queries.get(self._pool, task_id), scope)
-
     async def cancel(
         self, task_id: str, reason: str, actor: str = "", scope: Scope | None = None
     ) -> WorkflowRecord:
@@ -536,7 +489,3 @@ class WorkflowService:
             # unreachable database, which the answer does not wait for.
             await self._runs.wait(task_id, CANCEL_RUN_WAIT_SECONDS)
         return record
-
-    async def list_workflows(self, query: WorkflowQuery) -> WorkflowPage:
-        """One page of workflows matching `query`, newest update first (no state, no history)."""
-        return await queries.list_workflows(self._pool, query)

@@ -30,6 +30,7 @@ import structlog
 from opentelemetry.trace import SpanKind
 
 from workflow_engine import secret_files
+from workflow_engine.capabilities.model.http_client import MAX_ANSWER_BYTES, capped_http_client
 from workflow_engine.capabilities.model.structured_output import (
     OutputModes,
     Request,
@@ -61,9 +62,6 @@ log = structlog.get_logger(__name__)
 MAX_RETRY_AFTER_SECONDS = 60.0
 #: How much of an unusable answer is shown to the model again when it is asked to correct it.
 MAX_REPEATED_CHARS = 8000
-#: The largest answer body read from a model server: far beyond any answer of the token
-#: limits (a million tokens is about 4 MB); a server's larger body is refused as it arrives.
-MAX_ANSWER_BYTES = 8 << 20
 _QUOTED = 300
 
 
@@ -183,7 +181,7 @@ class ModelClient:
             api_key=self._api_key or "none",
             timeout=self._settings.timeout_seconds,
             max_retries=0,  # retries are ours (`answer`), so they are in one place
-            http_client=_capped_http_client(MAX_ANSWER_BYTES),
+            http_client=capped_http_client(MAX_ANSWER_BYTES),
         )
         return self
 
@@ -378,36 +376,6 @@ def _count(usage: Any, name: str) -> int:
     if value != value or value < 0:  # NaN, or a negative count that would lower the budget
         return 0
     return int(min(value, MAX_COUNTED_TOKENS))
-
-
-def _capped_http_client(limit: int) -> Any:
-    """The SDK's HTTP client (its defaults, the environment's proxies), reading at most
-    `limit` bytes of a response's body: beyond that it raises an `openai.APIError`, which the
-    SDK passes on as it is, and `answer` does not retry."""
-    import httpx2  # the SDK's HTTP client
-    import openai
-
-    class Capped(httpx2.AsyncByteStream):
-        def __init__(self, stream: Any, request: Any) -> None:
-            self._stream, self._request = stream, request
-
-        async def __aiter__(self) -> Any:
-            read = 0
-            async for chunk in self._stream:
-                read += len(chunk)
-                if read > limit:
-                    raise openai.APIError(
-                        f"the answer's body is larger than {limit} bytes", self._request, body=None
-                    )
-                yield chunk
-
-        async def aclose(self) -> None:
-            await self._stream.aclose()
-
-    async def cap(response: Any) -> None:
-        response.stream = Capped(response.stream, response.request)
-
-    return openai.DefaultAsyncHttpxClient(event_hooks={"response": [cap]})
 
 
 def _retryable(exc: openai.APIError, attempt: int, max_seconds: float) -> float | None:

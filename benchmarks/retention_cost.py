@@ -73,15 +73,17 @@ class Writers:
     async def start(self) -> None:
         for _ in range(self.count):
             task_id = str(uuid.uuid4())
+            run_id = str(uuid.uuid4())
             started = await create(
                 self.pool,
                 task_id=task_id,
+                run_id=run_id,
                 holder_id=HOLDER,
                 process=HOLDER,
                 idempotency_key=None,
                 ttl_seconds=3600,
                 spec={},
-                initial_state={"task_id": task_id},
+                initial_state={"task_id": task_id, "run_id": run_id},
             )
             assert started.lease is not None
             self.fences.append((task_id, started.run_id, started.lease.epoch))

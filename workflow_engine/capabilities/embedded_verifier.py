@@ -84,6 +84,8 @@ class MachineVerifier:
         result: JobResult,
         criteria: Sequence[AcceptanceCriterion],
         preferences: Mapping[str, Any] | None = None,
+        *,
+        run_id: str = "",
     ) -> Verification:
         """Return `pass` iff every check passed; one remediation line per failed finding."""
         findings: list[Finding] = []

@@ -62,6 +62,8 @@ class JobVerifier:
         result: JobResult,
         criteria: Sequence[AcceptanceCriterion],
         preferences: Mapping[str, Any] | None = None,
+        *,
+        run_id: str = "",
     ) -> Verification:
         checked, brief = await checked_brief(
             self._machine, step, result, criteria, preferences, self._excerpt_chars, self._secrets
@@ -75,6 +77,7 @@ class JobVerifier:
                 timeout_seconds=self._timeout,
             ),
             step_id=f"{step.id}.verify",
+            run_id=run_id,
             required_labels=step.required_labels,
         )
         target = await self._worker.select_target(job)

@@ -136,9 +136,13 @@ class Verifier(Protocol):
         result: JobResult,
         criteria: Sequence[AcceptanceCriterion],
         preferences: Mapping[str, Any] | None = None,
+        *,
+        run_id: str = "",
     ) -> Verification:
         """Check `result` against the step's checks and, when given, the task's criteria (and
-        its effective preferences, for a verifier that can weigh them)."""
+        its effective preferences, for a verifier that can weigh them). `run_id` is the
+        workflow run the result is of: a verifier that runs a job of its own runs it in that
+        run (`JobRequest.run_id`)."""
         ...
 
 

@@ -57,12 +57,16 @@ class Sandbox(DomainModel):
 class JobRequest(DomainModel):
     """A job to run.
 
-    `job_id` is deterministic per task, step and attempt, so a worker that sees the same id twice
-    returns the first run's result instead of running again. `remediation` carries the previous
-    attempt's failed findings; the local sandbox hands it to the command as
-    ``WORKFLOW_ENGINE_REMEDIATION`` (JSON), beside ``WORKFLOW_ENGINE_ATTEMPT``. `context` holds
-    the results of earlier steps (what this step depends on), compressed to a budget; the local
-    sandbox hands it to the command as ``WORKFLOW_ENGINE_CONTEXT`` (JSON).
+    `job_id` is deterministic per task, run, step and attempt, so a worker that sees the same id
+    twice returns the first run's result instead of running again. `run_id` is the workflow run
+    the job belongs to (a task id used again, after its rows were pruned, is a new run): a worker
+    keys what a task's jobs share (their user, namespaces and /tmp) by `workspace`, never by the
+    task id alone. Empty for a workflow an engine before state format 4 started.
+
+    `remediation` carries the previous attempt's failed findings; the local sandbox hands it to
+    the command as ``WORKFLOW_ENGINE_REMEDIATION`` (JSON), beside ``WORKFLOW_ENGINE_ATTEMPT``.
+    `context` holds the results of earlier steps (what this step depends on), compressed to a
+    budget; the local sandbox hands it to the command as ``WORKFLOW_ENGINE_CONTEXT`` (JSON).
     """
 
     version: int = WORKER_API_VERSION
@@ -78,6 +82,13 @@ class JobRequest(DomainModel):
     #: Labels that make a node preferred among equally loaded ones (the task's locality and
     #: model preferences).
     preferred_labels: tuple[str, ...] = ()
+    run_id: str = ""
+
+    @property
+    def workspace(self) -> str:
+        """What the jobs that may share a user, namespaces and /tmp on a worker have in common:
+        their task and run (their task alone for a run that has no id)."""
+        return f"{self.task_id}/{self.run_id}" if self.run_id else self.task_id
 
 
 class Truncated(DomainModel):

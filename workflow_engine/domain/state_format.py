@@ -15,7 +15,7 @@ shows as the row's `blocked_reason`. A row of an older format is upgraded as it 
 from __future__ import annotations
 
 #: The format this engine writes, and the newest it reads.
-STATE_FORMAT = 3
+STATE_FORMAT = 4
 #: The oldest format this engine reads (upgrading it as it reads). Format 1 is every row written
 #: before rows recorded a format: the column's default, forever, so that a row inserted by an
 #: engine that does not know the column says what it is.

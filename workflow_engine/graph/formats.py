@@ -23,6 +23,12 @@ The formats so far:
    `timeout_seconds`, `timeout_action`). Every new key may be missing, and means "never
    expires" then: the upgrade from 2 passes the state as it is (a request made by a format 2
    engine still expires at the workflow's deadline, once a checkpoint of format 3 is written).
+4. Runs of their own (issue 61): the state names its run (`run_id`), and the job ids of a
+   workflow with one are its run's (`graph.nodes.job_id_for`), as are its jobs' user and /tmp.
+   An engine of format 3 would give the jobs of such a workflow the task's ids again (and so a
+   job in flight a second id), which is why it is a new format. The upgrade from 3 passes the
+   state as it is: with no `run_id`, its jobs keep the task's ids, so a job in flight is found
+   under the id it was started with.
 """
 
 from __future__ import annotations
@@ -52,7 +58,12 @@ _NODES_1_AND_2 = frozenset(
 )
 
 #: The graph's node names in each format.
-NODES: Mapping[int, frozenset[str]] = {1: _NODES_1_AND_2, 2: _NODES_1_AND_2, 3: _NODES_1_AND_2}
+NODES: Mapping[int, frozenset[str]] = {
+    1: _NODES_1_AND_2,
+    2: _NODES_1_AND_2,
+    3: _NODES_1_AND_2,
+    4: _NODES_1_AND_2,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,8 +92,15 @@ def from_format_2(row: StoredCheckpoint) -> StoredCheckpoint:
     return row
 
 
+def from_format_3(row: StoredCheckpoint) -> StoredCheckpoint:
+    """Format 3 to 4: `run_id` stays missing (the workflow's job ids stay its task's); the
+    nodes are the same."""
+    check_trigger(row, 3)
+    return row
+
+
 #: The upgrade from each format to the next one, by the format it reads.
-UPGRADES: Mapping[int, Upgrade] = {1: from_format_1, 2: from_format_2}
+UPGRADES: Mapping[int, Upgrade] = {1: from_format_1, 2: from_format_2, 3: from_format_3}
 
 
 def upgrade(state_format: int, task_id: str, state: Any, checkpoint: Any) -> tuple[Any, Any]:

@@ -224,6 +224,10 @@ class WorkflowState(TypedDict, total=False):
     last_result: JobResultRecord | None
     verification: VerificationRecord | None
     # The engine's additions.
+    # The run the workflow is (the row's run_id at its start): its job ids and its jobs' user
+    # and /tmp are the run's, never another run's of the same task id (see `job_id_for`).
+    # Missing in a workflow started before state format 4: its job ids are the task's then.
+    run_id: str
     status: str  # a `WorkflowStatus`, `in_state` spelling: running, waiting_for_approval...
     prompt: str
     metadata: JsonObject  # a `TaskMetadata`'s JSON
@@ -300,12 +304,12 @@ def state_or_empty(data: object) -> WorkflowState:
 ACCEPTED_KEYS = ("last_result", "verification")
 
 
-def accepted_state(task_id: str, outside: Mapping[str, Any]) -> WorkflowState:
+def accepted_state(task_id: str, run_id: str, outside: Mapping[str, Any]) -> WorkflowState:
     """The state a blocked workflow starts again from when an operator accepts what another
     writer wrote into it: a fresh start (the task is read again and re-planned) that keeps their
     last result and verification, when they are JSON objects of their form, and every secret it
-    has had."""
-    state = initial_state(task_id)
+    has had. `run_id` is the new run's: nothing the run before the block started is its."""
+    state = initial_state(task_id, run_id)
     for key in ACCEPTED_KEYS:
         value = outside.get(key)
         if isinstance(value, dict):
@@ -318,10 +322,12 @@ def accepted_state(task_id: str, outside: Mapping[str, Any]) -> WorkflowState:
     return state
 
 
-def initial_state(task_id: str) -> WorkflowState:
-    """The state a workflow starts from, before `load_task_context` fills it in."""
+def initial_state(task_id: str, run_id: str) -> WorkflowState:
+    """The state run `run_id` of a workflow starts from, before `load_task_context` fills it
+    in."""
     return {
         "task_id": task_id,
+        "run_id": run_id,
         "status": WorkflowStatus.RUNNING.in_state,
         "acceptance_criteria": [],
         "preferences_effective": {},

@@ -3,8 +3,8 @@
 `RunRequest` is `POST /v1/worker/jobs:run`'s body: the Worker API's fields, each checked so
 that a 400 names the field (``sandbox.command``), and unknown fields ignored, as their node
 does. It becomes the domain's `JobRequest`, which the local sandbox runs; the engine's own
-extras of `JobRequest` (`attempt`, `step_id`, `remediation`, `context`) are accepted too, so
-our engine can hand them on to the job's environment.
+extras of `JobRequest` (`attempt`, `step_id`, `remediation`, `context`, `run_id`) are accepted
+too, so our engine can hand them on to the job's environment (and key its workspace by run).
 
 `response_body` is the answer: the domain's `JobResult` in the Worker API's shape. Unlike their
 node, ours always sends `exit_code`: the exit status when the command exited (0 included), null
@@ -63,6 +63,10 @@ def _network_policy(value: str) -> str:
     return value
 
 
+def _optional_uuid(value: str) -> str:
+    return _uuid(value) if value else value
+
+
 Uuid = Annotated[str, AfterValidator(_uuid)]
 
 
@@ -91,6 +95,9 @@ class RunRequest(DomainModel):
     step_id: Text = ""
     remediation: tuple[Text, ...] = ()
     context: tuple[JsonObject, ...] = ()
+    #: The workflow run the job is of: with it, the task's jobs of that run share a user and a
+    #: /tmp that no earlier run of the same task id had.
+    run_id: Annotated[str, AfterValidator(_optional_uuid)] = ""
 
     def to_job(self, *, default_timeout: int, max_timeout: int) -> JobRequest:
         """The job to run: this request with its timeout made explicit and capped."""
@@ -111,6 +118,7 @@ class RunRequest(DomainModel):
             step_id=self.step_id,
             remediation=self.remediation,
             context=self.context,
+            run_id=self.run_id,
         )
 
 

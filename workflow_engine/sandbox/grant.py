@@ -3,7 +3,8 @@
 A local job (the embedded sandbox's, or a `worker-node`'s) runs with only what it was granted:
 
 - **Its task's own user.** When the engine runs as root, each job's command runs as the user
-  id of its task, drawn from `JobSettings.uid_base` on and recorded by the runner
+  id of its task's run (`JobRequest.workspace`: a task id started anew gets a new one), drawn
+  from `JobSettings.uid_base` on and recorded by the runner
   (`sandbox.users`: never derived from the task id a caller chose; a workflow's steps and
   attempts share it and may share files, other workflows' jobs may not touch them), with no
   supplementary groups and no capabilities; its work directory is that user's and nobody
@@ -230,7 +231,7 @@ class Confinement:
             return f"refused: env {unfit_env[:64]!r} cannot be passed to a command as one variable"
         uid = None
         if self._as_root:
-            uid = self._uid_for(job.task_id)
+            uid = self._uid_for(job.workspace)
             if uid is None:
                 return (
                     f"refused: every user id from {self._uid_base} to "
@@ -252,12 +253,12 @@ class Confinement:
             isolation="net" if self._as_root else "userns",
         )
 
-    def _uid_for(self, task_id: str) -> int | None:
-        """The task's recorded user; without a runner's record (a `Confinement` used on its
-        own), one drawn at random for this job alone."""
+    def _uid_for(self, workspace: str) -> int | None:
+        """The recorded user of the job's task and run; without a runner's record (a
+        `Confinement` used on its own), one drawn at random for this job alone."""
         if self._users is None:
             return self._uid_base + secrets.randbelow(self._uid_count)
-        return self._users.for_task(task_id)
+        return self._users.for_task(workspace)
 
     def _limits_for(self, asked: Limits, uid: int | None) -> dict[str, int]:
         limits = {}

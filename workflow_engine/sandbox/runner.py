@@ -332,7 +332,7 @@ class JobRunner:
         """`_spawn` the job's wrapper into its task's namespaces, made at its first job."""
         shared: tuple[int, ...] = ()
         if self._namespaces is not None and grant.isolation in ("net", "userns"):
-            shared = await self._namespaces.for_task(job.task_id, grant.isolation)
+            shared = await self._namespaces.for_task(job.workspace, grant.isolation)
         return self._spawn(job, job_dir, timeout_seconds, grant, shared)
 
     def _spawn(
@@ -353,7 +353,7 @@ class JobRunner:
                 grace=grace,
                 engine_pipe=self._engine_pipe(),
                 shared=shared,
-                task_tmp=self._task_tmp.path(job.task_id, grant.uid),
+                task_tmp=self._task_tmp.path(job.workspace, grant.uid),
             )
         if self._sleep_bin is None:
             raise OSError(f"coreutils `sleep` is not on {files.SAFE_PATH}")

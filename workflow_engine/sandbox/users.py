@@ -15,6 +15,11 @@ touch its record (at most once a minute); `release_idle` frees the ids of tasks 
 jobs started for longer than any job may run plus the retention of its directory, when no job
 of theirs can run or be kept any more.
 
+A "task" here is a job's workspace (`JobRequest.workspace`): its task id and the id of the
+workflow run, so that a task id started again after its rows were pruned (by another tenant,
+say) draws a user of its own, never the one the earlier run's files and processes have. A job
+whose engine names no run (one before state format 4) is keyed by its task id alone.
+
 Jobs started by an earlier version keep the user they were started with until they end.
 """
 

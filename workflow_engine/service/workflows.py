@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import datetime
 
@@ -157,7 +158,8 @@ class WorkflowService(WorkflowReads):
         ttl = self._ttl(lease_ttl_seconds)
         self._check_accepting()
         holder = holder_id or self._settings.holder_id
-        state = initial_state(task_id)
+        run_id = str(uuid.uuid4())
+        state = initial_state(task_id, run_id)
         tenant = task.metadata.project_id
         with self._runs.room_for(tenant):
             try:
@@ -165,6 +167,7 @@ class WorkflowService(WorkflowReads):
                     self._pool,
                     process=self._process,
                     task_id=task_id,
+                    run_id=run_id,
                     holder_id=holder,
                     idempotency_key=idempotency_key,
                     ttl_seconds=ttl,
@@ -313,14 +316,16 @@ class WorkflowService(WorkflowReads):
         self._check_accepting()
         holder = self._settings.holder_id
         ttl = float(self._settings.lease_ttl_seconds)
+        run_id = str(uuid.uuid4())  # a new run: no job of the run before is its
         with self._runs.room_for(record.project_id):
             claim = await workflow_rows.restart_from(
                 self._pool,
                 process=self._process,
                 task_id=record.task_id,
+                run_id=run_id,
                 holder_id=holder,
                 ttl_seconds=ttl,
-                state=lambda outside: dict(accepted_state(record.task_id, outside)),
+                state=lambda outside: dict(accepted_state(record.task_id, run_id, outside)),
                 actor=override.actor,
                 detail="accepted the state written outside the engine; re-planning"
                 + (f": {override.reason}" if override.reason else ""),

@@ -72,6 +72,7 @@ UPDATE workflow_checkpoints
        checkpoint_metadata = NULL,
        status = 'RUNNING',
        lease_epoch = %(epoch)s,
+       run_id = %(run_id)s,
        summary = '',
        error = '',
        blocked_reason = '',
@@ -152,6 +153,7 @@ async def restart_from(
     pool: Pool,
     *,
     task_id: str,
+    run_id: str,
     holder_id: str,
     process: str,
     ttl_seconds: float,
@@ -161,8 +163,9 @@ async def restart_from(
 ) -> ResumeClaim:
     """An operator accepts the state another writer left in a blocked workflow: take the lease,
     replace the row's state with `state(what they wrote)`, drop LangGraph's bookkeeping (the
-    run starts again from that state, as a workflow that never ran a node), clear the block and
-    record who decided. `InvalidState` when the workflow is not blocked or has ended."""
+    run starts again from that state, as a workflow that never ran a node, as run `run_id`),
+    clear the block and record who decided. `InvalidState` when the workflow is not blocked or
+    has ended."""
 
     async def once(conn: Connection) -> ResumeClaim:
         record = await lock_workflow(conn, task_id)
@@ -179,6 +182,7 @@ async def restart_from(
             _RESTART,
             {
                 "task_id": task_id,
+                "run_id": run_id,
                 "state": Jsonb(state(outside)),
                 "epoch": lease.epoch,
                 "state_format": STATE_FORMAT,

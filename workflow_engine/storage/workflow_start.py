@@ -68,6 +68,7 @@ async def create(
     pool: Pool,
     *,
     task_id: str,
+    run_id: str,
     holder_id: str,
     process: str,
     idempotency_key: str | None,
@@ -77,10 +78,10 @@ async def create(
     schedule: tuple[str, datetime] | None = None,
 ) -> StartOutcome:
     """Take the lease (for `holder_id`, in engine process `process`), store the task, its
-    first checkpoint row and event: one statement. `schedule` (its id and the slot) is the
+    first checkpoint row and event as run `run_id` (a new one: `initial_state` names it too):
+    one statement. `schedule` (its id and the slot) is the
     schedule that starts it, if one does."""
     lease_id = idempotency_key or str(uuid.uuid4())
-    run_id = str(uuid.uuid4())
     metadata = spec.get("metadata") or {}
     params = {
         "task_id": task_id,

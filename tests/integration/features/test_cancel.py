@@ -62,8 +62,9 @@ async def wait_gone(pids: list[int], timeout: float = 10) -> None:
         await asyncio.sleep(0.05)
 
 
-def job_result(settings: Settings, task_id: str, step_id: str) -> dict[str, object]:
-    path = settings.data_dir / "jobs" / job_id_for(task_id, step_id, 1) / "result.json"
+def job_result(settings: Settings, workflow: pb.Workflow, step_id: str) -> dict[str, object]:
+    job_id = job_id_for(workflow.task_id, step_id, 1, workflow.run_id)
+    path = settings.data_dir / "jobs" / job_id / "result.json"
     return json.loads(path.read_text())  # type: ignore[no-any-return]
 
 
@@ -102,7 +103,7 @@ async def test_cancel_answers_at_once_and_kills_the_jobs_process_group(
     await wait_gone(shell_and_child)
     for _ in range(100):
         try:
-            result = job_result(settings, task_id, "long")
+            result = job_result(settings, wf, "long")
             break
         except FileNotFoundError:
             await asyncio.sleep(0.05)
@@ -118,10 +119,10 @@ async def test_a_job_that_ignores_sigterm_is_killed(
     task_id = await start_one_step(running.stub, "stubborn", script)
     await wait_for_file(pid_file)
     pids = job_pids(str(pid_file))
-    await cancel(running, task_id)
+    wf = await cancel(running, task_id)
     await wait_gone(pids)  # SIGKILL once the grace period is over
     await asyncio.sleep(0.5)
-    assert job_result(settings, task_id, "stubborn")["status"] == "cancelled"
+    assert job_result(settings, wf, "stubborn")["status"] == "cancelled"
 
 
 @pytest.fixture

@@ -44,6 +44,8 @@ class FaultyVerifier(Faulty):
         result: JobResult,
         criteria: Sequence[AcceptanceCriterion],
         preferences: object = None,
+        *,
+        run_id: str = "",
     ) -> Verification:
         self.trip()
         return await self.inner.verify(step, result, criteria)  # type: ignore[attr-defined]

@@ -33,8 +33,9 @@ async def test_langgraphs_loop_and_the_engines_run_the_same_nodes_to_the_same_en
     lent = replace(LENT_NOTHING, stored_task=partial(tasks.load, engine.pool))
     graph = build_graph(build_capabilities(engine.settings, lent))
     langgraph_nodes: list[str] = []
-    final: dict[str, Any] = dict(initial_state(task_id))
-    async for update in graph.compiled.astream(initial_state(task_id), stream_mode="updates"):
+    start = initial_state(task_id, stored["run_id"])  # the same run: the same job ids
+    final: dict[str, Any] = dict(start)
+    async for update in graph.compiled.astream(start, stream_mode="updates"):
         for node, values in update.items():
             langgraph_nodes.append(node)
             final.update({k: v for k, v in values.items() if k != "node_event"})

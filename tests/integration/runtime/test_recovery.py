@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 import psycopg
@@ -21,15 +22,18 @@ async def orphan(pool: Pool, db_url: str, spec: pb.TaskSpec, attempts: int = 0) 
     from workflow_engine.api.requests import task_from_proto
 
     task_id = new_task_id()
+
+    run_id = str(uuid.uuid4())
     await workflow_rows.create(
         pool,
         process="",
         task_id=task_id,
+        run_id=run_id,
         holder_id="vanished-replica",
         idempotency_key=None,
         ttl_seconds=30,
         spec=task_from_proto(spec).to_json(),
-        initial_state=dict(initial_state(task_id)),
+        initial_state=dict(initial_state(task_id, run_id)),
     )
     async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
         await conn.execute(

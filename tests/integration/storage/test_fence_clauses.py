@@ -109,7 +109,7 @@ async def _write(pool: Pool, attempt: Attempt) -> bool:
         holder_id=fence.holder_id,
         epoch=fence.epoch,
         run_id=fence.run_id,
-        state=dict(initial_state(fence.task_id)),
+        state=dict(initial_state(fence.task_id, fence.run_id)),
         node="plan_steps",
         status="RUNNING",
         checkpoint_id=attempt.checkpoint_id,
@@ -139,15 +139,17 @@ WRITE_BATCH = Statement(group_commit, "WRITE_BATCH", _write)
 
 async def _start_as_a(pool: Pool) -> Fence:
     task_id = new_task_id()
+    run_id = str(uuid.uuid4())
     started = await workflow_rows.create(
         pool,
         process="",
         task_id=task_id,
+        run_id=run_id,
         holder_id="A",
         idempotency_key=None,
         ttl_seconds=TTL,
         spec={},
-        initial_state=dict(initial_state(task_id)),
+        initial_state=dict(initial_state(task_id, run_id)),
     )
     assert started.lease is not None
     return Fence(task_id, started.run_id, "A", started.lease.epoch)

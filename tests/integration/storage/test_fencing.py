@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,15 +58,17 @@ async def saver(pool: AsyncConnectionPool[Any]) -> AsyncIterator[RowCheckpointer
 
 async def create_as_a(pool: AsyncConnectionPool[Any]) -> StartOutcome:
     task_id = new_task_id()
+    run_id = str(uuid.uuid4())
     return await workflow_rows.create(
         pool,
         process="",
         task_id=task_id,
+        run_id=run_id,
         holder_id="A",
         idempotency_key=None,
         ttl_seconds=30,
         spec={},
-        initial_state=dict(initial_state(task_id)),
+        initial_state=dict(initial_state(task_id, run_id)),
     )
 
 

@@ -9,6 +9,7 @@ resume clears it, and so does the end of the workflow.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -37,15 +38,17 @@ async def pool(db_url: str) -> AsyncIterator[Pool]:
 
 async def _started(pool: Pool) -> tuple[Fence, str]:
     task_id = new_task_id()
+    run_id = str(uuid.uuid4())
     started = await workflow_rows.create(
         pool,
         process=PROCESS,
         task_id=task_id,
+        run_id=run_id,
         holder_id="engine",
         idempotency_key=None,
         ttl_seconds=30,
         spec={},
-        initial_state=dict(initial_state(task_id)),
+        initial_state=dict(initial_state(task_id, run_id)),
     )
     assert started.lease is not None
     return Fence(task_id, started.run_id, "engine", started.lease.epoch), started.lease.lease_id

@@ -51,8 +51,8 @@ def row(task_id: str, epoch: int, node: str, *, release: bool = False) -> Checkp
         task_id=task_id,
         holder_id="A",
         epoch=epoch,
-        run_id=str(uuid.uuid4()),
-        state=dict(initial_state(task_id)),
+        run_id=(run_id := str(uuid.uuid4())),
+        state=dict(initial_state(task_id, run_id)),
         node=node,
         status="SUCCEEDED" if release else "RUNNING",
         checkpoint_id=str(uuid.uuid4()),
@@ -71,15 +71,17 @@ async def test_checkpoint_writes_scan_no_whole_table(db_url: str) -> None:
     async with AsyncConnectionPool(db_url, kwargs={"autocommit": True}, min_size=1) as pool:
         for _ in range(3):
             task_id = new_task_id()
+            run_id = str(uuid.uuid4())
             started = await workflow_rows.create(
                 pool,
                 process="",
                 task_id=task_id,
+                run_id=run_id,
                 holder_id="A",
                 idempotency_key=None,
                 ttl_seconds=60,
                 spec={},
-                initial_state=dict(initial_state(task_id)),
+                initial_state=dict(initial_state(task_id, run_id)),
             )
             ours.append((task_id, started.lease.epoch))
 

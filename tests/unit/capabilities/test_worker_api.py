@@ -133,3 +133,9 @@ def test_the_request_has_the_contract_fields_and_the_engines_variables() -> None
     assert json.loads(env["WORKFLOW_ENGINE_REMEDIATION"]) == list(JOB.remediation)
     assert json.loads(env["WORKFLOW_ENGINE_CONTEXT"]) == [{"step_id": "build", "output": "ok"}]
     assert worker_api.cancel_path("a/b") == "/v1/worker/jobs/a%2Fb:cancel"
+    # The run goes only when there is one (a workflow an engine before format 4 started).
+    assert "run_id" not in body
+    run_id = "33333333-3333-4333-8333-333333333333"
+    assert worker_api.request_body(JOB.model_copy(update={"run_id": run_id}), 1)["run_id"] == (
+        run_id
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import pytest
@@ -17,7 +18,7 @@ from workflow_engine.domain.task import (
     TaskSpec,
 )
 from workflow_engine.errors import InvalidArgument
-from workflow_engine.graph.nodes import job_id_for
+from workflow_engine.graph.nodes import JOB_NAMESPACE, job_id_for
 
 
 def refused(data: dict[str, Any]) -> InvalidArgument:
@@ -105,7 +106,9 @@ def test_the_stored_json_keeps_its_shape() -> None:
         "context": [],
         "required_labels": [],
         "preferred_labels": [],
+        "run_id": "",  # state format 4; older rows lack it and read as "the task's run"
     }
+    assert JobRequest.from_json({k: v for k, v in job.to_json().items() if k != "run_id"}) == job
     result = JobResult(task_id="t", job_id="j", status="completed", exit_code=0)
     assert set(result.to_json()) == {
         "version", "task_id", "job_id", "status", "exit_code", "stdout", "stderr",
@@ -309,10 +312,19 @@ def test_plan_and_verification_export_json_schemas() -> None:
     assert verification["$defs"]["Finding"]["required"] == ["check", "passed", "detail"]
 
 
-def test_job_ids_are_deterministic_per_task_step_and_attempt() -> None:
-    a = job_id_for("t", "s", 1)
-    assert a == job_id_for("t", "s", 1)
-    assert len({a, job_id_for("t", "s", 2), job_id_for("t", "s2", 1), job_id_for("u", "s", 1)}) == 4
+def test_job_ids_are_deterministic_per_task_run_step_and_attempt() -> None:
+    a = job_id_for("t", "s", 1, "r")
+    assert a == job_id_for("t", "s", 1, "r")
+    others = {
+        job_id_for("t", "s", 2, "r"),
+        job_id_for("t", "s2", 1, "r"),
+        job_id_for("u", "s", 1, "r"),
+        job_id_for("t", "s", 1, "r2"),
+        job_id_for("t", "s", 1),  # a run with no id (before state format 4): the task's
+    }
+    assert len({a, *others}) == 6
+    # A run with no id keeps the ids engines before format 4 gave its jobs.
+    assert job_id_for("t", "s", 1) == str(uuid.uuid5(JOB_NAMESPACE, "t/s/1"))
 
 
 def test_secret_env_must_name_env_variables() -> None:

@@ -29,7 +29,7 @@ from workflow_engine.graph.formats import StoredCheckpoint, renamed_nodes, upgra
 from workflow_engine.graph.state import STATE
 
 #: The state's form (its JSON schema without titles and descriptions) in each format.
-FINGERPRINTS = {2: "e85d95b16237fab4", 3: "840842585b92c287"}
+FINGERPRINTS = {2: "e85d95b16237fab4", 3: "840842585b92c287", 4: "c7a8aa1c83374388"}
 
 STATES = Path(__file__).parent / "fixtures" / "states_c4739ac.json"
 

@@ -35,7 +35,7 @@ def test_the_runs_edges_are_the_compiled_graphs(graph: WorkflowGraph) -> None:
 
 def test_a_plan_of_two_steps_routes_through_every_node_of_a_step(graph: WorkflowGraph) -> None:
     planned: Any = {
-        **initial_state("t"),
+        **initial_state("t", "r"),
         "plan": {"steps": [{"id": "a"}, {"id": "b"}]},
         "steps": {"a": {"status": "pending", "attempts": 0}},
     }
@@ -66,7 +66,7 @@ async def test_langgraph_resumes_each_checkpoint_at_the_node_the_row_names(
     saver = InMemorySaver()
     langgraph = graph.compiled.builder.compile(checkpointer=saver)
     config: Any = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
-    checkpoint = Checkpoint.fresh(initial_state("t"), FIRST)
+    checkpoint = Checkpoint.fresh(initial_state("t", "r"), FIRST)
     for step, (node, next_node) in enumerate(PATH, start=1):
         state = {**checkpoint.state, "summary": f"after {node}"}
         checkpoint = checkpoint.after(node, state, ["summary"], next_node)

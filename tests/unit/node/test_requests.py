@@ -78,3 +78,22 @@ def test_the_answer_echoes_the_request_and_keeps_local_paths_in() -> None:
         "ended_at",
         "truncated",
     }
+
+
+def test_the_run_keys_the_workspace_and_must_be_a_uuid() -> None:
+    """The engine's `run_id` keys the job's user and /tmp with its task; a node is sent one
+    by our engine only, and an older engine sends none (the task alone then)."""
+    data = body()
+    assert (
+        parse_run_request(data).to_job(default_timeout=1, max_timeout=1).workspace
+        == (data["task_id"])
+    )
+    run_id = str(uuid.uuid4())
+    job = parse_run_request(data | {"run_id": run_id.upper()}).to_job(
+        default_timeout=1, max_timeout=1
+    )
+    assert (job.run_id, job.workspace) == (run_id, f"{data['task_id']}/{run_id}")
+    for bad in ("../x", 7, "x" * 40):
+        with pytest.raises(InvalidArgument) as caught:
+            parse_run_request(data | {"run_id": bad})
+        assert caught.value.field == "run_id"

@@ -60,6 +60,8 @@ class LlmVerifier:
         result: JobResult,
         criteria: Sequence[AcceptanceCriterion],
         preferences: Mapping[str, Any] | None = None,
+        *,
+        run_id: str = "",
     ) -> Verification:
         checked, brief = await checked_brief(
             self._machine,

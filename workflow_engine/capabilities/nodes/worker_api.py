@@ -48,8 +48,9 @@ def request_body(job: JobRequest, timeout_seconds: int) -> JsonObject:
 
     The job gets the engine's variables in its environment, as the local sandbox gives them
     (``WORKFLOW_ENGINE_TASK_ID``, ``_JOB_ID``, ``_ATTEMPT``, ``_REMEDIATION``, ``_CONTEXT``);
-    the step's own env cannot override them. ``attempt``, ``step_id``, ``remediation`` and
-    ``context`` also go at the top level, for a node of ours; their node ignores unknown fields.
+    the step's own env cannot override them. ``attempt``, ``step_id``, ``remediation``,
+    ``context`` and ``run_id`` also go at the top level, for a node of ours; their node ignores
+    unknown fields.
     """
     env = {
         **job.sandbox.env,
@@ -76,6 +77,8 @@ def request_body(job: JobRequest, timeout_seconds: int) -> JsonObject:
         "step_id": job.step_id,
         "remediation": list(job.remediation),
         "context": list(job.context),
+        # A node of ours keys what the task's jobs share (user, /tmp) by task and run.
+        **({"run_id": job.run_id} if job.run_id else {}),
     }
 
 

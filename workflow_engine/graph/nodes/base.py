@@ -23,13 +23,19 @@ from workflow_engine.graph import routing
 from workflow_engine.graph.state import ModelCallRecord, StepState, WorkflowState
 from workflow_engine.secrets import Secrets
 
-#: Namespace of job ids: uuid5(JOB_NAMESPACE, "<task_id>/<step_id>/<attempt>").
+#: Namespace of job ids: uuid5(JOB_NAMESPACE, "<task_id>/<run_id>/<step_id>/<attempt>"), or
+#: "<task_id>/<step_id>/<attempt>" for a run with no id (started before state format 4).
 JOB_NAMESPACE = uuid.UUID("5b0d7d0e-8f3c-4f7e-9a57-0e1f6c8a2b11")
 
 
-def job_id_for(task_id: str, step_id: str, attempt: int) -> str:
-    """The deterministic job id of one attempt at one step."""
-    return str(uuid.uuid5(JOB_NAMESPACE, f"{task_id}/{step_id}/{attempt}"))
+def job_id_for(task_id: str, step_id: str, attempt: int, run_id: str = "") -> str:
+    """The deterministic job id of one attempt at one step of one run.
+
+    The same within a run (a resume sends the same id, and the worker answers with the first
+    result), never the same across runs: a task id started again after its rows were pruned,
+    perhaps by another tenant, gets none of the old run's results."""
+    name = f"{task_id}/{run_id}/{step_id}/{attempt}" if run_id else f"{task_id}/{step_id}/{attempt}"
+    return str(uuid.uuid5(JOB_NAMESPACE, name))
 
 
 def is_control(exc: BaseException) -> bool:

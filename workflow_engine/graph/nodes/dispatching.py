@@ -79,7 +79,8 @@ class Dispatching(NodeBase):
             remediation = tuple(verification.get("recommended_actions") or ())
         job = JobRequest(
             task_id=state["task_id"],
-            job_id=job_id_for(state["task_id"], step.id, attempt),
+            job_id=job_id_for(state["task_id"], step.id, attempt, state.get("run_id", "")),
+            run_id=state.get("run_id", ""),
             sandbox=Sandbox(
                 command=step.command,
                 env=step.env,

@@ -66,7 +66,11 @@ class Verifying(NodeBase):
                 else []
             )
             verification = await self._verify(
-                step, result, criteria, state.get("preferences_effective") or {}
+                step,
+                result,
+                criteria,
+                state.get("preferences_effective") or {},
+                state.get("run_id", ""),
             )
             attempts = int(steps[sid].get("attempts", 1))
             error = ""
@@ -170,9 +174,12 @@ class Verifying(NodeBase):
         result: JobResult,
         criteria: list[AcceptanceCriterion],
         preferences: JsonObject,
+        run_id: str,
     ) -> Verification:
         try:
-            return await self._caps.verifier.verify(step, result, criteria, preferences)
+            return await self._caps.verifier.verify(
+                step, result, criteria, preferences, run_id=run_id
+            )
         except Exception as exc:
             if is_control(exc):
                 raise

@@ -198,3 +198,39 @@ async def test_a_workflow_whose_stored_task_retention_removed_answers_the_same(
     await answers_as_if_missing(engine, orchestrator_url, task_id)
     code, said = await refusal(engine, task_id, "a-orchestrator")
     assert code == grpc.StatusCode.NOT_FOUND and "tasks table" in said, said
+
+
+async def inline_refusal(running: RunningEngine, task_id: str) -> tuple[Any, str]:
+    """What tenant B is answered for a task of its own sent inline under `task_id`."""
+    task = pb.TaskSpec(prompt="$ echo b-was-here")
+    task.metadata.project_id, task.metadata.user_id = PROJECT_B, USER_A
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await running.stub.StartWorkflow(
+            pb.StartWorkflowRequest(task_id=task_id, task=task), metadata=md("b-orchestrator")
+        )
+    return refused.value.code(), refused.value.details() or ""
+
+
+async def test_an_inline_task_may_not_take_another_tenants_task_id(
+    engine: RunningEngine, orchestrator_url: str
+) -> None:
+    """Finding (a) of issue 61's own round: tenant B sends a task of its own inline, under the
+    id of A's task in the orchestrator's table. The orchestrator would read B's workflow (its
+    status, its summary) as A's task's, and A could not start its own. Refused in the words a
+    start of that id without a task gets (a task the table does not have), nothing stored; A
+    then starts its task."""
+    task_id = await insert_task_at(
+        orchestrator_url, prompt="$ true", created_by=USER_A, project_id=PROJECT_A
+    )
+    before = await snapshot(orchestrator_url)
+    code, said = await inline_refusal(engine, task_id)
+    assert code == grpc.StatusCode.NOT_FOUND, said
+    assert PROJECT_A not in said and USER_A not in said, said
+    assert await snapshot(orchestrator_url) == before
+    assert (code, said) == await refusal(engine, task_id, "b-orchestrator")
+    started = await engine.stub.StartWorkflow(
+        pb.StartWorkflowRequest(task_id=task_id), metadata=md("a-orchestrator")
+    )
+    assert started.status == pb.STARTED
+    done = await wait_for_status(engine.stub, task_id, metadata=md("a-orchestrator"))
+    assert done.status == pb.SUCCEEDED and "b-was-here" not in str(done.state), done.error

@@ -1,5 +1,6 @@
 """The task a StartWorkflow without one gets: the task source's, by id, within the caller's
 scope; or, when the source refuses a task that already has a workflow, the task stored with it.
+And the check of a task sent inline: its id is not a task the source has under another tenant.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from workflow_engine.capabilities.protocols import TaskSource
 from workflow_engine.domain.records import Scope
 from workflow_engine.domain.task import TaskSpec
 from workflow_engine.errors import (
+    InvalidArgument,
     TaskNotFound,
     TaskNotStartable,
     TaskSourceUnavailable,
@@ -41,6 +43,29 @@ async def task_by_id(pool: Pool, source: TaskSource, task_id: str, scope: Scope 
     if not admits(scope, task.metadata.user_id, task.metadata.project_id):
         raise TaskNotFound(task_id, source.where)
     return task
+
+
+async def check_inline_task_id(source: TaskSource, task_id: str, scope: Scope | None) -> None:
+    """Refuse a scoped caller's inline task the id of a task the source has under another
+    tenant, as a task the source does not have.
+
+    The orchestrator reads a task's workflow row by the task's id: a workflow another tenant
+    started under it (its own task, inline) would be read as the task owner's, its status and
+    summary included, and would keep the owner from starting one. A source that cannot say
+    whose the id is (`TaskSourceUnavailable`) refuses the start too; a source that has no such
+    task, or no source at all, lets it go on.
+    """
+    if scope is None:
+        return
+    try:
+        known = await source.load(task_id)
+        owner = (known.metadata.user_id, known.metadata.project_id)
+    except TaskNotStartable as refused:
+        owner = (refused.user_id, refused.project_id)
+    except (TaskNotFound, InvalidArgument):
+        return
+    if not admits(scope, *owner):
+        raise TaskNotFound(task_id, source.where)
 
 
 async def _stored_instead(

@@ -58,7 +58,7 @@ from workflow_engine.service.checks import (
 )
 from workflow_engine.service.outcomes import Applied, ResumeOutcome
 from workflow_engine.service.reads import WorkflowReads
-from workflow_engine.service.task_by_id import task_by_id
+from workflow_engine.service.task_by_id import check_inline_task_id, task_by_id
 from workflow_engine.service.watch import Watches
 from workflow_engine.storage import leases, queries, workflow_rows
 from workflow_engine.storage.pool import Pool, on_connection
@@ -154,6 +154,8 @@ class WorkflowService(WorkflowReads):
                 f"{task.metadata.project_id!r}, user {task.metadata.user_id!r}",
                 task_id=task_id,
             )
+        else:
+            await check_inline_task_id(self._task_source, task_id, scope)
         self._check_startable(task)
         ttl = self._ttl(lease_ttl_seconds)
         self._check_accepting()

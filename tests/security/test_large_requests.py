@@ -23,6 +23,7 @@ from tests.security.test_fuzz_requests import send, wide_struct
 from tests.support.helpers import check, step, struct, task
 from tests.support.wire import field, head
 from workflow_engine.api.decoding import MAX_REQUEST_FIELDS
+from workflow_engine.api.reading import MAX_WAITING_PER_CALLER
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 #: How long a health check may wait meanwhile: it waited 30 to 100 ms here, seconds before
@@ -136,3 +137,30 @@ async def test_the_largest_requests_leave_the_server_answering(
     assert {answer[0] for answer in answers} == {code}, answers[0]
     assert all(answer[1].startswith(details) for answer in answers), answers[0]
     assert health.worst < HEALTH_BUDGET_SECONDS
+
+
+async def test_one_callers_flood_of_large_requests_is_refused_beyond_its_share(
+    served: RunningEngine,
+) -> None:
+    """Issue 61's own round (finding c): the reader's one thread took every large request in
+    the order they came, with no bound, so a caller sending many kept the others' waiting
+    behind all of them (and their bytes in memory). Now a caller may have
+    `MAX_WAITING_PER_CALLER` waiting: the rest of its flood is answered RESOURCE_EXHAUSTED
+    unread, and another caller's large request sent meanwhile is read and answered as usual."""
+    flood = [many_steps(99_000) for _ in range(4 * MAX_WAITING_PER_CALLER)]
+    theirs = send(served, "StartWorkflow", many_steps(99_000), as_caller("a-orchestrator"))
+    answers = await asyncio.gather(
+        *(send(served, "StartWorkflow", b, as_caller("orchestrator")) for b in flood), theirs
+    )
+    *flooded, (their_code, their_details) = answers
+    refused = [d for c, d in flooded if c == grpc.StatusCode.RESOURCE_EXHAUSTED]
+    read = [d for c, d in flooded if c == grpc.StatusCode.INVALID_ARGUMENT]
+    print(f"{len(read)} of {len(flood)} read, {len(refused)} refused unread")
+    assert len(read) + len(refused) == len(flood)
+    assert refused and refused[0] == (
+        f"request: {MAX_WAITING_PER_CALLER} large requests (or answers) of this caller are "
+        "already waiting to be read; retry later"
+    )
+    assert len(read) >= MAX_WAITING_PER_CALLER  # its share is read
+    assert their_code == grpc.StatusCode.INVALID_ARGUMENT, their_details
+    assert their_details.startswith("task.steps: more than 500 steps")

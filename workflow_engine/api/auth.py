@@ -58,7 +58,7 @@ from workflow_engine import secret_files
 from workflow_engine.api.interceptors import Behavior, MethodInterceptor
 from workflow_engine.api.roles import ROLES, refusal
 from workflow_engine.domain.records import Scope
-from workflow_engine.errors import AuthConfigError, Unauthenticated
+from workflow_engine.errors import AuthConfigError, ResourceExhausted, Unauthenticated
 from workflow_engine.secrets import EngineSecrets
 
 _ENTRY_KEYS = {"identity", "role", "token", "token_sha256", "certificate", "projects", "users"}
@@ -262,11 +262,14 @@ class AuthInterceptor(MethodInterceptor):
                 grpc.StatusCode.PERMISSION_DENIED,
                 f"{identity.name} ({identity.role}) may not call {method}",
             )
-        request = await self._read(request)
+        _CALLER.set(identity)  # each call runs in its own task: this is the call's caller
+        try:
+            request = await self._read(request)  # counted against the caller's share
+        except ResourceExhausted as exc:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, exc.message)
         refused = refusal(identity.role, method, request)
         if refused is not None:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, refused)
-        _CALLER.set(identity)  # each call runs in its own task: this is the call's caller
         return request
 
     def wrap_unary(self, method: str, inner: Behavior) -> Behavior:

@@ -17,6 +17,11 @@ chooses (4 MiB of them by default), so where it runs depends on them:
   interval (5 ms); protobuf's decoding, C that keeps it, is bounded by the field count. One
   thread, as a second would add no throughput (the work holds the interpreter) but would
   make the loop wait for two; big requests wait their turn, small ones do not.
+
+Each caller may have `MAX_WAITING_PER_CALLER` requests (and answers) waiting for the thread or
+on it, and all callers together `MAX_WAITING`; one more is answered RESOURCE_EXHAUSTED at once,
+unread. So one caller's flood holds another's large request back by at most that many turns,
+and the bytes kept waiting are bounded (each at most the server's message limit).
 """
 
 from __future__ import annotations
@@ -24,21 +29,28 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ParamSpec, TypeVar
 
 from google.protobuf.message import Message
 
+from workflow_engine.api.auth import caller
 from workflow_engine.api.decoding import RefusedRequest, Undecoded
 from workflow_engine.api.limits import counted
-from workflow_engine.errors import InvalidArgument
+from workflow_engine.errors import InvalidArgument, ResourceExhausted
 
 #: The largest request read on the event loop: protobuf decodes it in 3 ms at worst.
 INLINE_BYTES = 64 * 1024
 #: The most elements (list items, map entries, a quarter of each JSON value's bytes) a request
 #: read on the event loop may hold: converting one costs up to some 75 microseconds (a step).
 INLINE_ELEMENTS = 64
+#: Requests and answers for the reader's thread that one caller, and all callers, may have
+#: waiting or being read (see the module docstring).
+MAX_WAITING_PER_CALLER = 4
+MAX_WAITING = 64
+_BUSY = "{} large requests (or answers) of {} are already waiting to be read; retry later"
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -52,6 +64,11 @@ class RequestReader:
 
     def __init__(self) -> None:
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="request-reader")
+        # Waiting work by caller (an entry goes when it reaches 0), and in all; the thread
+        # takes from them as it finishes.
+        self._lock = threading.Lock()
+        self._waiting: dict[str, int] = {}
+        self._all_waiting = 0
 
     async def read(self, request: Any) -> Any:
         """`request` decoded and counted (or a `RefusedRequest`); a request already read is
@@ -92,9 +109,34 @@ class RequestReader:
         self._thread.shutdown(wait=False, cancel_futures=True)
 
     async def _off_loop(self, work: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """`work` on the reader's thread, seeing the caller's context (its identity)."""
+        """`work` on the reader's thread, seeing the caller's context (its identity), unless
+        the caller (or every caller) has as much waiting as it may. It counts as waiting until
+        the thread is done with it: a call cancelled meanwhile frees its turn only then."""
+        identity = caller()
+        name = identity.name if identity is not None else ""
+        with self._lock:
+            mine = self._waiting.get(name, 0)
+            if mine >= MAX_WAITING_PER_CALLER:
+                raise ResourceExhausted(
+                    "request", _BUSY.format(MAX_WAITING_PER_CALLER, "this caller")
+                )
+            if self._all_waiting >= MAX_WAITING:
+                raise ResourceExhausted("request", _BUSY.format(MAX_WAITING, "all callers"))
+            self._waiting[name] = mine + 1
+            self._all_waiting += 1
         call = functools.partial(contextvars.copy_context().run, work, *args, **kwargs)
-        return await asyncio.get_running_loop().run_in_executor(self._thread, call)
+        future = self._thread.submit(call)
+        future.add_done_callback(lambda _: self._done(name))
+        return await asyncio.wrap_future(future)
+
+    def _done(self, name: str) -> None:
+        with self._lock:
+            self._all_waiting -= 1
+            left = self._waiting[name] - 1
+            if left:
+                self._waiting[name] = left
+            else:
+                del self._waiting[name]
 
 
 def _read(request: Undecoded) -> Any:

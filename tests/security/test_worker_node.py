@@ -320,3 +320,45 @@ def test_the_development_secrets_keep_keys_private_and_the_deployed_node_serves_
         [sys.executable, "-c", code], capture_output=True, timeout=30, check=False
     )
     assert healthcheck.returncode == 0, healthcheck.stderr
+
+
+def test_a_stranger_cannot_hold_the_nodes_connections(tmp_path: Path) -> None:
+    """Issue 61's own round (finding e). Attacker: anyone who can reach the node's port, with
+    no token. uvicorn timed only the idle time after an answer: a connection that sent nothing,
+    or a request line and then a header byte now and then, was held for ever, and connections
+    were taken without limit, so a stranger could take every descriptor the node has (and its
+    jobs could then open no file). Now a connection beyond the cap is closed as it is made,
+    and one that has not sent a whole request head in time is closed; a client with a token is
+    answered meanwhile."""
+    node = NodeProcess(
+        data_dir=tmp_path / "node",
+        extra_env={
+            "WORKFLOW_ENGINE_NODE_MAX_CONNECTIONS": "8",
+            "WORKFLOW_ENGINE_NODE_HEAD_TIMEOUT_SECONDS": "1",
+        },
+    )
+    try:
+        host, port = node.address.rsplit(":", 1)
+        silent = [socket.create_connection((host, int(port)), timeout=10) for _ in range(8)]
+        dribbling = silent[0]
+        dribbling.sendall(b"POST " + RUN.encode() + b" HTTP/1.1\r\nHost: n\r\n")
+        # Beyond the cap: closed at once, nothing read from it.
+        with socket.create_connection((host, int(port)), timeout=10) as extra:
+            assert extra.recv(1) == b""
+        # Within the head timeout's reach: every held connection is closed, the dribbling one
+        # too (a header byte a while does not keep it).
+        started = time.monotonic()
+        for _ in range(3):
+            time.sleep(0.4)
+            dribbling.sendall(b"X")
+        for held in silent:
+            assert held.recv(1) == b""
+            held.close()
+        assert time.monotonic() - started < 8
+        # The node answers as before, a job that runs past the head timeout included.
+        answer = httpx.post(
+            node.url + RUN, json=run_body("sleep", "2"), headers=node.headers, timeout=30
+        )
+        assert (answer.status_code, answer.json()["status"]) == (200, "completed")
+    finally:
+        node.kill()

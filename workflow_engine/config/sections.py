@@ -137,6 +137,13 @@ class NodeSettings:
     token: str = field(default="", repr=False)
     #: Largest request body accepted (413 above it): 10 MiB, as their node.
     max_body_bytes: int = 10 * 1024 * 1024
+    #: Open connections at most (each running job's request holds one); one more is closed as
+    #: it is made, before anything is read from it.
+    max_connections: int = 1024
+    #: How long a connection may take to send a request's line and headers, from connecting or
+    #: from its last answer; then it is closed (nothing of a request came that could be
+    #: answered).
+    head_timeout_seconds: float = 20.0
     #: A job's timeout when its request gives none (their node's default); capped by the next.
     default_timeout_seconds: int = 300
     #: The cap on any job's timeout: the Worker API's node default, at most its maximum.
@@ -186,6 +193,12 @@ class NodeSettings:
             raise ConfigError(f"{prefix}OUTPUT_BYTES: expected a positive number of bytes")
         if self.drain_seconds < 0:
             raise ConfigError(f"{prefix}DRAIN_SECONDS: expected 0 or more seconds")
+        if self.max_connections <= 0:
+            raise ConfigError(f"{prefix}MAX_CONNECTIONS: expected a positive number")
+        if not 0 < self.head_timeout_seconds < math.inf:
+            raise ConfigError(
+                f"{prefix}HEAD_TIMEOUT_SECONDS: expected a positive number of seconds"
+            )
         if not 0 <= self.job_retention_seconds < math.inf:
             raise ConfigError(f"{prefix}JOB_RETENTION_SECONDS: expected 0 (keep) or more seconds")
 

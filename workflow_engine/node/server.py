@@ -33,6 +33,7 @@ from workflow_engine import pid_file
 from workflow_engine.capabilities.local_worker import LocalSandboxWorker
 from workflow_engine.config import ENV_PREFIX, NodeSettings
 from workflow_engine.errors import ConfigError, NodeInUse
+from workflow_engine.node.connections import bounded_h11
 from workflow_engine.node.job_runs import NodeJobs
 from workflow_engine.node.routes import create_app
 from workflow_engine.sandbox import Confinement
@@ -181,6 +182,8 @@ async def serve_node(settings: NodeSettings) -> None:
         config = uvicorn.Config(
             create_app(settings, jobs),
             lifespan="off",
+            # A bounded number of connections, each request's head timed.
+            http=bounded_h11(settings.max_connections, settings.head_timeout_seconds),
             log_config=None,
             access_log=False,
             timeout_graceful_shutdown=_CLOSE_SECONDS,

@@ -42,7 +42,7 @@ async def pool(db_url: str) -> AsyncIterator[AsyncConnectionPool[Any]]:
 
 async def put(saver: RowCheckpointer, ctx: WriterContext, note: str) -> None:
     assert ctx.node is not None
-    state = {**initial_state(ctx.fence.task_id), "summary": note}
+    state = {**initial_state(ctx.fence.task_id, ctx.fence.run_id), "summary": note}
     checkpoint = Checkpoint.fresh(state, ctx.node).after(ctx.node, state, ["summary"], None)
     await saver.write(ctx.fence, checkpoint, {"node": ctx.node, "kind": "node"})
     ctx.written.append(ctx.node)  # reached only when the write landed (else LeaseLost)

@@ -12,11 +12,16 @@ Where a secret could surface, it is replaced by `MASK`:
   planner revised or an operator edited may lose one; what it printed before stays masked), and
   `state_secrets` adds the current plan's, so a row written before that field existed reads as
   it did;
-- logs and error messages: the engine's `EngineSecrets`, which learns a workflow's secrets when
-  a run starts from its task or its checkpoint, and the configured credentials at start-up. The
-  engine instance owns it (`workflow_engine.context`) and hands it down: two engines in one
-  process know each their own. The process's log masks those of every engine that writes to it
+- logs: the engine's `EngineSecrets`, which learns a workflow's secrets when a run starts from
+  its task or its checkpoint, and the configured credentials at start-up. The engine instance
+  owns it (`workflow_engine.context`) and hands it down: two engines in one process know each
+  their own. The process's log masks those of every engine that writes to it
   (`logs.mask_in_logs`).
+- everything a caller may read (answers, error messages, what a workflow stores: its
+  summary, errors, events, findings; and what goes to a model for it): the workflow's own
+  secrets and the engine's credentials (`for_workflow`), never another workflow's. A mask is
+  itself an answer: a text of tenant B's masked with tenant A's secret would tell B that the
+  guess it printed (or sent as a task id) is A's secret.
 
 Masking works on raw text, before anything quotes, escapes or cuts it (`Secrets.quoted`,
 `Secrets.redact_part`). Text escaped elsewhere (a job that prints its secret as JSON, a
@@ -237,10 +242,10 @@ MAX_CUT_CHECKS = 64
 RECENT_FORMS = 2048
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=64)
 def _masker(secrets: frozenset[str]) -> _Masker:
-    """The masker of `secrets`: a workflow read again (a watcher, a poll) reuses its
-    automaton. Few are kept: each holds its secrets."""
+    """The masker of `secrets`: a workflow read again (a watcher, a poll, its next node)
+    reuses its automaton. 64 are kept (each holds its secrets: at most 256 KiB of them)."""
     return _Masker(secrets)
 
 
@@ -375,6 +380,42 @@ class Secrets:
             repr(self.redact(a)) if isinstance(a, str) else self.redact(repr(a)) for a in exc.args
         )
         return f"{type(exc).__name__}({args})"
+
+
+class WorkflowSecrets(Secrets):
+    """What one workflow's text is masked with wherever a caller may read it (`for_workflow`):
+    its own secrets, with the cut pieces `redact` masks, and the engine's credentials."""
+
+    def __init__(self, own: frozenset[str], credentials: Secrets) -> None:
+        super().__init__()
+        self._own = frozenset(s for s in own if len(s) >= MIN_MASKED_CHARS)
+        self._credentials = credentials
+        self._own_longest = max((len(f) for s in self._own for f in forms(s)), default=0)
+
+    def __bool__(self) -> bool:
+        return bool(self._own) or bool(self._credentials)
+
+    def add(self, values: Iterable[str]) -> None:
+        raise TypeError("a workflow's secrets are its state's: make another with for_workflow")
+
+    def redact(self, text: str) -> str:
+        return self._credentials.redact(_masker(self._own)(text) if self._own else text)
+
+    def redact_part(self, text: str, limit: int, keep: str = "head") -> tuple[str, bool]:
+        # The credentials may have grown since (an engine reads its keys as it starts).
+        self._longest = max(self._own_longest, self._credentials._longest)
+        return super().redact_part(text, limit, keep)
+
+    def redact_json(self, value: Any) -> Any:
+        return self._redact_value(value) if self else value
+
+
+def for_workflow(engine: Secrets, own: Iterable[str]) -> Secrets:
+    """The masking of a workflow whose secrets are `own`, wherever a caller may read its text:
+    those and `engine`'s credentials (all of `engine` when it is no `EngineSecrets`: a plain
+    one holds no other workflow's)."""
+    credentials = engine.credentials if isinstance(engine, EngineSecrets) else engine
+    return WorkflowSecrets(frozenset(own), credentials)
 
 
 class EngineSecrets(Secrets):

@@ -17,7 +17,7 @@ from workflow_engine.domain.values import JsonObject
 from workflow_engine.secrets import (
     STATE_FIELD,
     EngineSecrets,
-    redact,
+    for_workflow,
     redact_json,
     state_secrets,
 )
@@ -115,8 +115,8 @@ def shown_state(
 
 def shown_text(text: str, secrets: set[str], engine_secrets: EngineSecrets) -> str:
     """A workflow's text (summary, error, an event's detail) with its `secrets` and the
-    engine's masked."""
-    return engine_secrets.redact(redact(text, secrets) if secrets else text)
+    engine's credentials masked (`for_workflow`: never another workflow's)."""
+    return for_workflow(engine_secrets, secrets).redact(text)
 
 
 # `workflow_events.kind` as stored -> the EventKind clients see; the one place that maps them.

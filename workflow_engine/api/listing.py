@@ -24,7 +24,7 @@ from google.protobuf import timestamp_pb2
 from workflow_engine.api import convert, requests
 from workflow_engine.domain.records import WorkflowListItem, WorkflowPage, WorkflowQuery
 from workflow_engine.errors import InvalidArgument
-from workflow_engine.secrets import Secrets
+from workflow_engine.secrets import Secrets, for_workflow
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 DEFAULT_PAGE_SIZE = 50
@@ -118,8 +118,9 @@ def list_item_to_proto(item: WorkflowListItem, engine_secrets: Secrets) -> pb.Wo
         updated_at=convert.to_timestamp(item.updated_at),
         lease_holder_id=item.lease_holder_id or "",
         lease_expires_at=convert.to_timestamp(item.lease_expires_at),
-        summary=engine_secrets.redact(item.summary),
-        error=engine_secrets.redact(item.error),
+        # Stored masked with the workflow's own secrets (`storage.checkpointer`).
+        summary=for_workflow(engine_secrets, ()).redact(item.summary),
+        error=for_workflow(engine_secrets, ()).redact(item.error),
         stopped_reason=item.stopped_reason,
         schedule_id=item.schedule_id,
         schedule_slot=convert.to_timestamp(item.schedule_slot),

@@ -30,7 +30,7 @@ from workflow_engine.errors import (
     WorkflowExists,
     WorkflowNotFound,
 )
-from workflow_engine.secrets import Secrets
+from workflow_engine.secrets import Secrets, for_workflow
 from workflow_engine.storage.retry import is_transient
 
 log = structlog.get_logger(__name__)
@@ -55,10 +55,12 @@ _CODES: list[tuple[type[WorkflowEngineError | RunControl], grpc.StatusCode]] = [
 
 
 def status_for(exc: BaseException, engine_secrets: Secrets) -> tuple[grpc.StatusCode, str]:
-    """The status code and message a client sees for `exc` (`engine_secrets` masked)."""
+    """The status code and message a client sees for `exc`, the engine's credentials masked
+    (not every secret the engine knows: a message quoting the caller's own words, masked with
+    another workflow's secret, would tell the caller a guess was right)."""
     for kind, code in _CODES:
         if isinstance(exc, kind):
-            return code, engine_secrets.redact(exc.message)
+            return code, for_workflow(engine_secrets, ()).redact(exc.message)
     if is_transient(exc):
         return grpc.StatusCode.UNAVAILABLE, "database unavailable; retry"
     if isinstance(exc, psycopg.Error):

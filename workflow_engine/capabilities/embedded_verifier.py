@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -35,7 +35,7 @@ from workflow_engine.domain.task import (
 )
 from workflow_engine.errors import LinkOut, PatternError
 from workflow_engine.sandbox import WORKER_NOTE, exists_beneath
-from workflow_engine.secrets import Secrets
+from workflow_engine.secrets import Secrets, for_workflow, step_secrets
 
 log = structlog.get_logger(__name__)
 
@@ -72,7 +72,8 @@ class MachineVerifier:
         secrets: Secrets | None = None,
     ) -> None:
         self._timeout = timeout_seconds
-        #: The engine's secrets, masked in every finding (before it is quoted or cut).
+        #: The engine's secrets: its credentials, and the step's own secrets, are masked in
+        #: every finding (before it is quoted or cut); other workflows' are not (`for_workflow`).
         self._secrets = Secrets() if secrets is None else secrets  # an empty one is falsy
         # Threads of its own, not the loop's default executor: costly checks then wait for each
         # other, never for (or in front of) the engine's other work. Idle, they end with it.
@@ -86,19 +87,21 @@ class MachineVerifier:
         preferences: Mapping[str, Any] | None = None,
         *,
         run_id: str = "",
+        secrets: Collection[str] = (),
     ) -> Verification:
         """Return `pass` iff every check passed; one remediation line per failed finding."""
         findings: list[Finding] = []
         actions: list[str] = []
+        masking = for_workflow(self._secrets, {*secrets, *step_secrets([step])})
         if result.status == "timeout":
-            stderr = _shown(result.stderr, self._secrets)
+            stderr = _shown(result.stderr, masking)
             detail = f"expected the job to finish, but it timed out; stderr {stderr}"
             findings.append(Finding(check="status", passed=False, detail=detail))
             actions.append(f"status: {detail}; {_ADVICE['timeout']}")
         elif result.status == "failed" and result.exit_code is None:
             # No exit code: the command never ended by itself (lost, refused by a worker node,
             # a worker error). Its stderr is the worker's reason, which the record must show.
-            detail = f"the job did not run to its end: {_shown(result.stderr, self._secrets)}"
+            detail = f"the job did not run to its end: {_shown(result.stderr, masking)}"
             findings.append(Finding(check="status", passed=False, detail=detail))
             actions.append(f"status: {detail}; {_ADVICE['not_run']}")
         checks = step.expect
@@ -112,7 +115,7 @@ class MachineVerifier:
         ]
         deadline = asyncio.get_running_loop().time() + self._timeout
         for name, check in named:
-            finding = await self._judge(name, check, result, deadline)
+            finding = await self._judge(name, check, result, deadline, masking)
             findings.append(finding)
             if not finding.passed:
                 advice = _ADVICE.get(check.kind, "fix the check or the command")
@@ -132,7 +135,9 @@ class MachineVerifier:
         )
         return verification
 
-    async def _judge(self, name: str, check: Check, result: JobResult, deadline: float) -> Finding:
+    async def _judge(
+        self, name: str, check: Check, result: JobResult, deadline: float, masking: Secrets
+    ) -> Finding:
         """`check`'s finding, judged on the verifier's threads (an exit code on small output:
         here, see the module's docstring); failed if not done by `deadline`.
 
@@ -142,8 +147,8 @@ class MachineVerifier:
         loop = asyncio.get_running_loop()
         left = deadline - loop.time()
         if left > 0 and check.kind == "exit_code" and len(result.stderr) <= _INLINE_STDERR_CHARS:
-            return _evaluate(name, check, result, self._secrets)
-        judged = loop.run_in_executor(self._threads, _evaluate, name, check, result, self._secrets)
+            return _evaluate(name, check, result, masking)
+        judged = loop.run_in_executor(self._threads, _evaluate, name, check, result, masking)
         try:
             async with asyncio.timeout(max(0.0, left)):
                 return await judged

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from workflow_engine.capabilities.embedded_verifier import MachineVerifier
@@ -27,7 +27,7 @@ from workflow_engine.domain.jobs import Finding, JobRequest, JobResult, Sandbox,
 from workflow_engine.domain.task import AcceptanceCriterion, Step
 from workflow_engine.domain.values import parse
 from workflow_engine.errors import InvalidArgument
-from workflow_engine.secrets import Secrets
+from workflow_engine.secrets import Secrets, for_workflow, step_secrets
 
 #: Namespace of verification job ids: uuid5(VERIFY_NAMESPACE, "<judged job id>/verify").
 VERIFY_NAMESPACE = uuid.UUID("0f6b1f6e-61a4-4c55-9d0e-3f1a3c2d9e70")
@@ -64,9 +64,17 @@ class JobVerifier:
         preferences: Mapping[str, Any] | None = None,
         *,
         run_id: str = "",
+        secrets: Collection[str] = (),
     ) -> Verification:
         checked, brief = await checked_brief(
-            self._machine, step, result, criteria, preferences, self._excerpt_chars, self._secrets
+            self._machine,
+            step,
+            result,
+            criteria,
+            preferences,
+            self._excerpt_chars,
+            self._secrets,
+            secrets,
         )
         job = JobRequest(
             task_id=result.task_id,
@@ -86,7 +94,8 @@ class JobVerifier:
         outcome = (await self._jobs.wait_any([(target, job)]))[job.job_id]
         if isinstance(outcome, BaseException):
             raise outcome
-        return combine(checked, read_verdict(outcome, self._secrets), judge="analyst")
+        masking = for_workflow(self._secrets, {*secrets, *step_secrets([step])})
+        return combine(checked, read_verdict(outcome, masking), judge="analyst")
 
 
 def read_verdict(ran: JobResult, secrets: Secrets) -> Verification:

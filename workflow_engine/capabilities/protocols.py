@@ -9,7 +9,7 @@ the engine starts and exited when it closes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from workflow_engine.domain.jobs import JobRequest, JobResult, Verification
@@ -138,11 +138,14 @@ class Verifier(Protocol):
         preferences: Mapping[str, Any] | None = None,
         *,
         run_id: str = "",
+        secrets: Collection[str] = (),
     ) -> Verification:
         """Check `result` against the step's checks and, when given, the task's criteria (and
         its effective preferences, for a verifier that can weigh them). `run_id` is the
         workflow run the result is of: a verifier that runs a job of its own runs it in that
-        run (`JobRequest.run_id`)."""
+        run (`JobRequest.run_id`). `secrets` are the workflow's: masked (with the engine's
+        credentials, and no other workflow's secrets) in whatever it quotes or sends a
+        model."""
         ...
 
 

@@ -41,7 +41,7 @@ from workflow_engine.domain.values import JsonObject
 from workflow_engine.graph import routing
 from workflow_engine.graph.nodes import Nodes, is_control, node_functions
 from workflow_engine.graph.state import WorkflowState
-from workflow_engine.secrets import Secrets
+from workflow_engine.secrets import Secrets, for_workflow, state_secrets
 
 log = structlog.get_logger(__name__)
 
@@ -95,12 +95,13 @@ def _wrap(name: str, fn: NodeFn, secrets: Secrets) -> WrappedNode:
                 if is_control(exc):
                     raise
                 log.exception("node_raised")
-                update = {
-                    "error": f"node {name} raised {secrets.masked_repr(exc)}",
-                    "forced_next": "mark_failed",
-                }
+                shown = for_workflow(secrets, state_secrets(state)).masked_repr(exc)
+                update = {"error": f"node {name} raised {shown}", "forced_next": "mark_failed"}
             log.debug("node_completed", seconds=round(time.perf_counter() - started, 4))
-        kind, detail = describe(name, update, state, secrets)
+        # The workflow's own secrets (its new plan's too) and the engine's credentials: what
+        # its callers read is masked with no other workflow's.
+        masking = for_workflow(secrets, state_secrets(state) | state_secrets(update))
+        kind, detail = describe(name, update, state, masking)
         return {**update, NODE_EVENT: {"node": name, "kind": kind, "detail": detail}}
 
     node.__name__ = name

@@ -279,6 +279,9 @@ class Run:
         except Exception as exc:
             self.outcome = "failed: internal error"
             log.exception("run_internal_error")
+            # Every secret the engine knows is masked here, unlike a node's text (which is
+            # masked with its workflow's own: `secrets.for_workflow`): an internal error's
+            # text is the engine's, not a tenant's, and the run holds no state to ask.
             await workflow_rows.set_status(
                 self._pool,
                 self._fence,

@@ -40,7 +40,7 @@ from workflow_engine.errors import (
     OutsideWrite,
     UnreadableStateFormat,
 )
-from workflow_engine.secrets import redact, state_secrets
+from workflow_engine.secrets import for_workflow, state_secrets
 from workflow_engine.storage.group_commit import CheckpointRow, GroupCommitter, WriteOutcome
 from workflow_engine.storage.retry import with_retry
 from workflow_engine.version import __version__
@@ -219,10 +219,12 @@ class RowCheckpointer:
         when another writer changed the row since.
         """
         state = {k: v for k, v in checkpoint.state.items() if k in self._state_keys}
-        secrets = state_secrets(state)
+        # The columns ListWorkflows and the watch show: the workflow's own secrets and the
+        # engine's credentials masked, never another workflow's (`secrets.for_workflow`).
+        masking = for_workflow(self._secrets, state_secrets(state))
 
-        def masked(text: Any) -> str:  # the columns ListWorkflows and the watch show
-            return self._secrets.redact(redact(str(text or ""), secrets))
+        def masked(text: Any) -> str:
+            return masking.redact(str(text or ""))
 
         node = str(event.get("node") or "")
         status = row_status(state)

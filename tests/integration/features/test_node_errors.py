@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from dataclasses import replace
 
 import pytest
@@ -46,6 +46,7 @@ class FaultyVerifier(Faulty):
         preferences: object = None,
         *,
         run_id: str = "",
+        secrets: Collection[str] = (),
     ) -> Verification:
         self.trip()
         return await self.inner.verify(step, result, criteria)  # type: ignore[attr-defined]

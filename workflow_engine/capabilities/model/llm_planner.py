@@ -38,7 +38,7 @@ from workflow_engine.domain.jobs import JobResult, Verification
 from workflow_engine.domain.task import Plan, Step, TaskSpec
 from workflow_engine.domain.values import JsonObject, parse
 from workflow_engine.errors import InvalidArgument, PlanRefused
-from workflow_engine.secrets import MASK, Secrets
+from workflow_engine.secrets import MASK, Secrets, for_workflow, step_secrets
 
 log = structlog.get_logger(__name__)
 
@@ -170,12 +170,16 @@ class LlmPlanner:
     async def revise(
         self, task: TaskSpec, step: Step, result: JobResult, verification: Verification
     ) -> tuple[Step, Decision]:
-        """A revised `step` for its next attempt, and what the policy decided about it."""
+        """A revised `step` for its next attempt, and what the policy decided about it.
+
+        The result and the verdict reach the model with the task's secrets (and the engine's
+        credentials) masked, and no other workflow's (`secrets.for_workflow`)."""
+        masking = for_workflow(self.client.secrets, step_secrets([*task.steps, step]))
         brief = {
             "task": self._task_brief(task),
             "step": shown_to_model(step),
-            "result": excerpt(result, self._settings.excerpt_chars, self.client.secrets),
-            "verification": verification.to_json(),
+            "result": excerpt(result, self._settings.excerpt_chars, masking),
+            "verification": masking.redact_json(verification.to_json()),
         }
         messages = [
             {"role": "system", "content": REVISE_SYSTEM},

@@ -11,7 +11,7 @@ model says, and so does the model's `fail`. The model's findings are kept beside
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from workflow_engine.capabilities.embedded_verifier import MachineVerifier
@@ -22,7 +22,7 @@ from workflow_engine.config import LlmSettings
 from workflow_engine.domain.jobs import Finding, JobResult, Verification
 from workflow_engine.domain.task import AcceptanceCriterion, Step
 from workflow_engine.domain.values import JsonObject, parse
-from workflow_engine.secrets import Secrets, redact_json, step_secrets
+from workflow_engine.secrets import Secrets, for_workflow, redact_json, step_secrets
 
 VERIFY_SYSTEM = """\
 You verify one step of a workflow (you are the Project Manager Agent's judge). Decide from the \
@@ -62,6 +62,7 @@ class LlmVerifier:
         preferences: Mapping[str, Any] | None = None,
         *,
         run_id: str = "",
+        secrets: Collection[str] = (),
     ) -> Verification:
         checked, brief = await checked_brief(
             self._machine,
@@ -71,6 +72,7 @@ class LlmVerifier:
             preferences,
             self._settings.excerpt_chars,
             self.client.secrets,
+            secrets,
         )
         messages = [
             {"role": "system", "content": self._system},
@@ -95,12 +97,16 @@ async def checked_brief(
     criteria: Sequence[AcceptanceCriterion],
     preferences: Mapping[str, Any] | None,
     excerpt_chars: int,
-    secrets: Secrets,
+    engine_secrets: Secrets,
+    own: Collection[str],
 ) -> tuple[Verification, JsonObject]:
     """The machine checks' verdict on `result`, and the brief a judge is shown with it (see
-    `verification_brief`): the first half of every judging verifier."""
-    checked = await machine.verify(step, result, criteria)
-    brief = verification_brief(step, result, checked, criteria, preferences, excerpt_chars, secrets)
+    `verification_brief`): the first half of every judging verifier. Both are masked with the
+    workflow's secrets `own` (and the step's) and the engine's credentials
+    (`secrets.for_workflow`)."""
+    checked = await machine.verify(step, result, criteria, secrets=own)
+    masking = for_workflow(engine_secrets, {*own, *step_secrets([step])})
+    brief = verification_brief(step, result, checked, criteria, preferences, excerpt_chars, masking)
     return checked, brief
 
 
@@ -115,8 +121,8 @@ def verification_brief(
 ) -> JsonObject:
     """What a judge (the model, or the analyst's job) is shown: the step, bounded excerpts of
     its result, the machine checks' verdict, the criteria and the preferences; every secret
-    masked throughout (the step's own, and all the engine's `secrets`), wherever one is: a
-    check's value, the command, a finding that quotes the output."""
+    masked throughout (the step's own, and those of `secrets`), wherever one is: a check's
+    value, the command, a finding that quotes the output."""
     brief = {
         "step": {
             "id": step.id,

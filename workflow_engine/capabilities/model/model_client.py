@@ -47,7 +47,7 @@ from workflow_engine.errors import (
     ModelError,
     WorkflowEngineError,
 )
-from workflow_engine.secrets import EngineSecrets, Secrets
+from workflow_engine.secrets import EngineSecrets, Secrets, for_workflow
 from workflow_engine.telemetry import tracing
 
 if TYPE_CHECKING:
@@ -157,6 +157,9 @@ class ModelClient:
         self._settings = settings
         #: The engine's secrets: its key among them; what the model echoes is quoted masked.
         self.secrets = context.secrets
+        # What its errors quote (stored in a workflow, shown to its callers) is masked with the
+        # engine's credentials, not every workflow's secrets (`secrets.for_workflow`).
+        self._shown = for_workflow(self.secrets, ())
         self._metrics = context.metrics
         self._api_key = read_api_key(settings, self.secrets)
         self._sleep = sleep
@@ -233,21 +236,21 @@ class ModelClient:
                     error=type(exc).__name__,
                 )
                 if refuses_shape(exc):
-                    if self._modes.step_down(mode, _describe_error(exc, 1, self.secrets)):
+                    if self._modes.step_down(mode, _describe_error(exc, 1, self._shown)):
                         continue  # the same question in the next shape: not a retry
                     raise ModelError(
-                        f"{_describe_error(exc, attempt, self.secrets)}: the server does not "
+                        f"{_describe_error(exc, attempt, self._shown)}: the server does not "
                         f"take the {mode} request shape ({ENV_PREFIX}LLM_OUTPUT_MODE)"
                     ) from None
                 delay = _retryable(exc, attempt, self._settings.retry_max_seconds)
                 if delay is None or attempt == attempts:
-                    raise ModelError(_describe_error(exc, attempt, self.secrets)) from None
+                    raise ModelError(_describe_error(exc, attempt, self._shown)) from None
                 log.warning(
                     "model_call_retried",
                     purpose=purpose,
                     attempt=attempt,
                     delay=round(delay, 3),
-                    error=_describe_error(exc, attempt, self.secrets),
+                    error=_describe_error(exc, attempt, self._shown),
                 )
                 await self._sleep(delay)
                 attempt += 1
@@ -330,12 +333,12 @@ class ModelClient:
         message = getattr(choice, "message", None)
         refusal = getattr(message, "refusal", None)
         if refusal:
-            raise ModelError(f"the model refused: {_quote(str(refusal), self.secrets)}")
+            raise ModelError(f"the model refused: {_quote(str(refusal), self._shown)}")
         content = getattr(message, "content", None) or ""
         if not isinstance(content, str):
             shown = str(content)[:_QUOTED]
             raise AnswerProblem(
-                "the answer's content is not text", shown, _quote(shown, self.secrets)
+                "the answer's content is not text", shown, _quote(shown, self._shown)
             )
         if getattr(choice, "finish_reason", None) == "length":
             limit = self._settings.tokens_for(purpose)
@@ -343,12 +346,12 @@ class ModelClient:
                 f"the model's answer was cut at {call.completion_tokens or limit} tokens "
                 f"(the limit is {limit}: {_TOKEN_SETTING.get(purpose, 'MAX_TOKENS')})",
                 content,
-                _quote(content, self.secrets),
+                _quote(content, self._shown),
             )
         try:
             return extract_json(content)
         except ValueError as exc:
-            shown = _quote(content, self.secrets)
+            shown = _quote(content, self._shown)
             raise AnswerProblem(f"the answer is not JSON ({exc})", content, shown) from None
 
 

@@ -21,7 +21,7 @@ from workflow_engine.domain.task import Step
 from workflow_engine.errors import RunControl, WorkflowEngineError
 from workflow_engine.graph import routing
 from workflow_engine.graph.state import ModelCallRecord, StepState, WorkflowState
-from workflow_engine.secrets import Secrets
+from workflow_engine.secrets import Secrets, for_workflow, state_secrets
 
 #: Namespace of job ids: uuid5(JOB_NAMESPACE, "<task_id>/<run_id>/<step_id>/<attempt>"), or
 #: "<task_id>/<step_id>/<attempt>" for a run with no id (started before state format 4).
@@ -54,6 +54,11 @@ class NodeBase:
         # The engine's one clock: every time a node records or compares comes from it.
         self._clock = capabilities.context.clock
         self.jobs = jobs or capabilities.jobs
+
+    def _masking(self, state: WorkflowState) -> Secrets:
+        """What text this workflow stores (or shows a model) is masked with: its own secrets
+        and the engine's credentials, never another workflow's (`secrets.for_workflow`)."""
+        return for_workflow(self._secrets, state_secrets(state))
 
 
 def accounted(

@@ -44,7 +44,7 @@ class Collecting(NodeBase):
                 if is_control(outcome):
                     raise outcome
                 log.warning("worker_failed", job_id=job.job_id, error=repr(outcome))
-                outcome = worker_error_result(job, outcome, self._secrets)
+                outcome = worker_error_result(job, outcome, self._masking(state))
             result = as_record(JobResultRecord, outcome)
             steps[sid] = {**steps[sid], "status": "collected", "result": result}
             update.update({"last_result": result, "last_step_id": sid})

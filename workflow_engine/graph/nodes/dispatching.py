@@ -102,7 +102,7 @@ class Dispatching(NodeBase):
                 raise
             log.warning("select_target_failed", step_id=step.id, error=repr(exc))
             # Verified as a failure, then retried.
-            failed = worker_error_result(job, exc, self._secrets)
+            failed = worker_error_result(job, exc, self._masking(state))
             return {
                 **previous,
                 "status": "collected",

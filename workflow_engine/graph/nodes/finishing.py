@@ -16,7 +16,7 @@ from workflow_engine.errors import WorkflowEngineError
 from workflow_engine.graph import routing
 from workflow_engine.graph.nodes.base import NodeBase, accounted, is_control
 from workflow_engine.graph.state import VerificationRecord, WorkflowState
-from workflow_engine.secrets import redact_json, state_secrets
+from workflow_engine.secrets import for_workflow, state_secrets
 
 log = structlog.get_logger(__name__)
 
@@ -116,7 +116,7 @@ async def _model_summary(model: ModelClient, state: WorkflowState, plain: str) -
         {
             "role": "user",
             "content": json.dumps(
-                model.secrets.redact_json(redact_json(brief, state_secrets(state)))
+                for_workflow(model.secrets, state_secrets(state)).redact_json(brief)
             )[:20000],
         },
     ]

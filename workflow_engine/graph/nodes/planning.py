@@ -71,7 +71,7 @@ class Planning(NodeBase):
             if is_control(exc):
                 raise
             log.warning("planner_failed", error=repr(exc))
-            return {"error": f"planner failed: {self._secrets.masked_repr(exc)}"}
+            return {"error": f"planner failed: {self._masking(state).masked_repr(exc)}"}
         policy = plan.policy if isinstance(plan, PolicedPlan) else {}
         update: WorkflowState = {
             "plan": as_record(PlanRecord, plan),

@@ -12,7 +12,6 @@ from workflow_engine.capabilities.model.model_client import recording
 from workflow_engine.capabilities.protocols import RevisingPlanner
 from workflow_engine.domain.jobs import Finding, JobResult, Verification
 from workflow_engine.domain.task import AcceptanceCriterion, Step
-from workflow_engine.domain.values import JsonObject
 from workflow_engine.errors import PlanRefused, WorkflowEngineError
 from workflow_engine.graph import routing
 from workflow_engine.graph.nodes.base import (
@@ -32,6 +31,7 @@ from workflow_engine.graph.state import (
     WorkflowState,
     as_record,
 )
+from workflow_engine.secrets import state_secrets
 
 log = structlog.get_logger(__name__)
 
@@ -65,13 +65,7 @@ class Verifying(NodeBase):
                 if sid == final_id
                 else []
             )
-            verification = await self._verify(
-                step,
-                result,
-                criteria,
-                state.get("preferences_effective") or {},
-                state.get("run_id", ""),
-            )
+            verification = await self._verify(state, step, result, criteria)
             attempts = int(steps[sid].get("attempts", 1))
             error = ""
             if verification.status == "pass":
@@ -130,7 +124,7 @@ class Verifying(NodeBase):
             return "", None
         task = await self._caps.stored_tasks.load(state["task_id"])
         failed = "; ".join(f.detail for f in verification.findings if not f.passed)
-        reason = self._secrets.redact_part(failed, 1000)[0]  # masked before it is cut
+        reason = self._masking(state).redact_part(failed, 1000)[0]  # masked before it is cut
         revisions = list(update.get("revisions", state.get("revisions", [])))
         record: RevisionRecord = {
             "step_id": step.id,
@@ -151,7 +145,7 @@ class Verifying(NodeBase):
             if is_control(exc):
                 raise
             log.warning("revision_failed", step_id=step.id, error=repr(exc))
-            record["error"] = self._secrets.masked_repr(exc)
+            record["error"] = self._masking(state).masked_repr(exc)
             update["revisions"] = [*revisions, record]
             return "", None
         plan: PlanRecord = {**update.get("plan", state.get("plan", {}))}
@@ -170,15 +164,20 @@ class Verifying(NodeBase):
 
     async def _verify(
         self,
+        state: WorkflowState,
         step: Step,
         result: JobResult,
         criteria: list[AcceptanceCriterion],
-        preferences: JsonObject,
-        run_id: str,
     ) -> Verification:
+        preferences = state.get("preferences_effective") or {}
         try:
             return await self._caps.verifier.verify(
-                step, result, criteria, preferences, run_id=run_id
+                step,
+                result,
+                criteria,
+                preferences,
+                run_id=state.get("run_id", ""),
+                secrets=state_secrets(state),
             )
         except Exception as exc:
             if is_control(exc):
@@ -187,7 +186,7 @@ class Verifying(NodeBase):
             why = (
                 f"failed: {exc.message}"
                 if isinstance(exc, WorkflowEngineError)
-                else f"raised {self._secrets.masked_repr(exc)}"
+                else f"raised {self._masking(state).masked_repr(exc)}"
             )
             finding = Finding(check="verifier", passed=False, detail=f"the verifier {why}")
             return Verification(

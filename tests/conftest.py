@@ -25,10 +25,10 @@ from psycopg_pool import AsyncConnectionPool
 
 from tests.support import database
 from tests.support.database_supply import DatabaseSupply
-from tests.support.helpers import open_to_jobs
+from tests.support.helpers import WRITABLE_PATHS, open_to_jobs
 from tests.support.pgbouncer import PgBouncer
 from workflow_engine.capabilities import Capabilities
-from workflow_engine.config import Settings
+from workflow_engine.config import JobSettings, Settings
 from workflow_engine.engine import Engine
 from workflow_engine.logs import configure_logging
 from workflow_engine.serving import GrpcServer
@@ -150,10 +150,26 @@ async def autocommit_pool(db_url: str) -> AsyncIterator[AsyncConnectionPool[Any]
         yield pool
 
 
+@pytest.fixture(scope="session", autouse=True)
+def jobs_may_write_in_pytests_directories(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[None]:
+    """A job sees the host's files read-only but for the directories granted to it
+    (``WORKFLOW_ENGINE_JOB_WRITABLE_PATHS``): the directories tests share with their jobs
+    (`open_to_jobs`) are pytest's, granted to every engine and node the tests start, in this
+    process (`settings`) or not (the variables). Permissions still keep the rest closed."""
+    base = str(tmp_path_factory.getbasetemp())
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(WRITABLE_PATHS, base)
+        patch.setenv("WORKFLOW_ENGINE_NODE_JOB_WRITABLE_PATHS", base)
+        yield
+
+
 @pytest.fixture
 def settings(db_url: str, tmp_path: Path) -> Settings:
     return Settings(
         **database.engine_settings(db_url),  # type: ignore[arg-type]
+        job=JobSettings(writable_paths=os.environ.get(WRITABLE_PATHS, "")),
         database_url=db_url,
         listen="127.0.0.1:0",
         data_dir=tmp_path / "data",

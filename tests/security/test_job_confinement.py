@@ -33,7 +33,7 @@ import pytest
 
 from tests.conftest import RunningEngine, start_engine, stop_engine
 from tests.security.conftest import as_caller, tenant_task
-from tests.support.helpers import JOB_PYTHON, shell_step, step, wait_for_status
+from tests.support.helpers import JOB_PYTHON, open_to_jobs, shell_step, step, wait_for_status
 from workflow_engine.config import Settings
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
@@ -231,9 +231,12 @@ async def test_a_setuid_program_gives_a_job_no_privilege(
 
 @pytest.fixture
 def planted() -> Iterator[Path]:
-    """A directory of the host's that a job may make (/var/tmp is everyone's), removed at the
-    end with whatever is in it."""
+    """A directory of the host's that any user may write in (a job sees it read-only: see
+    `test_a_job_writes_nothing_of_the_hosts_but_what_it_was_given`), removed at the end with
+    whatever is in it."""
     path = Path("/var/tmp") / f"we-planted-{uuid.uuid4().hex[:8]}"
+    path.mkdir(mode=0o777)
+    path.chmod(0o777)
     try:
         yield path
     finally:
@@ -278,3 +281,87 @@ async def test_a_link_planted_in_the_tasks_tmp_sends_root_nowhere(
     assert plant_result["stdout"].startswith("planted /tmp/we-data-"), plant_result["stderr"]
     assert planted.is_dir()
     assert list(planted.iterdir()) == []  # nothing of root's was made through the link
+
+
+SYSCALLS = (
+    "import ctypes, errno, os, threading\n"
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "libc.syscall.restype = ctypes.c_long\n"
+    "def call(nr, *args):\n"
+    "    return 0 if libc.syscall(nr, *args) >= 0 else ctypes.get_errno()\n"
+    "seen = {\n"
+    "    'unshare_user': call(272, 0x10000000),\n"  # a user namespace: the kernel's surface
+    "    'clone_newuser': call(56, 0x10000000 | 17, 0, 0, 0, 0),\n"
+    "    'clone3': call(435, 0, 0),\n"
+    "    'io_uring_setup': call(425, 1, 0),\n"
+    "    'perf_event_open': call(298, 0, 0, -1, -1, 0),\n"
+    "    'bpf': call(321, 0, 0, 0),\n"
+    "    'userfaultfd': call(323, 0),\n"
+    "    'mount': call(165, 0, 0, 0, 0, 0),\n"
+    "    'open_by_handle_at': call(304, 0, 0, 0),\n"
+    "}\n"
+    "pid = os.fork()\n"
+    "if pid == 0:\n"
+    "    os._exit(0)\n"
+    "seen['fork'] = os.waitpid(pid, 0)[1] >> 8\n"
+    "t = threading.Thread(target=lambda: None)\n"
+    "t.start()\n"
+    "t.join()\n"
+    "print(' '.join(f'{k}={errno.errorcode.get(v, v) if v else 0}' for k, v in seen.items()))\n"
+)
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="the probe's numbers are x86_64's")
+async def test_a_job_cannot_reach_the_kernels_less_travelled_paths(served: RunningEngine) -> None:
+    """Issue 61, part 2: no seccomp filter let a job make a user namespace (the kernel's
+    largest surface open to an unprivileged user), set up io_uring, open perf events and the
+    like. Each is refused with EPERM now (clone3 ENOSYS, so the C library falls back to
+    clone, which is allowed without namespace flags); fork and threads work as before."""
+    seen = await run_alone(served, "project-a", python_step("probe", SYSCALLS))
+    assert seen["probe"].split() == [
+        "unshare_user=EPERM",
+        "clone_newuser=EPERM",
+        "clone3=ENOSYS",
+        "io_uring_setup=EPERM",
+        "perf_event_open=EPERM",
+        "bpf=EPERM",
+        "userfaultfd=EPERM",
+        "mount=EPERM",
+        "open_by_handle_at=EPERM",
+        "fork=0",
+    ], seen["probe"]
+
+
+@pytest.fixture
+def drop_directory() -> Iterator[Path]:
+    """A world-writable directory of the host's that no job was granted (as /var/tmp is)."""
+    path = Path(tempfile.mkdtemp(prefix="we-drop-", dir="/var/tmp"))
+    path.chmod(0o1777)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+async def test_a_job_writes_nothing_of_the_hosts_but_what_it_was_given(
+    served: RunningEngine, drop_directory: Path, tmp_path: Path
+) -> None:
+    """Issue 61, part 2: a job saw the host's files as any user does, so it could write into a
+    world-writable directory of the host (/var/tmp, a drop directory), where another tenant's
+    job could read what it left (files are world-readable by default). Now the host's files
+    are read-only for it but for the directories granted to every job
+    (``WORKFLOW_ENGINE_JOB_WRITABLE_PATHS``: here pytest's, where `granted` is); its work
+    directory, /tmp and /dev/null are written as before."""
+    granted = open_to_jobs(tmp_path / "granted")
+    mark = "left-" + uuid.uuid4().hex
+    script = (
+        f"{{ echo x > {drop_directory}/{mark}; }} 2>&1; "
+        f"echo x > {granted}/{mark} && echo granted-ok; "
+        "echo x > /tmp/t && echo x > here && echo x > /dev/null && echo own-ok"
+    )
+    seen = await run_alone(served, "project-a", shell_step("write", script))
+    lines = seen["write"].splitlines()
+    assert lines[0].endswith("Read-only file system"), seen["write"]
+    assert lines[1:] == ["granted-ok", "own-ok"], seen["write"]
+    assert not (drop_directory / mark).exists()
+    assert (granted / mark).read_text() == "x\n"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.helpers import open_to_jobs
+from tests.support.helpers import granted_confinement, open_to_jobs
 from workflow_engine.capabilities import LocalSandboxWorker
 from workflow_engine.domain import JobRequest, Sandbox
 from workflow_engine.sandbox import wrapper
@@ -77,7 +77,9 @@ async def test_ld_preload_in_a_step_env_runs_as_the_job_never_as_root(
             subprocess.run, ["gcc", "-O2", "-o", str(dynamic), str(source)], check=True
         )
         monkeypatch.setattr(wrapper, "JOBWRAP", dynamic)
-    async with LocalSandboxWorker(jobs_dir=tmp_path / "jobs") as sandbox:
+    async with LocalSandboxWorker(
+        jobs_dir=tmp_path / "jobs", confinement=granted_confinement()
+    ) as sandbox:
         # `id` and `sh` are dynamically linked: the library runs in them, as the job's user.
         result = await sandbox.run("local", request("id", "-u", env={"LD_PRELOAD": str(library)}))
     assert result.status == "completed", result.stderr
@@ -87,7 +89,9 @@ async def test_ld_preload_in_a_step_env_runs_as_the_job_never_as_root(
 
 async def test_the_wrapper_runs_with_its_fixed_environment_only(tmp_path: Path) -> None:
     job = request("sleep", "5", env={"LD_PRELOAD": "/nowhere.so", "SECRET": "tenant-value"})
-    async with LocalSandboxWorker(jobs_dir=tmp_path / "jobs") as sandbox:
+    async with LocalSandboxWorker(
+        jobs_dir=tmp_path / "jobs", confinement=granted_confinement()
+    ) as sandbox:
         running = asyncio.ensure_future(sandbox.run("local", job))
         claim = tmp_path / "jobs" / job.job_id / "supervisor.pid"
         for _ in range(200):
@@ -109,7 +113,9 @@ async def test_as_root_the_shell_wrapper_refuses_every_job(
     library, marks = snitch
     monkeypatch.setattr(wrapper, "JOBWRAP", Path("/nonexistent/jobwrap"))
     ran = tmp_path / "ran"
-    async with LocalSandboxWorker(jobs_dir=tmp_path / "jobs") as sandbox:
+    async with LocalSandboxWorker(
+        jobs_dir=tmp_path / "jobs", confinement=granted_confinement()
+    ) as sandbox:
         result = await sandbox.run(
             "local", request("touch", str(ran), env={"LD_PRELOAD": str(library)})
         )
@@ -122,7 +128,9 @@ async def test_as_root_the_shell_wrapper_refuses_every_job(
 async def test_an_env_entry_that_would_split_in_two_is_refused(tmp_path: Path) -> None:
     # A NUL inside a value would end the entry early and start another variable of the
     # attacker's choosing (in the job's own process only, but it is not what the step said).
-    async with LocalSandboxWorker(jobs_dir=tmp_path / "jobs") as sandbox:
+    async with LocalSandboxWorker(
+        jobs_dir=tmp_path / "jobs", confinement=granted_confinement()
+    ) as sandbox:
         result = await sandbox.run(
             "local", request("env", env={"A": "x\0LD_PRELOAD=/evil.so", "B=C": "d"})
         )

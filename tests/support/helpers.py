@@ -16,8 +16,9 @@ import grpc
 import psycopg
 from google.protobuf import json_format, struct_pb2
 
+from workflow_engine.config import JobSettings
 from workflow_engine.domain import TaskSpec
-from workflow_engine.sandbox import SAFE_PATH
+from workflow_engine.sandbox import SAFE_PATH, Confinement
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
 
@@ -26,6 +27,8 @@ from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
 JOB_PYTHON = shutil.which("python3", path=SAFE_PATH) or "python3"
 
 TERMINAL = {pb.SUCCEEDED, pb.FAILED, pb.CANCELLED}
+#: The host directories the tests' jobs may write in (pytest's: `tests.conftest` sets it).
+WRITABLE_PATHS = "WORKFLOW_ENGINE_JOB_WRITABLE_PATHS"
 
 
 def open_to_jobs(path: Path) -> Path:
@@ -42,6 +45,14 @@ def open_to_jobs(path: Path) -> Path:
         ancestor.chmod(ancestor.stat().st_mode & 0o777 | 0o111)  # enter, not list
     path.chmod(0o777)
     return path
+
+
+def granted_confinement(**options: Any) -> Confinement:
+    """The local sandbox's confinement as the tests' engines have it: jobs may write in pytest's
+    directories (``WORKFLOW_ENGINE_JOB_WRITABLE_PATHS``, which `tests.conftest` sets), the rest
+    of the host read-only for them."""
+    writable = JobSettings(writable_paths=os.environ.get(WRITABLE_PATHS, "")).writable()
+    return Confinement(writable_paths=writable, **options)
 
 
 def _pytests_own(path: Path) -> list[Path]:

@@ -215,7 +215,12 @@ WORKERS: Mapping[str, Builder[Worker]] = {
         jobs_dir=s.jobs_dir,
         default_timeout_seconds=s.job.timeout_seconds,
         max_output_bytes=s.job.output_bytes,
-        confinement=Confinement(s.job.limits, uid_base=s.job.uid_base, uid_count=s.job.uid_count),
+        confinement=Confinement(
+            s.job.limits,
+            uid_base=s.job.uid_base,
+            uid_count=s.job.uid_count,
+            writable_paths=s.job.writable(),
+        ),
         retention_seconds=s.job.retention_seconds,
     ),
     "nodes": _worker_nodes,

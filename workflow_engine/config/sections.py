@@ -7,6 +7,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -46,6 +47,22 @@ class JobLimits:
                 raise ConfigError(f"{name.upper()}: expected 0 (none) to {MAX_LIMIT}")
 
 
+#: Where a job has its task's own directories: no host directory beneath them is granted.
+_JOBS_OWN = ("/tmp", "/dev/shm", "/run")  # noqa: S108 (names, not files it makes)
+
+
+def writable_paths(value: str, variable: str) -> tuple[str, ...]:
+    """`value` (directories separated by ``:``) as a tuple; `ConfigError` naming `variable`
+    unless each is absolute, normalized and no job's own directory or beneath one."""
+    paths = tuple(p for p in value.split(":") if p)
+    for path in paths:
+        if not path.startswith("/") or os.path.normpath(path) != path or path == "/":
+            raise ConfigError(f"{variable}: {path!r} is not an absolute, normalized directory")
+        if any(path == own or path.startswith(own + "/") for own in _JOBS_OWN):
+            raise ConfigError(f"{variable}: {path!r} is beneath a job's own {', '.join(_JOBS_OWN)}")
+    return paths
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobSettings:
     """The local sandbox's jobs (``WORKFLOW_ENGINE_JOB_*``)."""
@@ -56,20 +73,29 @@ class JobSettings:
     output_bytes: int = 64 * 1024
     #: The most each job may use.
     limits: JobLimits = field(default_factory=JobLimits)
-    #: When the engine runs as root, each job runs as its own user id, picked from `uid_count`
-    #: ids starting at `uid_base` by a digest of its task id (no passwd entry needed).
+    #: When the engine runs as root, each job runs as its own user id, drawn from `uid_count`
+    #: ids starting at `uid_base` for its task's run (no passwd entry needed).
     uid_base: int = JOB_UID_BASE
     uid_count: int = JOB_UID_COUNT
     #: How long a finished job's directory (``<data_dir>/jobs/<job_id>/``) is kept after its
     #: result, then removed; within it a job id sent again gets the first run's result, after
     #: it the job runs again. 0: kept for good.
     retention_seconds: float = JOB_RETENTION_SECONDS
+    #: Directories of the host every job may write in, separated by ``:`` (absolute, none
+    #: beneath /tmp, /dev/shm or /run, which are each task's own): a job sees every other
+    #: file of the host read-only. Empty: none.
+    writable_paths: str = ""
 
     def __post_init__(self) -> None:
         if not 0 <= self.retention_seconds < math.inf:
             raise ConfigError(
                 f"{ENV_PREFIX}JOB_RETENTION_SECONDS: expected 0 (keep) or more seconds"
             )
+        self.writable()
+
+    def writable(self) -> tuple[str, ...]:
+        """`writable_paths` as a tuple (checked: `ConfigError` naming the variable)."""
+        return writable_paths(self.writable_paths, f"{ENV_PREFIX}JOB_WRITABLE_PATHS")
 
 
 #: The longest retention (a thousand years): PostgreSQL's intervals reach about 178 million.
@@ -155,6 +181,9 @@ class NodeSettings:
     limits: JobLimits = field(default_factory=JobLimits)
     job_uid_base: int = JOB_UID_BASE
     job_uid_count: int = JOB_UID_COUNT
+    #: Directories of the host every job may write in (as the engine's
+    #: ``WORKFLOW_ENGINE_JOB_WRITABLE_PATHS``).
+    job_writable_paths: str = ""
     #: How long a finished job's directory is kept after its result (as the engine's
     #: ``WORKFLOW_ENGINE_JOB_RETENTION_SECONDS``); 0: kept for good.
     job_retention_seconds: float = JOB_RETENTION_SECONDS
@@ -193,6 +222,7 @@ class NodeSettings:
             raise ConfigError(f"{prefix}OUTPUT_BYTES: expected a positive number of bytes")
         if self.drain_seconds < 0:
             raise ConfigError(f"{prefix}DRAIN_SECONDS: expected 0 or more seconds")
+        self.job_writable()
         if self.max_connections <= 0:
             raise ConfigError(f"{prefix}MAX_CONNECTIONS: expected a positive number")
         if not 0 < self.head_timeout_seconds < math.inf:
@@ -201,6 +231,10 @@ class NodeSettings:
             )
         if not 0 <= self.job_retention_seconds < math.inf:
             raise ConfigError(f"{prefix}JOB_RETENTION_SECONDS: expected 0 (keep) or more seconds")
+
+    def job_writable(self) -> tuple[str, ...]:
+        """`job_writable_paths` as a tuple (checked: `ConfigError` naming the variable)."""
+        return writable_paths(self.job_writable_paths, f"{ENV_PREFIX}NODE_JOB_WRITABLE_PATHS")
 
     def check_exposure(self) -> None:
         """Refuse to serve plaintext beyond this host (the bearer token and the jobs' commands,

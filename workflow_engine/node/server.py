@@ -175,6 +175,7 @@ async def serve_node(settings: NodeSettings) -> None:
                 settings.limits,
                 uid_base=settings.job_uid_base,
                 uid_count=settings.job_uid_count,
+                writable_paths=settings.job_writable(),
             ),
             retention_seconds=settings.job_retention_seconds,
         )

@@ -134,6 +134,8 @@ class Grant:
     limits: dict[str, int]
     #: "net" (a network namespace; as root) or "userns" (a user namespace with one in it).
     isolation: str = "net"
+    #: The host's directories the job may write in (jobwrap: the rest of the host read-only).
+    writable: tuple[str, ...] = ()
 
     def ulimit_args(self) -> list[str]:
         """One ``OPTION VALUE`` word pair per limit, "-" for none: the wrapper's arguments."""
@@ -148,14 +150,15 @@ class Grant:
         return words
 
     def rlimit_args(self) -> list[str]:
-        """One ``RESOURCE=SOFT:HARD`` word per limit set, in setrlimit's units: ``jobwrap``'s."""
+        """One ``RESOURCE=SOFT:HARD`` word per limit set, in setrlimit's units, then one
+        ``writable=PATH`` per directory the job may write in: ``jobwrap``'s."""
         words = []
         for name, (resource_name, unit) in _SETRLIMITS.items():
             value = self.limits.get(name, 0)
             if value:
                 hard = value + 1 if name == "cpu_seconds" else value  # as `ulimit_args` says
                 words.append(f"{resource_name}={value * unit}:{hard * unit}")
-        return words
+        return words + [f"writable={path}" for path in self.writable]
 
     def describe(self) -> str:
         """The limits, as a finding quotes them."""
@@ -192,10 +195,14 @@ class Confinement:
         uid_base: int = JOB_UID_BASE,
         uid_count: int = JOB_UID_COUNT,
         own_users: bool | None = None,
+        writable_paths: tuple[str, ...] = (),
     ) -> None:
         """`own_users`: run each task's jobs as a user of its own (None: when this is root,
-        the only way it can; False isolates them as a process that is not root would)."""
+        the only way it can; False isolates them as a process that is not root would).
+        `writable_paths`: the host's directories a job may write in; every other file of the
+        host is read-only for it (jobwrap's; the shell wrapper leaves the host as it is)."""
         self._limits = limits or JobLimits()
+        self._writable = writable_paths
         self._uid_base = uid_base
         self._uid_count = uid_count
         self._as_root = os.geteuid() == 0 if own_users is None else own_users
@@ -203,6 +210,11 @@ class Confinement:
         self._isolation: tuple[tuple[str, ...], str] | None = None
         # Where the tasks' users are recorded: the runner's jobs directory (`keep_users_in`).
         self._users: JobUsers | None = None
+
+    @property
+    def writable_paths(self) -> tuple[str, ...]:
+        """The host's directories its jobs may write in."""
+        return self._writable
 
     def keep_users_in(self, jobs_dir: Path) -> None:
         """Record the tasks' users in `jobs_dir` (the runner's) from now on; see `sandbox.users`."""
@@ -251,6 +263,7 @@ class Confinement:
             uid=uid,
             limits=self._limits_for(sandbox.limits, uid),
             isolation="net" if self._as_root else "userns",
+            writable=self._writable,
         )
 
     def _uid_for(self, workspace: str) -> int | None:

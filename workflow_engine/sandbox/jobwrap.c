@@ -23,17 +23,20 @@
  *     latter first the user namespace on fd 5: those its task's jobs share, made by
  *     `--namespaces`) or "none"; UID is "-" or the user (and group) to run as; each LIMIT is
  *     RESOURCE=SOFT:HARD with RESOURCE one of cpu, as, nofile, fsize, nproc, in setrlimit's
- *     units. Unless ISOLATION is "none", the job gets a PID namespace and a mount namespace
+ *     units, or writable=PATH: a directory of the host the job may write in (the operator's
+ *     WORKFLOW_ENGINE_JOB_WRITABLE_PATHS). Unless ISOLATION is "none", the job gets a PID namespace and a mount namespace
  *     of its own: a small init (this program, pid 1 there) starts the command and, when the
  *     command ends, exits, and the kernel then kills every process left in the namespace
  *     (a `setsid` child included); the job sees only its own processes (a fresh /proc), as
  *     /tmp and /dev/shm the directory TMP (its task's, which the engine made; "-" with
  *     ISOLATION "none"), an empty /run (no host socket lives in any of them for it), and in
  *     the jobs directory only its own job directory, and a System V IPC namespace and a
- *     UTS namespace (host name) of its own; in every case the command starts with no
+ *     UTS namespace (host name) of its own; every other file of the host read-only, but for
+ *     the writable=PATH directories; in every case the command starts with no
  *     descriptor above 2 (whatever the engine held open without close-on-exec stays here),
- *     an empty session keyring of its own, and no_new_privs (a setuid program it runs gains
- *     nothing);
+ *     an empty session keyring of its own, no_new_privs (a setuid program it runs gains
+ *     nothing), and a seccomp filter (`deny_kernel_paths`: the system calls no build or test
+ *     needs that reach the kernel's less-travelled code are refused with EPERM);
  *   - while the engine lives (fd 3 stays open) it only waits; once fd 3 reads end of file it
  *     keeps the deadline itself (DEADLINE: whole seconds of CLOCK_BOOTTIME), or, for a
  *     cancelled job, GRACE seconds: then it writes timed_out (not for a cancel) and kills
@@ -363,10 +366,51 @@ static int bind_onto(int fd, int onto) {
     return mount(source, target, NULL, MS_BIND, NULL) == 0;
 }
 
+/* mount_setattr(2) (Linux 5.12), without kernel headers: one number on every architecture. */
+#define SYS_mount_setattr_ 442
+#define MOUNT_ATTR_RDONLY 0x1ULL
+#define AT_RECURSIVE_ 0x8000
+struct mount_attr_ { unsigned long long attr_set, attr_clr, propagation, userns_fd; };
+
+static int set_read_only(const char *where, int recursive, int read_only) {
+    struct mount_attr_ attr = {0};
+    if (read_only) attr.attr_set = MOUNT_ATTR_RDONLY;
+    else attr.attr_clr = MOUNT_ATTR_RDONLY;
+    return (int)syscall(SYS_mount_setattr_, AT_FDCWD, where, recursive ? AT_RECURSIVE_ : 0,
+                        &attr, sizeof attr);
+}
+
+/* The writable=PATH arguments: host directories the operator lets every job write in. */
+static char **granted_paths;
+static int granted_count;
+
+/* The host's files read-only for the job, but for its own mounts (`own`: its /tmp, its job
+ * directory...) and the directories the operator granted (bound onto themselves, so each is a
+ * mount of its own to make writable): it writes only where it was given room, never into a
+ * world-writable directory of the host that another tenant's job could read. A kernel before
+ * 5.12 has no mount_setattr: the host's files stay as the job's user sees them there. 1, or 0
+ * with errno set. */
+static int read_only_host(const char *const *own, int count) {
+    if (set_read_only("/", 1, 1) != 0) return errno == ENOSYS;
+    struct stat seen;
+    for (int i = 0; i < count; i++) {
+        if (stat(own[i], &seen) != 0 && errno == ENOENT) continue; /* not covered */
+        if (set_read_only(own[i], 0, 0) != 0) return 0;
+    }
+    for (int i = 0; i < granted_count; i++) {
+        const char *path = granted_paths[i];
+        if (stat(path, &seen) != 0 || !S_ISDIR(seen.st_mode)) continue; /* none here */
+        if (mount(path, path, NULL, MS_BIND | MS_REC, NULL) != 0 ||
+            set_read_only(path, 1, 0) != 0)
+            return 0;
+    }
+    return 1;
+}
+
 /* In the job's init, in its new PID namespace: give the job a mount namespace of its own in
- * which /tmp and /dev/shm are its task's directory `tmp_dir` (shared by the task's jobs alone),
- * /run is empty, the jobs directory holds its own job directory only, and /proc shows its own
- * processes. NULL, or what failed. */
+ * which /tmp and /dev/shm are its task's directory `tmp_dir` (shared by the task's jobs
+ * alone), /run is empty, the jobs directory holds its own job directory only, /proc shows
+ * its own processes, and every other file of the host is read-only. NULL, or what failed. */
 static const char *contain(const char *job_dir, const char *tmp_dir, int in_userns) {
     static char why[PATH_MAX + 80];
     char path[PATH_MAX];
@@ -398,6 +442,9 @@ static const char *contain(const char *job_dir, const char *tmp_dir, int in_user
         else if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) != 0 &&
                  !(in_userns && cover("/proc", -1, "size=4k,nr_inodes=16,mode=555")))
             failed = "cannot mount its own /proc";
+        else if (!read_only_host((const char *const[]){"/tmp", "/dev/shm", "/run", "/proc",
+                                                         job_dir}, 5))
+            failed = "cannot make the host's files read-only";
         else if (snprintf(path, sizeof path, "%s/work", job_dir) >= (int)sizeof path ||
                  chdir(path) != 0)
             failed = "cannot enter work/";
@@ -413,6 +460,101 @@ static const char *contain(const char *job_dir, const char *tmp_dir, int in_user
     if (failed == NULL) return NULL;
     snprintf(why, sizeof why, "%s: %s", failed, strerror(saved));
     return why;
+}
+
+/* The seccomp filter every command runs under (x86_64 and arm64; elsewhere none): a list of
+ * what it may not do, as Docker's default profile is in spirit, since a job's commands are
+ * any program (compilers, package managers, test runners) and an allow-list would refuse what
+ * one of them needs. Refused with EPERM: new namespaces (unshare, setns, and clone with a
+ * namespace flag; clone3, whose flags a filter cannot read, is ENOSYS, so the C library falls
+ * back to clone), mounts of every kind, the kernel's keyrings, bpf, perf_event_open,
+ * userfaultfd, io_uring, file handles (open_by_handle_at: a classic container escape), and the
+ * administrator's calls (modules, kexec, reboot, swap, clocks, accounting, quotas, the kernel
+ * log, port I/O), which its user could not make anyway. A system call of another ABI (32-bit
+ * x86, x32) kills the process: the numbers below would not be what it asks for. ptrace of
+ * its own processes stays. These header-free definitions are the kernel's stable ABI
+ * (linux/filter.h, linux/seccomp.h, linux/audit.h), which musl's headers do not carry. */
+struct bpf_insn { unsigned short code; unsigned char jt, jf; unsigned int k; };
+struct bpf_program { unsigned short len; struct bpf_insn *filter; };
+#define LD_W_ABS 0x20   /* BPF_LD | BPF_W | BPF_ABS */
+#define JEQ_K 0x15      /* BPF_JMP | BPF_JEQ | BPF_K */
+#define JGE_K 0x35      /* BPF_JMP | BPF_JGE | BPF_K */
+#define JSET_K 0x45     /* BPF_JMP | BPF_JSET | BPF_K */
+#define RET_K 0x06      /* BPF_RET | BPF_K */
+#define RET_ALLOW 0x7fff0000U
+#define RET_KILL_PROCESS 0x80000000U
+#define RET_ERRNO(e) (0x00050000U | ((e) & 0xffffU))
+#define SECCOMP_DATA_NR 0
+#define SECCOMP_DATA_ARCH 4
+#define SECCOMP_DATA_ARG0_LOW 16 /* little-endian: the low half of args[0] */
+#define NAMESPACE_FLAGS 0x7e020080U /* CLONE_NEWNS, _NEWCGROUP, _NEWUTS, _NEWIPC, _NEWUSER,
+                                       _NEWPID, _NEWNET, _NEWTIME */
+#if defined(__x86_64__)
+#define FILTER_ARCH 0xc000003eU /* AUDIT_ARCH_X86_64 */
+#define FOREIGN_NR 0x40000000U  /* __X32_SYSCALL_BIT */
+#elif defined(__aarch64__)
+#define FILTER_ARCH 0xc00000b7U /* AUDIT_ARCH_AARCH64 */
+#define FOREIGN_NR 0xffffffffU
+#endif
+
+#ifdef FILTER_ARCH
+static const long denied_calls[] = {
+    SYS_unshare, SYS_setns, SYS_mount, SYS_umount2, SYS_pivot_root, SYS_keyctl, SYS_add_key,
+    SYS_request_key, SYS_bpf, SYS_perf_event_open, SYS_userfaultfd, SYS_open_by_handle_at,
+    SYS_name_to_handle_at, SYS_init_module, SYS_finit_module, SYS_delete_module,
+    SYS_kexec_load, SYS_reboot, SYS_swapon, SYS_swapoff, SYS_acct, SYS_quotactl, SYS_syslog,
+    SYS_settimeofday, SYS_clock_settime, SYS_clock_adjtime, SYS_adjtimex, SYS_vhangup,
+    SYS_fanotify_init, SYS_lookup_dcookie,
+#ifdef SYS_kexec_file_load
+    SYS_kexec_file_load,
+#endif
+#ifdef SYS_iopl
+    SYS_iopl, SYS_ioperm,
+#endif
+#ifdef SYS_io_uring_setup
+    SYS_io_uring_setup, SYS_io_uring_enter, SYS_io_uring_register,
+#endif
+#ifdef SYS_open_tree
+    SYS_open_tree, SYS_move_mount, SYS_fsopen, SYS_fsconfig, SYS_fsmount, SYS_fspick,
+#endif
+#ifdef SYS_mount_setattr
+    SYS_mount_setattr,
+#endif
+};
+#define DENIED (sizeof denied_calls / sizeof denied_calls[0])
+#endif
+
+/* Install the filter; 0, or -1 with errno set. */
+static int deny_kernel_paths(void) {
+#ifdef FILTER_ARCH
+    struct bpf_insn prog[2 * DENIED + 16];
+    unsigned n = 0;
+#define INSN(c, t, f, v) (prog[n++] = (struct bpf_insn){(c), (t), (f), (v)})
+    INSN(LD_W_ABS, 0, 0, SECCOMP_DATA_ARCH);
+    INSN(JEQ_K, 1, 0, FILTER_ARCH);
+    INSN(RET_K, 0, 0, RET_KILL_PROCESS);
+    INSN(LD_W_ABS, 0, 0, SECCOMP_DATA_NR);
+    INSN(JGE_K, 0, 1, FOREIGN_NR);
+    INSN(RET_K, 0, 0, RET_KILL_PROCESS);
+    for (unsigned i = 0; i < DENIED; i++) {
+        INSN(JEQ_K, 0, 1, (unsigned)denied_calls[i]);
+        INSN(RET_K, 0, 0, RET_ERRNO(EPERM));
+    }
+#ifdef SYS_clone3
+    INSN(JEQ_K, 0, 1, SYS_clone3);
+    INSN(RET_K, 0, 0, RET_ERRNO(ENOSYS));
+#endif
+    INSN(JEQ_K, 0, 3, SYS_clone);
+    INSN(LD_W_ABS, 0, 0, SECCOMP_DATA_ARG0_LOW);
+    INSN(JSET_K, 0, 1, NAMESPACE_FLAGS);
+    INSN(RET_K, 0, 0, RET_ERRNO(EPERM));
+    INSN(RET_K, 0, 0, RET_ALLOW);
+#undef INSN
+    struct bpf_program program = {(unsigned short)n, prog};
+    return prctl(PR_SET_SECCOMP, 2 /* SECCOMP_MODE_FILTER */, &program, 0, 0);
+#else
+    return 0;
+#endif
 }
 
 /* In the forked command: become the job (limits, user, environment, files) and exec it. */
@@ -449,6 +591,10 @@ static void run_command(char **command, char **env, const char *user, int nlimit
     /* No setuid or file-capability program the job runs gains a privilege it lacks. */
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) {
         dprintf(err, "jobwrap: cannot set no_new_privs: %s\n", strerror(errno));
+        _exit(125);
+    }
+    if (deny_kernel_paths() != 0) {
+        dprintf(err, "jobwrap: cannot install the seccomp filter: %s\n", strerror(errno));
         _exit(125);
     }
     umask(022);
@@ -528,6 +674,17 @@ int main(int argc, char **argv) {
         fprintf(stderr, "jobwrap: no command after --\n");
         return 2;
     }
+    /* The writable=PATH arguments are no limits: set them aside (`read_only_host`). */
+    char *granted[nlimits > 0 ? nlimits : 1];
+    int kept = 0;
+    for (int i = 0; i < nlimits; i++) {
+        if (strncmp(limits[i], "writable=", 9) == 0 && limits[i][9] == '/')
+            granted[granted_count++] = limits[i] + 9;
+        else
+            limits[kept++] = limits[i];
+    }
+    granted_paths = granted;
+    nlimits = kept;
 
     if (chdir(job_dir) != 0) return 96;
     umask(077);

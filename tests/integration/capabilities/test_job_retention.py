@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.helpers import granted_confinement
 from workflow_engine.capabilities import LocalSandboxWorker
 from workflow_engine.domain import JobRequest, Sandbox
 from workflow_engine.domain.task import MAX_TIMEOUT_SECONDS
@@ -49,7 +50,7 @@ def age(path: Path, seconds: float) -> None:
 
 async def test_prune_removes_only_jobs_whose_retention_has_passed(tmp_path: Path) -> None:
     jobs_dir = tmp_path / "jobs"
-    runner = JobRunner(jobs_dir=jobs_dir, retention_seconds=HOUR)
+    runner = JobRunner(jobs_dir=jobs_dir, retention_seconds=HOUR, confinement=granted_confinement())
     marker = tmp_path / "marker"
     try:
         old = await runner.run(counted("old", marker))
@@ -99,7 +100,9 @@ async def test_prune_removes_what_a_job_locked_and_nothing_it_links_to(tmp_path:
         "mkdir -p locked/inner && echo x > locked/inner/file && chmod 000 locked/inner locked"
         f" && ln -s {outside} link && ln -s {outside / 'keep'} link2"
     )
-    runner = JobRunner(jobs_dir=tmp_path / "jobs", retention_seconds=HOUR)
+    runner = JobRunner(
+        jobs_dir=tmp_path / "jobs", retention_seconds=HOUR, confinement=granted_confinement()
+    )
     try:
         result = await runner.run(job("locks", "sh", "-c", script))
         assert result.status == "completed", result.stderr
@@ -117,7 +120,9 @@ async def test_prune_removes_what_a_job_locked_and_nothing_it_links_to(tmp_path:
 
 async def test_the_sandbox_prunes_in_the_background_until_closed(tmp_path: Path) -> None:
     jobs_dir = tmp_path / "jobs"
-    async with LocalSandboxWorker(jobs_dir=jobs_dir, retention_seconds=1) as sandbox:
+    async with LocalSandboxWorker(
+        jobs_dir=jobs_dir, retention_seconds=1, confinement=granted_confinement()
+    ) as sandbox:
         result = await sandbox.run("local", job("soon-gone", "true"))
         assert result.status == "completed"
         deadline = time.monotonic() + 10
@@ -132,7 +137,9 @@ async def test_the_sandbox_prunes_in_the_background_until_closed(tmp_path: Path)
 
 
 async def test_no_retention_keeps_every_directory(tmp_path: Path) -> None:
-    async with LocalSandboxWorker(jobs_dir=tmp_path / "jobs") as sandbox:
+    async with LocalSandboxWorker(
+        jobs_dir=tmp_path / "jobs", confinement=granted_confinement()
+    ) as sandbox:
         await sandbox.run("local", job("kept", "true"))
         age(tmp_path / "jobs" / "kept" / files.RESULT_FILE, 365 * 24 * HOUR)
         await asyncio.sleep(0.6)
@@ -142,7 +149,7 @@ async def test_no_retention_keeps_every_directory(tmp_path: Path) -> None:
 @pytest.mark.parametrize("seconds", [-1.0, float("nan"), float("inf")])
 def test_a_retention_that_is_no_duration_is_refused(tmp_path: Path, seconds: float) -> None:
     with pytest.raises(ValueError, match="retention_seconds"):
-        JobRunner(jobs_dir=tmp_path, retention_seconds=seconds)
+        JobRunner(jobs_dir=tmp_path, retention_seconds=seconds, confinement=granted_confinement())
 
 
 def test_a_non_root_engine_removes_directories_its_job_left_without_permissions() -> None:
@@ -189,7 +196,9 @@ def _remove_as_the_owner(base: Path) -> None:
 async def test_prune_removes_a_tasks_tmp_once_no_job_of_it_can_run_or_be_kept(
     tmp_path: Path,
 ) -> None:
-    runner = JobRunner(jobs_dir=tmp_path / "jobs", retention_seconds=HOUR)
+    runner = JobRunner(
+        jobs_dir=tmp_path / "jobs", retention_seconds=HOUR, confinement=granted_confinement()
+    )
     try:
         for task_id in ("task-old", "task-new"):
             request = JobRequest(

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.helpers import job_pids, unique_sleep
+from tests.support.helpers import granted_confinement, job_pids, unique_sleep
 from workflow_engine.capabilities import LocalSandboxWorker
 from workflow_engine.domain import JobRequest, Sandbox
 from workflow_engine.sandbox import Confinement, Grant, JobRunner, files
@@ -43,6 +43,7 @@ _opened: list[LocalSandboxWorker] = []
 
 def worker(tmp_path: Path, **options: Any) -> LocalSandboxWorker:
     """A sandbox on `tmp_path`; `close_workers` closes it after the test."""
+    options.setdefault("confinement", granted_confinement())
     sandbox = LocalSandboxWorker(jobs_dir=tmp_path / "jobs", **options)
     _opened.append(sandbox)
     return sandbox
@@ -244,13 +245,16 @@ async def engine_killed_mid_job(
         from pathlib import Path
         from workflow_engine.domain.jobs import JobRequest, Sandbox
         from workflow_engine.capabilities.local_worker import LocalSandboxWorker
+        from workflow_engine.sandbox import Confinement
 
         job = JobRequest(
             task_id="task-1",
             job_id={job_id!r},
             sandbox=Sandbox(command={command!r}, **{sandbox!r}),
         )
-        asyncio.run(LocalSandboxWorker(jobs_dir=Path({str(jobs_dir)!r})).run("local", job))
+        confinement = Confinement(writable_paths={granted_confinement().writable_paths!r})
+        worker = LocalSandboxWorker(jobs_dir=Path({str(jobs_dir)!r}), confinement=confinement)
+        asyncio.run(worker.run("local", job))
         """
     )
     doomed = await asyncio.create_subprocess_exec(
@@ -512,7 +516,7 @@ async def test_launcher_that_died_before_spawning_is_lost(tmp_path: Path) -> Non
     assert (job_dir / "supervisor.pid").read_text() == files.LOST_MARKER
     grant = Confinement().grant(request)
     assert isinstance(grant, Grant)
-    late_runner = JobRunner(jobs_dir=tmp_path / "jobs")
+    late_runner = JobRunner(jobs_dir=tmp_path / "jobs", confinement=granted_confinement())
     late = late_runner._spawn(request, job_dir, 10, grant, ())
     _, status = await asyncio.to_thread(os.waitpid, late, 0)
     await late_runner.close()
@@ -532,7 +536,7 @@ async def test_a_job_whose_work_dir_cannot_be_made_is_lost_and_says_why(
     (job_dir / "work").write_text("a file where the work directory goes")
     grant = Confinement().grant(request)
     assert isinstance(grant, Grant)
-    runner = JobRunner(jobs_dir=tmp_path / "jobs")
+    runner = JobRunner(jobs_dir=tmp_path / "jobs", confinement=granted_confinement())
     wrapper = runner._spawn(request, job_dir, 10, grant, ())
     _, status = await asyncio.to_thread(os.waitpid, wrapper, 0)
     assert os.waitstatus_to_exitcode(status) == 96

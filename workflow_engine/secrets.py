@@ -6,8 +6,8 @@ Where a secret could surface, it is replaced by `MASK`:
 
 - answers (`GetWorkflow`, `ResumeWorkflow`, `UpdateWorkflow`, `CancelWorkflow`, the watch's
   events, `ListWorkflows`): a workflow's own secrets, from its stored state, and the engine's
-  own credentials (`EngineSecrets.credentials`) everywhere; in summaries, errors and events
-  also every secret the engine knows (its `EngineSecrets`). A workflow's secrets only
+  own credentials (`EngineSecrets.credentials`) everywhere, never another workflow's (see the
+  last point). A workflow's secrets only
   accumulate: the state field `secrets` keeps every secret value its plans ever had (a plan the
   planner revised or an operator edited may lose one; what it printed before stays masked), and
   `state_secrets` adds the current plan's, so a row written before that field existed reads as

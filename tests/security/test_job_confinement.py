@@ -23,6 +23,7 @@ import os
 import platform
 import random
 import shutil
+import subprocess
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -34,7 +35,7 @@ import pytest
 from tests.conftest import RunningEngine, start_engine, stop_engine
 from tests.security.conftest import as_caller, tenant_task
 from tests.support.helpers import JOB_PYTHON, open_to_jobs, shell_step, step, wait_for_status
-from workflow_engine.config import Settings
+from workflow_engine.config import JobSettings, Settings
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 pytestmark = pytest.mark.skipif(
@@ -365,3 +366,78 @@ async def test_a_job_writes_nothing_of_the_hosts_but_what_it_was_given(
     assert lines[1:] == ["granted-ok", "own-ok"], seen["write"]
     assert not (drop_directory / mark).exists()
     assert (granted / mark).read_text() == "x\n"
+
+
+@pytest.fixture
+def read_only_beneath(drop_directory: Path, tmp_path: Path) -> Iterator[Path]:
+    """A read-only filesystem (a bind of ``dataset`` in pytest's directory) mounted at
+    ``data`` beneath `drop_directory`, a world-writable directory of the host's."""
+    data = drop_directory / "data"
+    source = tmp_path / "dataset"
+    source.mkdir()
+    (source / "model.txt").write_text("original\n")
+    data.mkdir()
+    mount = ["mount", "--bind", str(source), str(data)]
+    if subprocess.run(mount, check=False).returncode != 0:
+        pytest.skip("cannot mount a read-only filesystem beneath the granted directory here")
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(data)], check=True)
+        yield data
+    finally:
+        subprocess.run(["umount", str(data)], check=False)
+
+
+@pytest.fixture
+async def served_granting(
+    secured: Settings, tmp_path: Path, drop_directory: Path, read_only_beneath: Path
+) -> AsyncIterator[RunningEngine]:
+    """A served engine granting its jobs `drop_directory` (and pytest's directory)."""
+    grants = f"{drop_directory}:{tmp_path}"
+    running = await start_engine(replace(secured, job=JobSettings(writable_paths=grants)))
+    try:
+        yield running
+    finally:
+        await stop_engine(running)
+
+
+async def test_a_grant_makes_writable_only_its_own_filesystem_and_follows_no_link(
+    served_granting: RunningEngine, drop_directory: Path, tmp_path: Path
+) -> None:
+    """Found by issue 61's own round: a granted directory was bound onto itself recursively and
+    made writable recursively, so a read-only filesystem mounted beneath it became writable to
+    jobs (and a job changed the host's copy); and its path was followed through links, so a
+    link a job planted where a grant's path goes made the whole host writable again. Now only
+    the grant's own mount is made writable, and a path through a link is never followed
+    (nested grants, where a job could plant one, are refused by the settings)."""
+    script = (
+        f"echo ok > {drop_directory}/mine && echo granted-ok; "
+        f"{{ echo tampered > {drop_directory}/data/model.txt; }} 2>&1; true"
+    )
+    seen = await run_alone(served_granting, "project-a", shell_step("write", script))
+    lines = seen["write"].splitlines()
+    assert lines[0] == "granted-ok", seen["write"]
+    assert lines[1].endswith("Read-only file system"), seen["write"]
+    assert (tmp_path / "dataset" / "model.txt").read_text() == "original\n"
+
+
+async def test_a_granted_path_through_a_link_is_refused_not_followed(
+    secured: Settings, tmp_path: Path
+) -> None:
+    link = tmp_path / "link-to-root"
+    link.symlink_to("/")
+    grants = f"{link}"
+    running = await start_engine(replace(secured, job=JobSettings(writable_paths=grants)))
+    try:
+        task_id = str(uuid.uuid4())
+        spec = tenant_task("project-a", shell_step("write", "echo x > /var/tmp/through-link"))
+        await running.stub.StartWorkflow(
+            pb.StartWorkflowRequest(task_id=task_id, task=spec),
+            metadata=as_caller("a-orchestrator"),
+        )
+        wf = await wait_for_status(running.stub, task_id, metadata=as_caller("a-orchestrator"))
+    finally:
+        await stop_engine(running)
+    assert wf.status == pb.FAILED
+    stderr = wf.state["steps"]["write"]["result"]["stderr"]
+    assert "cannot make the host's files read-only: Not a directory" in stderr, stderr
+    assert not Path("/var/tmp/through-link").exists()

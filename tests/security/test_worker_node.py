@@ -362,3 +362,31 @@ def test_a_stranger_cannot_hold_the_nodes_connections(tmp_path: Path) -> None:
         assert (answer.status_code, answer.json()["status"]) == (200, "completed")
     finally:
         node.kill()
+
+
+def test_a_stranger_cannot_hold_a_tls_nodes_connections_in_the_handshake(
+    tmp_path: Path,
+) -> None:
+    """Found by issue 61's own round: under TLS a connection meets the node's bounds only once
+    its handshake is done, and uvicorn left the handshake to asyncio's default of 60 s, so a
+    stranger who connected and never spoke TLS held a descriptor that long, as many times as
+    it liked. The handshake now has the head's time (NODE_HEAD_TIMEOUT_SECONDS)."""
+    issued = Authority(tmp_path / "pki", "node-ca").server()
+    node = NodeProcess(
+        data_dir=tmp_path / "node",
+        extra_env={
+            "WORKFLOW_ENGINE_NODE_TLS_CERT_FILE": str(issued.cert),
+            "WORKFLOW_ENGINE_NODE_TLS_KEY_FILE": str(issued.key),
+            "WORKFLOW_ENGINE_NODE_HEAD_TIMEOUT_SECONDS": "1",
+        },
+    )
+    try:
+        host, port = node.address.rsplit(":", 1)
+        silent = [socket.create_connection((host, int(port)), timeout=10) for _ in range(20)]
+        started = time.monotonic()
+        for held in silent:
+            assert held.recv(1) == b""  # closed by the node
+            held.close()
+        assert time.monotonic() - started < 8
+    finally:
+        node.kill()

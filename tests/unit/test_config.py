@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
 from workflow_engine.cli import _parser, settings_from_args
 from workflow_engine.config import env_names, settings_from_env
+from workflow_engine.errors import ConfigError
 
 
 def test_env_is_parsed_by_field_type() -> None:
@@ -358,3 +360,24 @@ def test_tenant_limits_are_settings_that_cap_nothing_by_default() -> None:
 def test_a_limit_out_of_range_names_its_variable(variable: str, value: str) -> None:
     with pytest.raises(ValueError, match=f"^{variable}: expected"):
         settings_from_env({variable: value})
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("srv/cache", "is not an absolute, normalized directory"),
+        ("/srv/../etc", "is not an absolute, normalized directory"),
+        ("/", "is not an absolute, normalized directory"),
+        ("/tmp/cache", "is beneath a job's own /tmp, /dev/shm, /run"),
+        ("/srv/shared:/srv/shared/inner", "'/srv/shared/inner' is beneath '/srv/shared', also"),
+    ],
+)
+def test_writable_paths_are_checked_naming_the_variable(value: str, says: str) -> None:
+    for variable in (
+        "WORKFLOW_ENGINE_JOB_WRITABLE_PATHS",
+        "WORKFLOW_ENGINE_NODE_JOB_WRITABLE_PATHS",
+    ):
+        with pytest.raises(ConfigError, match=f"{variable}: .*{re.escape(says)}"):
+            settings_from_env({variable: value})
+    ok = settings_from_env({"WORKFLOW_ENGINE_JOB_WRITABLE_PATHS": "/srv/a:/srv/b"})
+    assert ok.job.writable() == ("/srv/a", "/srv/b")

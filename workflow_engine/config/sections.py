@@ -60,6 +60,11 @@ def writable_paths(value: str, variable: str) -> tuple[str, ...]:
             raise ConfigError(f"{variable}: {path!r} is not an absolute, normalized directory")
         if any(path == own or path.startswith(own + "/") for own in _JOBS_OWN):
             raise ConfigError(f"{variable}: {path!r} is beneath a job's own {', '.join(_JOBS_OWN)}")
+    for path in paths:
+        # A job writes in a granted directory: it could plant a link where another grant's
+        # path goes through it (jobwrap follows none, and refuses the job then).
+        if outer := next((p for p in paths if path.startswith(p + "/")), None):
+            raise ConfigError(f"{variable}: {path!r} is beneath {outer!r}, also granted")
     return paths
 
 

@@ -25,6 +25,7 @@ import socket
 import ssl
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import structlog
 import uvicorn
@@ -61,7 +62,24 @@ class _NodeServer(uvicorn.Server):
         await self.serve(sockets=[sock])
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets)
+        # uvicorn sets no TLS handshake timeout (asyncio's default is 60 s), and a connection
+        # meets the node's bounds (`node.connections`) only once its handshake is done: its
+        # handshake gets the head's time. uvicorn makes its servers with the loop's
+        # `create_server`, which is given it here for the call.
+        loop = asyncio.get_running_loop()
+        made = loop.create_server
+        handshake = self._settings.head_timeout_seconds
+
+        async def create_server(*args: Any, **kwargs: Any) -> asyncio.Server:
+            if kwargs.get("ssl") is not None:
+                kwargs["ssl_handshake_timeout"] = handshake
+            return await made(*args, **kwargs)
+
+        loop.create_server = create_server  # type: ignore[method-assign]
+        try:
+            await super().startup(sockets)
+        finally:
+            del loop.create_server
         tls = bool(self._settings.tls_cert_file)
         log.info(
             "serving",

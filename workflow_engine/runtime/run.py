@@ -279,14 +279,16 @@ class Run:
         except Exception as exc:
             self.outcome = "failed: internal error"
             log.exception("run_internal_error")
-            # Every secret the engine knows is masked here, unlike a node's text (which is
-            # masked with its workflow's own: `secrets.for_workflow`): an internal error's
-            # text is the engine's, not a tenant's, and the run holds no state to ask.
+            # The row says what kind of error, the log (masked with every secret the engine
+            # knows) says the rest: the exception's words may quote a tenant's own, and a
+            # mask from another workflow's secrets in them would answer a guess
+            # (`secrets.for_workflow`).
             await workflow_rows.set_status(
                 self._pool,
                 self._fence,
                 WorkflowStatus.FAILED,
-                f"internal error after {self.last_node}: {self._secrets.masked_repr(exc)}",
+                f"internal error after {self.last_node}: {type(exc).__name__} (the engine's log "
+                "has its details)",
             )
             self._metrics.workflow_finished(WorkflowStatus.FAILED, None)
         finally:

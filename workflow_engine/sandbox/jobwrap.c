@@ -366,18 +366,48 @@ static int bind_onto(int fd, int onto) {
     return mount(source, target, NULL, MS_BIND, NULL) == 0;
 }
 
-/* mount_setattr(2) (Linux 5.12), without kernel headers: one number on every architecture. */
+/* open_tree(2), move_mount(2) (Linux 5.2) and mount_setattr(2) (5.12), without kernel
+ * headers: one number each on every architecture. */
+#define SYS_open_tree_ 428
+#define SYS_move_mount_ 429
 #define SYS_mount_setattr_ 442
+#define OPEN_TREE_CLONE_ 1
+#define MOVE_MOUNT_F_EMPTY_PATH_ 0x4
+#define MOVE_MOUNT_T_EMPTY_PATH_ 0x40
 #define MOUNT_ATTR_RDONLY 0x1ULL
 #define AT_RECURSIVE_ 0x8000
 struct mount_attr_ { unsigned long long attr_set, attr_clr, propagation, userns_fd; };
 
-static int set_read_only(const char *where, int recursive, int read_only) {
+/* Set (or clear) read-only on the mount `dir` (a descriptor) is in, and with `recursive` on
+ * every mount beneath it. */
+static int set_read_only(int dir, int recursive, int read_only) {
     struct mount_attr_ attr = {0};
     if (read_only) attr.attr_set = MOUNT_ATTR_RDONLY;
     else attr.attr_clr = MOUNT_ATTR_RDONLY;
-    return (int)syscall(SYS_mount_setattr_, AT_FDCWD, where, recursive ? AT_RECURSIVE_ : 0,
+    return (int)syscall(SYS_mount_setattr_, dir, "", AT_EMPTY_PATH | (recursive ? AT_RECURSIVE_ : 0),
                         &attr, sizeof attr);
+}
+
+/* `path` opened (O_PATH) without following a symbolic link at any component, so a link a job
+ * planted (in a granted directory, in its task's /tmp) cannot send root elsewhere; -1 with
+ * errno set (ENOTDIR for a link). A mount on the last component is entered. */
+static int open_no_links(const char *path) {
+    char parts[PATH_MAX];
+    if (snprintf(parts, sizeof parts, "%s", path) >= (int)sizeof parts) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    int dir = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+    char *save = NULL;
+    for (char *part = strtok_r(parts, "/", &save); part != NULL && dir >= 0;
+         part = strtok_r(NULL, "/", &save)) {
+        int next = openat(dir, part, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        int failure = errno;
+        close(dir);
+        errno = failure;
+        dir = next;
+    }
+    return dir;
 }
 
 /* The writable=PATH arguments: host directories the operator lets every job write in. */
@@ -385,24 +415,41 @@ static char **granted_paths;
 static int granted_count;
 
 /* The host's files read-only for the job, but for its own mounts (`own`: its /tmp, its job
- * directory...) and the directories the operator granted (bound onto themselves, so each is a
- * mount of its own to make writable): it writes only where it was given room, never into a
- * world-writable directory of the host that another tenant's job could read. A kernel before
- * 5.12 has no mount_setattr: the host's files stay as the job's user sees them there. 1, or 0
- * with errno set. */
+ * directory...) and the directories the operator granted: it writes only where it was given
+ * room, never into a world-writable directory of the host that another tenant's job could
+ * read. Every path is walked without following links and acted on through its descriptor. A
+ * granted directory gets a mount of its own (a clone of the tree there, attached on top) whose
+ * top alone is made writable again: a read-only filesystem mounted beneath it stays so. A
+ * kernel before 5.12 has no mount_setattr: the host's files stay as the job's user sees them
+ * there. 1, or 0 with errno set. */
 static int read_only_host(const char *const *own, int count) {
-    if (set_read_only("/", 1, 1) != 0) return errno == ENOSYS;
-    struct stat seen;
+    int root = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (root < 0) return 0;
+    int done = set_read_only(root, 1, 1) == 0;
+    close(root);
+    if (!done) return errno == ENOSYS;
     for (int i = 0; i < count; i++) {
-        if (stat(own[i], &seen) != 0 && errno == ENOENT) continue; /* not covered */
-        if (set_read_only(own[i], 0, 0) != 0) return 0;
+        int dir = open_no_links(own[i]);
+        if (dir < 0 && errno == ENOENT) continue; /* not covered */
+        if (dir < 0) return 0;
+        done = set_read_only(dir, 0, 0) == 0;
+        close(dir);
+        if (!done) return 0;
     }
     for (int i = 0; i < granted_count; i++) {
-        const char *path = granted_paths[i];
-        if (stat(path, &seen) != 0 || !S_ISDIR(seen.st_mode)) continue; /* none here */
-        if (mount(path, path, NULL, MS_BIND | MS_REC, NULL) != 0 ||
-            set_read_only(path, 1, 0) != 0)
-            return 0;
+        int dir = open_no_links(granted_paths[i]);
+        if (dir < 0 && errno == ENOENT) continue; /* none on this host */
+        if (dir < 0) return 0;
+        int tree = (int)syscall(SYS_open_tree_, dir, "",
+                                OPEN_TREE_CLONE_ | O_CLOEXEC | AT_EMPTY_PATH | AT_RECURSIVE_);
+        done = tree >= 0 && set_read_only(tree, 0, 0) == 0 &&
+               syscall(SYS_move_mount_, tree, "", dir, "",
+                       MOVE_MOUNT_F_EMPTY_PATH_ | MOVE_MOUNT_T_EMPTY_PATH_) == 0;
+        int failure = errno;
+        if (tree >= 0) close(tree);
+        close(dir);
+        errno = failure;
+        if (!done) return 0;
     }
     return 1;
 }

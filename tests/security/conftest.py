@@ -32,6 +32,8 @@ CALLERS: dict[str, dict[str, object]] = {
     "a-operator": {"role": "operator", "projects": ["project-a"]},
     "b-operator": {"role": "operator", "projects": ["project-b"]},
     "a-reader": {"role": "reader", "projects": ["project-a"]},
+    # Scoped to a user, not to projects: it may name any project its tasks are of.
+    "u-orchestrator": {"role": "orchestrator", "users": ["someone-u"]},
 }
 
 

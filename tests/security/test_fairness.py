@@ -304,3 +304,31 @@ async def test_a_caller_at_its_watch_cap_is_refused_until_one_of_its_watches_end
             gates.open_(["w0", "w1", "w2"])
         for task_id in ids:
             await wait_for_status(served.stub, task_id, metadata=as_caller("a-orchestrator"))
+
+
+async def test_a_caller_scoped_to_a_user_gets_no_more_room_by_naming_projects(
+    secured: Settings, tmp_path: Path
+) -> None:
+    """Found by issue 61's own round (finding d): the caps and the fair job slots are a
+    project's, and a caller scoped to users only may name any project, so each project it made
+    up was a tenant of its own with a cap of its own. Now such a caller's workflows are its
+    user's: with a cap of 1, its second workflow is refused whatever project it names, naming
+    the user; another tenant starts as before."""
+    gates = Gates(tmp_path)
+    setting = "WORKFLOW_ENGINE_MAX_RUNNING_WORKFLOWS_PER_TENANT"
+    async with serving(secured, max_running_workflows_per_tenant=1) as served:
+        first = tenant_task("made-up-1", gates.held("u0"), user="someone-u")
+        running = await start(served, "u-orchestrator", first)
+        try:
+            second = tenant_task("made-up-2", gates.quick("u1"), user="someone-u")
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await start(served, "u-orchestrator", second)
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert (refused.value.details() or "").startswith(f"{setting}: user 'someone-u'")
+            b_id = await start(served, "b-orchestrator", tenant_task("project-b", gates.quick("b")))
+            b = await wait_for_status(served.stub, b_id, metadata=as_caller("b-orchestrator"))
+            assert b.status == pb.SUCCEEDED
+        finally:
+            gates.open_(["u0"])
+        ended = await wait_for_status(served.stub, running, metadata=as_caller("u-orchestrator"))
+        assert ended.status == pb.SUCCEEDED, ended.error

@@ -82,6 +82,8 @@ class Settings:
     #: by its task's max_parallel_steps). While jobs wait for one, a slot that frees goes to the
     #: tenant (the task's project) with the fewest running (`capabilities.fair_slots`).
     max_running_jobs: int = 64
+    #: A tenant is a project; a caller scoped to users only (which may name any project)
+    #: counts as its user (see docs/security.md, "Tenants").
     #: One tenant's jobs running at once in this process, at most, even while slots are free;
     #: 0: no cap beyond `max_running_jobs` (fair sharing already keeps a tenant's flood from
     #: delaying another's next job by more than one slot, and a cap idles slots).

@@ -132,6 +132,32 @@ class Scope:
             not self.users or user_id in self.users
         )
 
+    def tenant(self, user_id: str, project_id: str) -> str:
+        """The tenant a workflow this caller starts or resumes counts as (`tenant_of`)."""
+        if self.users and not self.projects:
+            return USER_TENANT + user_id
+        return project_id
+
+
+#: A tenant that is a user, not a project (NUL: no project id holds one, so none is mistaken).
+USER_TENANT = "\x00user:"
+
+
+def tenant_of(scope: Scope | None, user_id: str, project_id: str) -> str:
+    """The key a workflow's runs and jobs are counted and shared under in an engine process
+    (the per-tenant caps, the fair job slots): its project; but for a caller scoped to users
+    only, which may name any project, its user, so that naming many projects gets it no more
+    room. A run the engine starts by itself (recovery, an approval's expiry) counts under the
+    project."""
+    return project_id if scope is None else scope.tenant(user_id, project_id)
+
+
+def tenant_shown(tenant: str) -> str:
+    """`tenant` as a message names it: ``project 'p'`` or ``user 'u'``."""
+    if tenant.startswith(USER_TENANT):
+        return f"user {tenant.removeprefix(USER_TENANT)!r}"
+    return f"project {tenant!r}"
+
 
 @dataclass(frozen=True, slots=True)
 class WorkflowQuery:

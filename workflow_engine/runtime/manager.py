@@ -30,7 +30,7 @@ from workflow_engine.capabilities.job_tracker import JobTracker
 from workflow_engine.config import ENV_PREFIX
 from workflow_engine.context import EngineContext
 from workflow_engine.domain.jobs import JobRequest
-from workflow_engine.domain.records import Fence, WorkflowEventRecord
+from workflow_engine.domain.records import Fence, WorkflowEventRecord, tenant_shown
 from workflow_engine.domain.status import TERMINAL_STATUSES, WorkflowStatus
 from workflow_engine.errors import LeaseLost, RunStopped, WorkflowEngineError
 from workflow_engine.graph.builder import WorkflowGraph
@@ -79,13 +79,14 @@ class RunManager:
         self._accepting = True
         # Task id -> when (the clock's monotonic time) the database last confirmed its run's fence.
         self._confirmed: dict[str, float] = {}
-        # Task id -> its tenant (project), while it runs here; and each tenant's runs.
+        # Task id -> its tenant (its project, or a user: `domain.records.tenant_of`), while it
+        # runs here; and each tenant's runs.
         self._tenants: dict[str, str] = {}
         self._tenant_runs = Quota(
             max_runs_per_tenant,
             setting=f"{ENV_PREFIX}MAX_RUNNING_WORKFLOWS_PER_TENANT",
-            holder="project",
             what="running workflows",
+            shown=tenant_shown,
         )
         jobs.admit = self.admit
         jobs.tenant_of = self.tenant_of

@@ -8,7 +8,7 @@ refuses nothing; counting goes on regardless, which costs a dict entry.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import structlog
@@ -21,14 +21,22 @@ log = structlog.get_logger(__name__)
 class Quota:
     """Counts what each key holds, up to `limit` (0: no limit) refused by `take`.
 
-    `setting` is the limit's variable, `holder` what a key is ("project", "caller") and `what`
-    what is counted ("running workflows"), for the refusal's message.
+    `setting` is the limit's variable, `holder` what a key is ("caller"; or `shown`, how a key
+    is named) and `what` what is counted ("running workflows"), for the refusal's message.
     """
 
-    def __init__(self, limit: int, *, setting: str, holder: str, what: str) -> None:
+    def __init__(
+        self,
+        limit: int,
+        *,
+        setting: str,
+        holder: str = "",
+        what: str,
+        shown: Callable[[str], str] | None = None,
+    ) -> None:
         self.limit = limit
         self._setting = setting
-        self._holder = holder
+        self._shown = shown or (lambda key: f"{holder} {key!r}")
         self._what = what
         self._held: dict[str, int] = {}
 
@@ -41,7 +49,7 @@ class Quota:
             log.info("quota_refused", setting=self._setting, key=key, held=self.held(key))
             raise ResourceExhausted(
                 self._setting,
-                f"{self._holder} {key!r} has {self.limit} {self._what} in this engine process, "
+                f"{self._shown(key)} has {self.limit} {self._what} in this engine process, "
                 "the most it may; retry when one ends",
             )
         self.add(key)

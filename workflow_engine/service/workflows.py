@@ -24,6 +24,7 @@ from workflow_engine.domain.records import (
     StartOutcome,
     WorkflowEventRecord,
     WorkflowRecord,
+    tenant_of,
 )
 from workflow_engine.domain.status import WorkflowStatus
 from workflow_engine.domain.task import Budget, TaskSpec
@@ -162,7 +163,7 @@ class WorkflowService(WorkflowReads):
         holder = holder_id or self._settings.holder_id
         run_id = str(uuid.uuid4())
         state = initial_state(task_id, run_id)
-        tenant = task.metadata.project_id
+        tenant = tenant_of(scope, task.metadata.user_id, task.metadata.project_id)
         with self._runs.room_for(tenant):
             try:
                 outcome = await workflow_rows.create(
@@ -228,20 +229,21 @@ class WorkflowService(WorkflowReads):
         holder = holder_id or self._settings.holder_id
         record = in_scope(await queries.get(self._pool, task_id), scope)
         refuse_blocked(record)
+        tenant = tenant_of(scope, record.user_id, record.project_id)
         changes = resume_changes(record, decision, budget, actor or holder, self._clock)
         if changes:
-            applied = await self._apply(record, holder, ttl, changes)
+            applied = await self._apply(record, holder, ttl, changes, tenant)
             return ResumeOutcome(applied.record, applied.lease, True, applied.status)
         run = await self._settled_run(task_id)
         if run is not None:  # already running here: nothing to do, and nothing dropped
             return ResumeOutcome(record, None, False, record.status)
         self._check_accepting()
-        with self._runs.room_for(record.project_id):
+        with self._runs.room_for(tenant):
             claim = await self._claim(task_id, holder, ttl)
             if claim.lease is None:
                 refuse_blocked(claim.record)  # changed outside the engine since the read above
                 return ResumeOutcome(claim.record, None, False, claim.record.status)
-            self._launch_resumed(claim.record, holder, claim.lease, ttl)
+            self._launch_resumed(claim.record, holder, claim.lease, ttl, tenant=tenant)
         return ResumeOutcome(claim.record, claim.lease, True, claim.record.status)
 
     async def update(self, task_id: str, override: Override, scope: Scope | None = None) -> Applied:
@@ -256,8 +258,9 @@ class WorkflowService(WorkflowReads):
         record = in_scope(await queries.get(self._pool, task_id), scope)
         if record.terminal:
             raise InvalidState(f"the workflow has ended ({record.status}); nothing to override")
+        tenant = tenant_of(scope, record.user_id, record.project_id)
         if override.accept_outside_state:
-            return await self._accept_outside_state(record, override)
+            return await self._accept_outside_state(record, override, tenant)
         if record.blocked_reason and override.fails:
             ended = await workflow_rows.end_blocked(
                 self._pool,
@@ -274,9 +277,8 @@ class WorkflowService(WorkflowReads):
         assert override.change is not None
         changes = [override.change]
         state_changes.apply_all(changes, state_of(record))  # refuse early; applied below
-        return await self._apply(
-            record, self._settings.holder_id, float(self._settings.lease_ttl_seconds), changes
-        )
+        ttl = float(self._settings.lease_ttl_seconds)
+        return await self._apply(record, self._settings.holder_id, ttl, changes, tenant)
 
     async def expire(self, task_id: str) -> str | None:
         """Apply the expiry of a waiting workflow's approval request (the timer sweep's call;
@@ -307,7 +309,9 @@ class WorkflowService(WorkflowReads):
         self._metrics.approval_expired(expiry.action)
         return expiry.action
 
-    async def _accept_outside_state(self, record: WorkflowRecord, override: Override) -> Applied:
+    async def _accept_outside_state(
+        self, record: WorkflowRecord, override: Override, tenant: str
+    ) -> Applied:
         """Take what another writer left in a blocked workflow as the engine's, and run it from
         the start: the task is read again and re-planned (see `accepted_state`)."""
         if not record.blocked_reason:
@@ -319,7 +323,7 @@ class WorkflowService(WorkflowReads):
         holder = self._settings.holder_id
         ttl = float(self._settings.lease_ttl_seconds)
         run_id = str(uuid.uuid4())  # a new run: no job of the run before is its
-        with self._runs.room_for(record.project_id):
+        with self._runs.room_for(tenant):
             claim = await workflow_rows.restart_from(
                 self._pool,
                 process=self._process,
@@ -333,11 +337,16 @@ class WorkflowService(WorkflowReads):
                 + (f": {override.reason}" if override.reason else ""),
             )
             assert claim.lease is not None
-            self._launch_resumed(claim.record, holder, claim.lease, ttl)
+            self._launch_resumed(claim.record, holder, claim.lease, ttl, tenant=tenant)
         return Applied(claim.record, claim.lease, claim.record.status)
 
     async def _apply(
-        self, record: WorkflowRecord, holder: str, ttl: float, changes: Sequence[Change]
+        self,
+        record: WorkflowRecord,
+        holder: str,
+        ttl: float,
+        changes: Sequence[Change],
+        tenant: str | None = None,
     ) -> Applied:
         """Make `changes` durable through whichever run holds the workflow's lease.
 
@@ -345,7 +354,8 @@ class WorkflowService(WorkflowReads):
         released the lease, or it is stopping) is waited for, then the workflow is claimed and
         a new run applies them first (if its tenant has room for one more). Either way each
         change is computed from the state it is applied to, so a concurrent decision makes
-        this one refused, never applied twice.
+        this one refused, never applied twice. `tenant`: the run's (`tenant_of`; None: its
+        project's).
         """
         task_id = record.task_id
         for _ in range(3):
@@ -359,7 +369,7 @@ class WorkflowService(WorkflowReads):
                 except RunEnded:
                     continue
                 return await self._applied(task_id, None, state)
-            launched = await self._claim_and_launch(record, holder, ttl, changes)
+            launched = await self._claim_and_launch(record, holder, ttl, changes, tenant)
             if launched is None:
                 continue  # a run of it started here meanwhile: submit to it on the next pass
             run, lease = launched
@@ -368,7 +378,12 @@ class WorkflowService(WorkflowReads):
         raise InvalidState("the workflow's run kept changing hands; nothing was changed, retry")
 
     async def _claim_and_launch(
-        self, record: WorkflowRecord, holder: str, ttl: float, changes: Sequence[Change]
+        self,
+        record: WorkflowRecord,
+        holder: str,
+        ttl: float,
+        changes: Sequence[Change],
+        tenant: str | None = None,
     ) -> tuple[Run, Lease] | None:
         """Claim the workflow and launch a run here that applies `changes` first; None when a
         run of it started here meanwhile. One claim at a time per workflow in this process:
@@ -379,7 +394,7 @@ class WorkflowService(WorkflowReads):
         async with self._claim_lock(task_id):
             if self._runs.get(task_id) is not None:
                 return None
-            with self._runs.room_for(record.project_id):
+            with self._runs.room_for(record.project_id if tenant is None else tenant):
                 claim = await self._claim(task_id, holder, ttl)
                 if claim.lease is None:
                     refuse_blocked(claim.record)
@@ -393,7 +408,9 @@ class WorkflowService(WorkflowReads):
                         Fence(task_id, claim.record.run_id, holder, claim.lease.epoch)
                     )
                     raise
-                run = self._launch_resumed(claim.record, holder, claim.lease, ttl, changes)
+                run = self._launch_resumed(
+                    claim.record, holder, claim.lease, ttl, changes, tenant=tenant
+                )
         return run, claim.lease
 
     @contextlib.asynccontextmanager
@@ -464,6 +481,8 @@ class WorkflowService(WorkflowReads):
         lease: Lease,
         ttl: float,
         changes: Sequence[Change] = (),
+        *,
+        tenant: str | None = None,
     ) -> Run:
         self._events.forget(task_id=record.task_id)  # others may have written since it ran here
         return self._runs.launch(
@@ -472,7 +491,7 @@ class WorkflowService(WorkflowReads):
             status=record.status,
             # Without a checkpoint the run died before its first node: start from the input.
             initial_input=None if record.has_checkpoint else state_or_empty(record.state),
-            tenant=record.project_id,
+            tenant=record.project_id if tenant is None else tenant,
             changes=changes,
         )
 

@@ -2,8 +2,9 @@
 both call `WorkflowService`.
 
 `workflows` starts, resumes, updates, cancels, gets and lists workflows (`task_by_id` finds the
-task of a start that sent none); `watch` streams a workflow's events; `checks` holds the checks
-they make against a row before acting.
+task of a start that sent none; `claims` claims a workflow and applies changes through its
+lease; `reads` reads within a caller's scope); `watch` streams a workflow's events; `checks`
+holds the checks they make against a row before acting.
 """
 
 from workflow_engine.service.outcomes import Applied, ResumeOutcome

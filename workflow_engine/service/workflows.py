@@ -7,9 +7,8 @@ happens lives here or below, so the same calls serve tests, benchmarks and other
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable
 from datetime import datetime
 
 from workflow_engine.capabilities.protocols import TaskSource
@@ -18,8 +17,6 @@ from workflow_engine.context import EngineContext
 from workflow_engine.domain.deadlines import expiry_of
 from workflow_engine.domain.records import (
     Fence,
-    Lease,
-    ResumeClaim,
     Scope,
     StartOutcome,
     WorkflowEventRecord,
@@ -32,23 +29,18 @@ from workflow_engine.errors import (
     InvalidState,
     LeaseHeld,
     OutOfScope,
-    RunEnded,
-    ShuttingDown,
     WorkflowExists,
 )
 from workflow_engine.graph import changes as state_changes
-from workflow_engine.graph import routing
-from workflow_engine.graph.changes import Change, Decision, Override
+from workflow_engine.graph.changes import Decision, Override
 from workflow_engine.graph.nodes import jobs_in_flight
 from workflow_engine.graph.state import (
     WorkflowState,
     accepted_state,
     initial_state,
-    state_or_empty,
 )
 from workflow_engine.runtime.events import EventHub
 from workflow_engine.runtime.manager import RunManager
-from workflow_engine.runtime.run import Run
 from workflow_engine.secrets import step_secrets
 from workflow_engine.service.checks import (
     admits,
@@ -57,24 +49,21 @@ from workflow_engine.service.checks import (
     resume_changes,
     state_of,
 )
+from workflow_engine.service.claims import WorkflowClaims
 from workflow_engine.service.outcomes import Applied, ResumeOutcome
-from workflow_engine.service.reads import WorkflowReads
 from workflow_engine.service.task_by_id import check_inline_task_id, task_by_id
 from workflow_engine.service.watch import Watches
-from workflow_engine.storage import leases, queries, workflow_rows
-from workflow_engine.storage.pool import Pool, on_connection
+from workflow_engine.storage import queries, workflow_rows
+from workflow_engine.storage.pool import Pool
 
-#: How long a change waits for a closing run of its workflow (one that wrote its last
-#: checkpoint, or was told to stop) to end before claiming the workflow itself. Such a run has
-#: no node left to run; this only bounds a run stuck on an unreachable database.
-RUN_END_WAIT_SECONDS = 10.0
 #: How long CancelWorkflow waits for the abandoned run here to end before it answers.
 CANCEL_RUN_WAIT_SECONDS = 0.5
 
 
-class WorkflowService(WorkflowReads):
+class WorkflowService(WorkflowClaims):
     """Start/resume/get/cancel/watch, on top of the store and this process's run manager (the
-    reads, and the scope checks they share with the changes, are `WorkflowReads`')."""
+    reads, and the scope checks they share with the changes, are `WorkflowReads`'; claiming a
+    workflow and applying changes through its lease, `WorkflowClaims`')."""
 
     def __init__(
         self,
@@ -124,10 +113,6 @@ class WorkflowService(WorkflowReads):
     def _ttl(self, requested: int) -> float:
         """The lease TTL a request asked for (checked by the API), or the configured one."""
         return float(requested or self._settings.lease_ttl_seconds)
-
-    def _check_accepting(self) -> None:
-        if not self._runs.accepting:
-            raise ShuttingDown("the engine is shutting down; send this to another replica")
 
     async def start(
         self,
@@ -340,127 +325,6 @@ class WorkflowService(WorkflowReads):
             self._launch_resumed(claim.record, holder, claim.lease, ttl, tenant=tenant)
         return Applied(claim.record, claim.lease, claim.record.status)
 
-    async def _apply(
-        self,
-        record: WorkflowRecord,
-        holder: str,
-        ttl: float,
-        changes: Sequence[Change],
-        tenant: str | None = None,
-    ) -> Applied:
-        """Make `changes` durable through whichever run holds the workflow's lease.
-
-        A live run here takes them at once. A closing run (it wrote its last checkpoint, which
-        released the lease, or it is stopping) is waited for, then the workflow is claimed and
-        a new run applies them first (if its tenant has room for one more). Either way each
-        change is computed from the state it is applied to, so a concurrent decision makes
-        this one refused, never applied twice. `tenant`: the run's (`tenant_of`; None: its
-        project's).
-        """
-        task_id = record.task_id
-        for _ in range(3):
-            run = await self._settled_run(task_id)
-            if run is not None:
-                done = run.submit(changes)
-                if done is None:
-                    continue  # it began closing just now; wait for it on the next pass
-                try:
-                    state = await done
-                except RunEnded:
-                    continue
-                return await self._applied(task_id, None, state)
-            launched = await self._claim_and_launch(record, holder, ttl, changes, tenant)
-            if launched is None:
-                continue  # a run of it started here meanwhile: submit to it on the next pass
-            run, lease = launched
-            state = await run.pending()[0]
-            return await self._applied(task_id, lease, state)
-        raise InvalidState("the workflow's run kept changing hands; nothing was changed, retry")
-
-    async def _claim_and_launch(
-        self,
-        record: WorkflowRecord,
-        holder: str,
-        ttl: float,
-        changes: Sequence[Change],
-        tenant: str | None = None,
-    ) -> tuple[Run, Lease] | None:
-        """Claim the workflow and launch a run here that applies `changes` first; None when a
-        run of it started here meanwhile. One claim at a time per workflow in this process:
-        two changes that race here (a decision and the timer's expiry) would otherwise both
-        take this holder's lease, each moving the other's epoch on."""
-        task_id = record.task_id
-        self._check_accepting()
-        async with self._claim_lock(task_id):
-            if self._runs.get(task_id) is not None:
-                return None
-            with self._runs.room_for(record.project_id if tenant is None else tenant):
-                claim = await self._claim(task_id, holder, ttl)
-                if claim.lease is None:
-                    refuse_blocked(claim.record)
-                    raise InvalidState(
-                        f"the workflow has ended ({claim.record.status}); nothing was changed"
-                    )
-                try:  # refused by the state as claimed (it may have moved on): change nothing
-                    state_changes.apply_all(changes, state_of(claim.record))
-                except Exception:
-                    await self._release(
-                        Fence(task_id, claim.record.run_id, holder, claim.lease.epoch)
-                    )
-                    raise
-                run = self._launch_resumed(
-                    claim.record, holder, claim.lease, ttl, changes, tenant=tenant
-                )
-        return run, claim.lease
-
-    @contextlib.asynccontextmanager
-    async def _claim_lock(self, task_id: str) -> AsyncIterator[None]:
-        """This process's lock on claiming `task_id`, kept only while someone wants it."""
-        lock, users = self._claim_locks.get(task_id, (asyncio.Lock(), 0))
-        self._claim_locks[task_id] = (lock, users + 1)
-        try:
-            async with lock:
-                yield
-        finally:
-            lock, users = self._claim_locks[task_id]
-            if users == 1:
-                del self._claim_locks[task_id]
-            else:
-                self._claim_locks[task_id] = (lock, users - 1)
-
-    async def _claim(
-        self, task_id: str, holder: str, ttl: float, max_recoveries: int | None = None
-    ) -> ResumeClaim:
-        """Take the lease of an unfinished workflow for a run in this process (see
-        `workflow_rows.claim_for_resume`: a finished or blocked one comes back without it)."""
-        return await workflow_rows.claim_for_resume(
-            self._pool,
-            process=self._process,
-            task_id=task_id,
-            holder_id=holder,
-            ttl_seconds=ttl,
-            max_recoveries=max_recoveries,
-        )
-
-    async def _release(self, fence: Fence) -> None:
-        await on_connection(self._pool, lambda conn: leases.release(conn, fence))
-
-    async def _settled_run(self, task_id: str) -> Run | None:
-        """The run of `task_id` here that still takes changes; waits out a closing one."""
-        run = self._runs.get(task_id)
-        if run is None or not run.closing:
-            return run
-        if not await self._runs.wait(task_id, RUN_END_WAIT_SECONDS):
-            raise InvalidState("the workflow's run here is still stopping; nothing was changed")
-        return None
-
-    async def _applied(self, task_id: str, lease: Lease | None, state: WorkflowState) -> Applied:
-        record = await queries.get(self._pool, task_id)
-        status = record.status
-        if status == WorkflowStatus.RUNNING:  # not yet past the node the change leads to
-            status = routing.committed_status(state, self._clock.now())
-        return Applied(record, lease, status)
-
     async def recover(self, task_id: str) -> bool:
         """Adopt an orphaned workflow (automatic recovery); True if it now runs here."""
         if self._runs.is_live(task_id) or not self._runs.accepting:
@@ -473,27 +337,6 @@ class WorkflowService(WorkflowReads):
         self._launch_resumed(claim.record, holder, claim.lease, ttl)
         self._metrics.recovery_adopted()
         return True
-
-    def _launch_resumed(
-        self,
-        record: WorkflowRecord,
-        holder: str,
-        lease: Lease,
-        ttl: float,
-        changes: Sequence[Change] = (),
-        *,
-        tenant: str | None = None,
-    ) -> Run:
-        self._events.forget(task_id=record.task_id)  # others may have written since it ran here
-        return self._runs.launch(
-            fence=Fence(record.task_id, record.run_id, holder, lease.epoch),
-            ttl_seconds=ttl,
-            status=record.status,
-            # Without a checkpoint the run died before its first node: start from the input.
-            initial_input=None if record.has_checkpoint else state_or_empty(record.state),
-            tenant=record.project_id if tenant is None else tenant,
-            changes=changes,
-        )
 
     async def cancel(
         self, task_id: str, reason: str, actor: str = "", scope: Scope | None = None

@@ -81,8 +81,10 @@ async def test_retention_prunes_what_is_due_while_workflows_run(settings: Settin
                 " WHERE task_id = ANY(%s::uuid[])",
                 (finished,),
             )
-        # Workflows running while the pruner works through the due ones.
-        handles = [await engine.start(_task(4, 0.3)) for _ in range(30)]
+        # Workflows running while the pruner works through the due ones: long enough (8 steps
+        # of 0.3 s) for more than one of its rounds, behind a pooler on a loaded machine too
+        # (4 steps left it one round there once: 40 pruned at the start and at the end).
+        handles = [await engine.start(_task(8, 0.3)) for _ in range(30)]
         pruned_at_start = _pruned(registry)
         results = await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), 120)
         assert {r.status for r in results} == {WorkflowStatus.SUCCEEDED}

@@ -127,7 +127,7 @@ def schedule_to_proto(record: ScheduleRecord, engine_secrets: EngineSecrets) -> 
     credentials) masked, as GetWorkflow masks a workflow's."""
     task = TaskSpec.from_json(record.task) if record.task is not None else None
     return pb.Schedule(
-        schedule_id=record.schedule_id,
+        schedule_id=record.shown_id,
         cron=record.cron,
         time_zone=record.time_zone,
         task=task_to_proto(task, engine_secrets) if task is not None else None,

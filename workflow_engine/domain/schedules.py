@@ -15,6 +15,7 @@ interval since the Unix epoch (time zones do not apply).
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import re
 import uuid
@@ -26,6 +27,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
+from workflow_engine.domain.records import Scope
 from workflow_engine.domain.task import TaskSpec
 from workflow_engine.domain.values import JsonObject, parse
 from workflow_engine.errors import InvalidArgument
@@ -59,6 +61,8 @@ CatchUp = Literal["SKIP_MISSED", "RUN_ONCE"]
 Outcome = Literal["started", "skipped", "missed"]
 #: Every slot's task id is uuid5(SLOT_NAMESPACE, "<schedule_id>/<slot as UTC ISO 8601>").
 SLOT_NAMESPACE = uuid.UUID("6b0c2a4e-52a1-5c3e-9d7f-5c8e0a1d3e52")
+#: Namespace of the keys of schedules whose id another tenant's holds (`own_key`).
+SCHEDULE_KEY_NAMESPACE = uuid.UUID("0e3b7f52-8c1d-5a49-b6e2-4f9a1c7d2e80")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -236,6 +240,15 @@ def slot_task_id(schedule_id: str, slot: float) -> str:
     return str(uuid.uuid5(SLOT_NAMESPACE, f"{schedule_id}/{slot_text(slot)}"))
 
 
+def own_key(scope: Scope, schedule_id: str) -> str:
+    """The key of a schedule that a caller in `scope` creates under `schedule_id` while
+    another tenant's schedule holds that id: schedule ids are a space per tenant, so that
+    creating one answers alike whether its id is unknown or another tenant's. Its slots'
+    task ids derive from this key (`slot_task_id`), so they meet no other tenant's."""
+    space = json.dumps([sorted(scope.projects), sorted(scope.users)])
+    return str(uuid.uuid5(SCHEDULE_KEY_NAMESPACE, f"{space}/{schedule_id}"))
+
+
 def slot_task(task: TaskSpec, schedule_id: str, slot: float) -> TaskSpec:
     """The template as one slot's task: its metadata labels gain `schedule_id` and
     `schedule_slot` (UTC ISO 8601); refused, naming the field, when no room is left."""
@@ -284,3 +297,11 @@ class ScheduleRecord:
     created_by: str
     created_at: datetime
     updated_at: datetime
+    #: The id its creator named, when another tenant's schedule held that id: the row's key
+    #: (`schedule_id`) is then `own_key`'s. None for every other schedule.
+    public_id: str | None = None
+
+    @property
+    def shown_id(self) -> str:
+        """The id callers name the schedule by (and its slots' workflows show)."""
+        return self.public_id or self.schedule_id

@@ -172,11 +172,11 @@ class Scheduler:
         """Start the slot's workflow: "started", or "taken" when another replica (or an
         earlier pass of this one) started it."""
         template = await self._template(record)
-        task = slot_task(template, record.schedule_id, slot)
+        task = slot_task(template, record.shown_id, slot)
         slot_at = to_datetime(slot)
         assert slot_at is not None
         try:
-            answer = await self._start(task_id, task, (record.schedule_id, slot_at))
+            answer = await self._start(task_id, task, (record.shown_id, slot_at))
         except (WorkflowExists, LeaseHeld):
             return "taken"
         return "started" if answer.status == "STARTED" else "taken"
@@ -189,7 +189,7 @@ class Scheduler:
         first: such a workflow is never adopted as the schedule's last run (it would hold an
         overlap SKIP schedule off for as long as it waits); the slot is lost, and logged."""
         schedule_id, _slot = await schedules.started_by(self._pool, task_id)
-        if schedule_id == record.schedule_id:
+        if schedule_id in (record.shown_id, record.schedule_id):  # an older engine: the key
             return True
         if not quiet or schedule_id is not None:
             log.warning(

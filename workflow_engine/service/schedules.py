@@ -24,6 +24,7 @@ from workflow_engine.domain.schedules import (
     CatchUp,
     Overlap,
     ScheduleRecord,
+    own_key,
     parse_calendar,
     slot_task,
     to_datetime,
@@ -102,16 +103,30 @@ class ScheduleService:
             created_at=now,
             updated_at=now,
         )
-        stored = await schedules.insert(self._pool, record)
-        if stored is None:
-            raise ScheduleExists(schedule_id)
-        return stored
+        for _ in range(3):  # the schedule holding the id may be deleted between the two
+            stored = await schedules.insert(self._pool, record)
+            if stored is not None:
+                return stored
+            holders = await schedules.named(self._pool, schedule_id)
+            if scope is None or any(_admits(scope, held) for held in holders):
+                raise ScheduleExists(schedule_id)
+            if holders:  # another tenant's: this one gets a key of its own (`own_key`)
+                key = own_key(scope, schedule_id)
+                stored = await schedules.insert(
+                    self._pool, replace(record, schedule_id=key, public_id=schedule_id)
+                )
+                if stored is None:  # this caller's own, since moved out of its scope
+                    raise ScheduleExists(schedule_id)
+                return stored
+        raise InvalidState("the schedule id kept changing hands while it was created; retry")
 
     async def get(self, schedule_id: str, scope: Scope | None) -> ScheduleRecord:
-        record = await schedules.get(self._pool, schedule_id)
-        if record is None or not admits(scope, record.user_id, record.project_id):
-            raise ScheduleNotFound(schedule_id)
-        return record
+        """The schedule `scope` admits that callers name `schedule_id`: its own tenant's
+        (a caller that sees several tenants meets the one keyed by the id first)."""
+        for record in await schedules.named(self._pool, schedule_id):
+            if _admits(scope, record):
+                return record
+        raise ScheduleNotFound(schedule_id)
 
     async def list(
         self, scope: Scope | None, limit: int, after: tuple[datetime, str] | None
@@ -160,8 +175,8 @@ class ScheduleService:
         raise InvalidState("the schedule kept changing while it was updated; retry")
 
     async def delete(self, schedule_id: str, scope: Scope | None) -> None:
-        await self.get(schedule_id, scope)
-        if not await schedules.delete(self._pool, schedule_id):
+        record = await self.get(schedule_id, scope)
+        if not await schedules.delete(self._pool, record.schedule_id):
             raise ScheduleNotFound(schedule_id)
 
     async def _next(self, draft: ScheduleDraft) -> datetime | None:
@@ -190,6 +205,10 @@ class ScheduleService:
             raise InvalidArgument("schedule.task", "required: a task or a template_task_id")
         self._check_startable(slot_task(task, schedule_id, 0.0))
         return task
+
+
+def _admits(scope: Scope | None, record: ScheduleRecord) -> bool:
+    return admits(scope, record.user_id, record.project_id)
 
 
 async def _calendar(draft: ScheduleDraft) -> Calendar:

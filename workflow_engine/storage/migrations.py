@@ -249,6 +249,15 @@ MIGRATIONS: list[LiteralString] = [
     CREATE INDEX IF NOT EXISTS workflow_checkpoints_schedule_idx
         ON workflow_checkpoints (schedule_id, updated_at) WHERE schedule_id IS NOT NULL;
     """,
+    # 10: an id space per tenant for schedules (issue 61). A schedule created under an id that
+    # another tenant's schedule holds is stored under a key of its own (`schedule_id`, derived
+    # from its creator's scope and the id) and keeps the id its creator named in `public_id`
+    # (NULL for every other schedule: its key is its id).
+    """
+    ALTER TABLE workflow_schedules ADD COLUMN IF NOT EXISTS public_id text;
+    CREATE INDEX IF NOT EXISTS workflow_schedules_public_idx
+        ON workflow_schedules (public_id) WHERE public_id IS NOT NULL;
+    """,
 ]
 
 

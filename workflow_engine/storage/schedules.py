@@ -23,23 +23,34 @@ from workflow_engine.storage.pool import Connection, Pool, on_connection
 
 _COLUMNS = """
 schedule_id, project_id, user_id, cron, time_zone, task, template_task_id, overlap, catch_up,
-paused, next_fire_time, last_fire_time, last_task_id, created_by, created_at, updated_at
+paused, next_fire_time, last_fire_time, last_task_id, created_by, created_at, updated_at,
+public_id
 """
 
 _INSERT = (
     """
 INSERT INTO workflow_schedules
     (schedule_id, project_id, user_id, cron, time_zone, task, template_task_id, overlap,
-     catch_up, paused, next_fire_time, created_by)
+     catch_up, paused, next_fire_time, created_by, public_id)
 VALUES (%(schedule_id)s, %(project_id)s, %(user_id)s, %(cron)s, %(time_zone)s, %(task)s,
         %(template_task_id)s, %(overlap)s, %(catch_up)s, %(paused)s, %(next_fire_time)s,
-        %(created_by)s)
+        %(created_by)s, %(public_id)s)
 ON CONFLICT (schedule_id) DO NOTHING
 RETURNING """
     + _COLUMNS
 )
 
-_SELECT = "SELECT " + _COLUMNS + " FROM workflow_schedules WHERE schedule_id = %(schedule_id)s"
+# The schedules callers name `schedule_id`: the one whose key it is, then those of other
+# tenants that named it too (`domain.schedules.own_key`), oldest first.
+_NAMED = (
+    "SELECT "
+    + _COLUMNS
+    + """
+  FROM workflow_schedules
+ WHERE (schedule_id = %(schedule_id)s AND public_id IS NULL) OR public_id = %(schedule_id)s
+ ORDER BY public_id IS NOT NULL, created_at
+"""
+)
 
 # The scope filter of ListWorkflows (`queries.list_statement`), on a schedule's owner.
 _SCOPED = """
@@ -138,6 +149,7 @@ def _values(record: ScheduleRecord) -> dict[str, Any]:
         "next_fire_time": record.next_fire_time,
         "created_by": record.created_by,
         "updated_at": record.updated_at,
+        "public_id": record.public_id,
     }
 
 
@@ -161,12 +173,14 @@ async def _many(pool: Pool, sql: LiteralString, params: dict[str, Any]) -> list[
 
 
 async def insert(pool: Pool, record: ScheduleRecord) -> ScheduleRecord | None:
-    """Store a new schedule (its times are the database's); None when its id is taken."""
+    """Store a new schedule (its times are the database's); None when its key is taken."""
     return await _one(pool, _INSERT, _values(record))
 
 
-async def get(pool: Pool, schedule_id: str) -> ScheduleRecord | None:
-    return await _one(pool, _SELECT, {"schedule_id": schedule_id})
+async def named(pool: Pool, schedule_id: str) -> list[ScheduleRecord]:
+    """Every schedule callers name `schedule_id` (one per tenant at most), the one keyed by
+    it first."""
+    return await _many(pool, _NAMED, {"schedule_id": schedule_id})
 
 
 async def list_page(

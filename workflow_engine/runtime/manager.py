@@ -35,7 +35,8 @@ from workflow_engine.domain.status import TERMINAL_STATUSES, WorkflowStatus
 from workflow_engine.errors import LeaseLost, RunStopped, WorkflowEngineError
 from workflow_engine.graph.builder import WorkflowGraph
 from workflow_engine.graph.changes import Change
-from workflow_engine.graph.state import WorkflowState
+from workflow_engine.graph.nodes import jobs_in_flight
+from workflow_engine.graph.state import WorkflowState, state_or_empty
 from workflow_engine.runtime.quotas import Quota
 from workflow_engine.runtime.run import Run
 from workflow_engine.storage import leases, queries, workflow_rows
@@ -183,12 +184,13 @@ class RunManager:
             if reason:
                 log.warning("run_stopped_by_another_writer", task_id=task_id, reason=reason)
                 return
-            cancelled = (await queries.get(self._pool, task_id)).status == WorkflowStatus.CANCELLED
+            record = await queries.get(self._pool, task_id)
         except (WorkflowEngineError, psycopg.Error) as exc:
             log.warning("run_end_status_unknown", task_id=task_id, error=repr(exc))
-            cancelled = False
-        if cancelled:
-            await self._jobs.cancel(task_id)
+            return
+        if record.status == WorkflowStatus.CANCELLED:
+            # Named from the row: the run's end has already stopped waiting on them here.
+            await self._jobs.cancel(task_id, jobs_in_flight(state_or_empty(record.state)))
 
     async def admit(self, job: JobRequest) -> None:
         """Let `job` start only while its run holds the lease (confirmed by the database)."""

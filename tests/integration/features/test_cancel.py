@@ -225,3 +225,35 @@ async def test_a_cancel_on_another_replica_stops_the_job_where_it_runs(
     assert not running.engine.runs.is_live(task_id)
     done = await wait_for_status(running.stub, task_id)
     assert done.status == pb.CANCELLED
+
+
+async def test_a_cancel_elsewhere_unheard_stops_the_jobs_at_the_runs_next_renewal(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """Without notifications (no listener), a cancel on another replica reaches the run when
+    its lease renewal finds the lease gone: the run stops, and so do its jobs, named from the
+    workflow's row (the run's end had already stopped waiting on them)."""
+    deaf = replace(settings, listen_database_url="none")
+    first = await start_engine(deaf)
+    # A job directory of its own, as on another host: it cannot stop the job itself.
+    second = await start_engine(
+        replace(deaf, holder_id="test-engine-2", data_dir=tmp_path / "second")
+    )
+    try:
+        pid_file = tmp_path / "pid"
+        task_id = new_task_id()
+        await first.stub.StartWorkflow(
+            pb.StartWorkflowRequest(
+                task_id=task_id,
+                task=task(shell_step("long", f"echo $$ > {pid_file}; sleep 600")),
+                lease_ttl_seconds=3,  # renewed every second
+            )
+        )
+        await wait_for_file(pid_file)
+        pids = job_pids(str(pid_file))
+        await cancel(second, task_id)
+        await wait_gone(pids, timeout=15)
+        assert (await wait_for_status(first.stub, task_id)).status == pb.CANCELLED
+    finally:
+        for replica in (second, first):
+            await stop_engine(replica)

@@ -166,7 +166,8 @@ chaos: install
 # What one local `true` job costs through the default worker (CPU of the engine and of the job's
 # processes), durability's cost side by side with the peers (table, JSON,
 # bench-results/throughput.png), then what one workflow costs in statements and commits, and
-# what retention costs a checkpoint write meanwhile.
+# what retention costs a checkpoint write meanwhile, and whether memory comes back after every
+# workflow over 10 rounds of 1,500 (soak.py, about 15 minutes).
 bench: install pgbouncer
 	$(BIN)/python benchmarks/job_cost.py
 	$(BIN)/python benchmarks/compare.py
@@ -175,10 +176,12 @@ bench: install pgbouncer
 	$(BIN)/python benchmarks/retention_cost.py
 	$(BIN)/python benchmarks/masking.py
 	$(BIN)/python benchmarks/pooler.py
+	$(BIN)/python benchmarks/soak.py
 
 # Watch delay and throughput direct vs behind a transaction-mode PgBouncer (bench-results/pooler.*).
 bench-pooler: install pgbouncer
 	$(BIN)/python benchmarks/pooler.py
+	$(BIN)/python benchmarks/soak.py
 
 # Where the served engine's time goes, real `true` steps (py-spy samples by layer; schedstat).
 profile: install

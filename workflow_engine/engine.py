@@ -32,6 +32,7 @@ from workflow_engine.capabilities.factory import (
 )
 from workflow_engine.config import Settings
 from workflow_engine.context import EngineContext
+from workflow_engine.domain.held import Held
 from workflow_engine.domain.records import StartOutcome, WorkflowEventRecord, WorkflowRecord
 from workflow_engine.domain.status import TERMINAL_STATUSES, WorkflowStatus
 from workflow_engine.domain.task import TaskSpec
@@ -40,6 +41,7 @@ from workflow_engine.graph import formats
 from workflow_engine.graph.builder import build_graph
 from workflow_engine.graph.state import STATE_KEYS
 from workflow_engine.logs import mask_in_logs, unmask_in_logs
+from workflow_engine.runtime.census import Census, remembered
 from workflow_engine.runtime.collector import Collector
 from workflow_engine.runtime.deadlines import DeadlineSweep
 from workflow_engine.runtime.events import EventHub
@@ -137,6 +139,7 @@ class _Parts:
     scheduler: Scheduler | None
     collector: Collector
     deadlines: DeadlineSweep
+    census: Census
 
 
 class Engine:
@@ -232,6 +235,11 @@ class Engine:
     def pool(self) -> Pool:
         return self._opened().pool
 
+    def held(self) -> list[Held]:
+        """What the engine holds in memory now, structure by structure (`domain.held`):
+        with no workflow live here, nothing but its bounded caches' entries."""
+        return self._opened().census.take()
+
     def _opened(self) -> _Parts:
         """The parts, once opened (and after `close`, closed as they are)."""
         if self._parts is None:
@@ -289,6 +297,7 @@ class Engine:
         events = EventHub(settings.listen_url(url), on_control=runs.cancel)
         checkpoints.observe(events)
         checkpoints.observe(runs)
+        runs.on_run_ended = events.release
         events.start()
         service = WorkflowService(
             watch_poll_seconds=settings.watch_poll_seconds,
@@ -333,6 +342,23 @@ class Engine:
         # full collections (in-flight runs), see `runtime.collector`.
         collector = Collector()
         collector.install()
+        census = Census(
+            [
+                runs.held,
+                caps.jobs.held,
+                caps.worker.held,
+                caps.stored_tasks.held,
+                events.held,
+                service.held,
+                deadlines.held,
+                *([scheduler.held] if scheduler is not None else []),
+                remembered(context.secrets),
+            ],
+            metrics=context.metrics,
+            clock=context.clock,
+            interval_seconds=settings.timer_interval_seconds,
+        )
+        census.start()
         return _Parts(
             pool,
             checkpoints,
@@ -345,6 +371,7 @@ class Engine:
             scheduler,
             collector,
             deadlines,
+            census,
         )
 
     def _schedules(
@@ -398,6 +425,7 @@ class Engine:
         if parts.scheduler is not None:
             await parts.scheduler.close()
         await parts.deadlines.close()
+        await parts.census.close()
         await parts.runs.drain(timeout)
         # The capabilities' resources, then the pool, then the embedded server: the reverse of
         # their opening. The checkpoint writer and the event feed go before the pool.

@@ -309,6 +309,10 @@ class Secrets:
     def __bool__(self) -> bool:
         return bool(self._values)
 
+    def __len__(self) -> int:
+        """How many forms it remembers (at most `MAX_REMEMBERED`)."""
+        return len(self._values)
+
     def redact(self, text: str) -> str:
         if not self._values:
             return text

@@ -106,3 +106,19 @@ def test_job_cost_smoke(tmp_path: Path) -> None:
     (kept,) = tmp_path.iterdir()  # the job directories are kept where it was told
     kept_jobs = [p for p in (kept / "jobs").iterdir() if not p.name.startswith(".")]
     assert len(kept_jobs) == 40 + 30  # the warm-up's and the measured
+
+
+def test_soak_smoke() -> None:
+    command = [sys.executable, str(ROOT / "benchmarks" / "soak.py")]
+    small = ["--rounds", "3", "--workflows", "20", "--concurrency", "5", "--pause", "0.5"]
+    done = subprocess.run([*command, *small], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    payload = json.loads(done.stdout.strip().splitlines()[-1])
+    served, in_process = payload["soak"]
+    assert [r["workflows"] for r in served["rounds"]] == [20, 40, 60]
+    assert len(served["rounds"][0]["rss_mb"]) == 2  # two engine processes
+    assert len(in_process["rounds"][0]["rss_mb"]) == 1
+    for result in (served, in_process):
+        assert isinstance(result["slope_kb_per_workflow"], float)
+    # The in-process engine's census at the end: caches at most at their bounds.
+    assert all(entries <= bound for entries, bound in in_process["held_at_end"].values())

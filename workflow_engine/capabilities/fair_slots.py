@@ -21,6 +21,8 @@ from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+from workflow_engine.domain.held import Held
+
 
 class FairSlots:
     """`total` slots; see the module docstring."""
@@ -42,6 +44,13 @@ class FairSlots:
     def waiting(self, tenant: str) -> int:
         """How many of `tenant`'s jobs wait for a slot."""
         return len(self._waiting.get(tenant, ()))
+
+    def held(self) -> list[Held]:
+        """Tenants with a job running or waiting; each is dropped at its last."""
+        return [
+            Held("job_slots.running_tenants", len(self._running)),
+            Held("job_slots.waiting_tenants", len(self._waiting)),
+        ]
 
     @asynccontextmanager
     async def slot(self, tenant: str) -> AsyncIterator[None]:

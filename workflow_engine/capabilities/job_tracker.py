@@ -29,6 +29,7 @@ import structlog
 
 from workflow_engine.capabilities.fair_slots import FairSlots
 from workflow_engine.capabilities.protocols import Worker
+from workflow_engine.domain.held import Held
 from workflow_engine.domain.jobs import JobRequest, JobResult
 from workflow_engine.domain.task import LOADER_PROBLEM, loader_variables
 from workflow_engine.errors import InvalidArgument
@@ -101,6 +102,14 @@ class JobTracker:
                 else:
                     ended[job.job_id] = task.exception() or task.result()
         return ended
+
+    def held(self) -> list[Held]:
+        """Jobs waited on, by job and by workflow: each ends with its job, or its run."""
+        return [
+            Held("jobs.tasks", len(self._tasks)),
+            Held("jobs.workflows", len(self._by_workflow)),
+            *self.slots.held(),
+        ]
 
     def forget(self, task_id: str) -> None:
         """Stop waiting on `task_id`'s jobs (its run ended); the worker's jobs are not killed."""

@@ -30,6 +30,7 @@ from __future__ import annotations
 from pathlib import Path
 from types import TracebackType
 
+from workflow_engine.domain.held import Held
 from workflow_engine.domain.jobs import JobRequest, JobResult
 from workflow_engine.domain.task import Step
 from workflow_engine.sandbox import TARGET, Confinement, JobRunner, step_unfit
@@ -85,6 +86,9 @@ class LocalSandboxWorker:
         """Start the job unless it exists, then wait for its result (see the module docstring)."""
         result = await self._runner.run(job)
         return result.model_copy(update={"target": target})
+
+    def held(self) -> list[Held]:
+        return self._runner.held()
 
     def recorded_task_id(self, job_id: str) -> str | None:
         """The task `job_id`'s job was first sent for (None: no such job, or not known yet)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from workflow_engine.domain.held import Held
 from workflow_engine.domain.jobs import JobRequest, JobResult, Verification
 from workflow_engine.domain.task import AcceptanceCriterion, Plan, Step, TaskSpec
 from workflow_engine.domain.values import JsonObject
@@ -105,6 +106,11 @@ class Worker(Protocol):
         cancelled result); one that has ended keeps its result. Idempotent; returns without
         waiting for the job to be gone.
         """
+        ...
+
+    def held(self) -> list[Held]:
+        """What it keeps in memory by job or task id (`domain.held`): entries that end with
+        their jobs, and caches with a bound."""
         ...
 
 

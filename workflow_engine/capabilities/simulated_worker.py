@@ -12,14 +12,19 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime
 
+from workflow_engine.domain.held import Held
 from workflow_engine.domain.jobs import JobRequest, JobResult
 from workflow_engine.domain.task import Step
+
+#: Results kept for a job id run again (a real worker keeps them on disk), oldest dropped first:
+#: a few times the jobs an engine runs at once (`max_running_jobs`, 64 by default).
+REMEMBERED_RESULTS = 4096
 
 
 class SimulatedWorker:
     """`Worker` for measuring the engine's own cost; see the module docstring."""
 
-    def __init__(self, *, max_remembered: int = 100_000) -> None:
+    def __init__(self, *, max_remembered: int = REMEMBERED_RESULTS) -> None:
         self._results: dict[str, JobResult] = {}
         self._running: dict[str, asyncio.Task[None]] = {}
         self._max = max_remembered
@@ -27,6 +32,12 @@ class SimulatedWorker:
     def unfit(self, step: Step) -> tuple[str, str] | None:
         """Every step can be simulated."""
         return None
+
+    def held(self) -> list[Held]:
+        return [
+            Held("simulated.results", len(self._results), self._max),
+            Held("simulated.sleeping", len(self._running)),
+        ]
 
     async def select_target(self, job: JobRequest) -> str:
         return "simulated"

@@ -26,6 +26,7 @@ import time
 import structlog
 
 from workflow_engine.capabilities.local_worker import LocalSandboxWorker
+from workflow_engine.domain.held import Held
 from workflow_engine.domain.jobs import JobRequest, JobResult, Sandbox
 from workflow_engine.errors import Draining, JobOfAnotherTask
 
@@ -49,6 +50,10 @@ class NodeJobs:
     @property
     def running(self) -> int:
         return len(self._running)
+
+    def held(self) -> list[Held]:
+        """Jobs running here (each ends with its job), and the sandbox's own (`domain.held`)."""
+        return [Held("node.jobs", len(self._running)), *self._runner.held()]
 
     async def run(self, job: JobRequest) -> JobResult:
         """The job's result: from its first run, whenever and by whichever process that was."""

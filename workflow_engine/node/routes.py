@@ -4,8 +4,9 @@
   whenever the job ran, whatever its status. Bearer token; body at most `max_body_bytes`.
 - ``POST /v1/worker/jobs/{job_id}:cancel`` (our extension; their nodes have none): stops the
   job for good and answers 202 at once; the run request answers with the cancelled result.
-- ``GET /healthz`` (the process serves) and ``GET /readyz`` (it takes jobs: 503 while draining
-  or while the not-ready file exists). No token: probes carry none.
+- ``GET /healthz`` (the process serves; ``held`` counts what it holds in memory, structure by
+  structure: `domain.held`) and ``GET /readyz`` (it takes jobs: 503 while draining or while
+  the not-ready file exists). No token: probes carry none.
 
 Errors are problem documents (`problems.py`): 400 naming the field, 401 for a missing or wrong
 token (never 403), 409 for a job_id that belongs to another task, 413 for a body over the
@@ -97,7 +98,8 @@ def create_app(settings: NodeSettings, jobs: NodeJobs) -> Starlette:
         return JSONResponse(body, status_code=202)
 
     async def healthz(request: Request) -> Response:
-        return JSONResponse({"status": "ok"})
+        held = {h.structure: {"entries": h.entries, "bound": h.bound} for h in jobs.held()}
+        return JSONResponse({"status": "ok", "held": held})
 
     async def readyz(request: Request) -> Response:
         if jobs.draining:

@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 import structlog
 
 from workflow_engine.clock import Clock
+from workflow_engine.domain.held import Held
 from workflow_engine.domain.state_format import FIRST_STATE_FORMAT, STATE_FORMAT
 from workflow_engine.errors import InvalidState, LeaseHeld, WorkflowEngineError
 from workflow_engine.runtime.periodic import Periodic
@@ -107,6 +108,10 @@ class DeadlineSweep:
 
     async def close(self) -> None:
         await self._loop.close()
+
+    def held(self) -> list[Held]:
+        """Rows left out of the next sweeps: each ends within `SKIP_SECONDS`."""
+        return [Held("deadlines.skipped", len(self._skip))]
 
     async def sweep(self) -> int:
         """Apply what expiries are due now; return how many were applied here."""

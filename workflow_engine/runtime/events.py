@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 import psycopg
 import structlog
 
+from workflow_engine.domain.held import Held
 from workflow_engine.domain.records import WorkflowEventRecord
 from workflow_engine.domain.status import TERMINAL_STATUSES
 
@@ -48,7 +49,8 @@ log = structlog.get_logger(__name__)
 LISTENER_NAME = "workflow-engine-listener"
 #: Events kept per task (a whole 3-step workflow's); an older sequence is read from the table.
 FEED_EVENTS = 24
-#: Tasks whose feeds are kept, least recently written dropped first (about 200 bytes an event).
+#: Feeds are kept for the runs here (`release` drops one as its run ends); at most this many,
+#: least recently written dropped first (about 200 bytes an event).
 FEED_TASKS = 20_000
 
 
@@ -147,6 +149,19 @@ class EventHub:
             return False
         newest = feed.events[-1]
         return newest.kind == "status" and newest.status in TERMINAL_STATUSES
+
+    def release(self, task_id: str) -> None:
+        """A run of the task ended here: drop its feed (none is kept for a workflow that no
+        run here writes; its watchers read the table), unless a write is in flight."""
+        feed = self._feeds.get(task_id)
+        if feed is not None and feed.writing == 0:
+            del self._feeds[task_id]
+
+    def held(self) -> list[Held]:
+        return [
+            Held("events.feeds", len(self._feeds)),
+            Held("events.watched_tasks", len(self._waiters), 0),
+        ]
 
     def forget(self, task_id: str) -> None:
         """Drop the task's feed: a run of it starts here after others may have written it."""

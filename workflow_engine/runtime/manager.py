@@ -20,7 +20,7 @@ Each run is its tenant's (its task's project): the job tracker asks whose a job 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 
 import psycopg
@@ -29,6 +29,7 @@ import structlog
 from workflow_engine.capabilities.job_tracker import JobTracker
 from workflow_engine.config import ENV_PREFIX
 from workflow_engine.context import EngineContext
+from workflow_engine.domain.held import Held
 from workflow_engine.domain.jobs import JobRequest
 from workflow_engine.domain.records import Fence, WorkflowEventRecord, tenant_shown
 from workflow_engine.domain.status import TERMINAL_STATUSES, WorkflowStatus
@@ -54,6 +55,10 @@ def fence_fresh(confirmed_at: float | None, now: float) -> bool:
     """Whether the database's confirmation of a run's fence at `confirmed_at` (None: never)
     still admits a job at `now` (both the engine clock's monotonic time)."""
     return confirmed_at is not None and now - confirmed_at < FENCE_FRESH_SECONDS
+
+
+def _nothing(task_id: str) -> None:
+    """No one to tell that a run ended."""
 
 
 class RunManager:
@@ -91,6 +96,8 @@ class RunManager:
         )
         jobs.admit = self.admit
         jobs.tenant_of = self.tenant_of
+        #: Told the task id of every run that ends here (the event hub drops its feed).
+        self.on_run_ended: Callable[[str], None] = _nothing
 
     def __len__(self) -> int:
         return len(self._runs)
@@ -165,6 +172,7 @@ class RunManager:
                 del self._runs[task_id]
                 self._confirmed.pop(task_id, None)
                 self._tenant_runs.give_back(self._tenants.pop(task_id))
+                self.on_run_ended(task_id)
             if run.status not in TERMINAL_STATUSES:
                 self._jobs.forget(task_id)  # their results are for whoever resumes it
         if run.status in TERMINAL_STATUSES:
@@ -203,6 +211,16 @@ class RunManager:
         if not await on_connection(self._pool, lambda conn: leases.holds(conn, fence)):
             raise LeaseLost(job.task_id, run.fence.holder_id, run.fence.epoch)
         self._confirmed[job.task_id] = self._clock.monotonic()
+
+    def held(self) -> list[Held]:
+        """Every entry is a live run's (or a cancel's still stopping jobs)."""
+        return [
+            Held("runs.live", len(self._runs)),
+            Held("runs.confirmed", len(self._confirmed)),
+            Held("runs.tenants", len(self._tenants)),
+            Held("runs.tenant_counts", self._tenant_runs.holders()),
+            Held("runs.stopping", len(self._background)),
+        ]
 
     def writing(self, task_id: str) -> None:
         """A run's checkpoint write is being sent (`WriteObserver`); nothing to do."""

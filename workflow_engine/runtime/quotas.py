@@ -43,6 +43,10 @@ class Quota:
     def held(self, key: str) -> int:
         return self._held.get(key, 0)
 
+    def holders(self) -> int:
+        """How many keys hold any (a key is dropped when it gives its last back)."""
+        return len(self._held)
+
     def take(self, key: str) -> None:
         """Count one more for `key`, or refuse it (`ResourceExhausted`) at the limit."""
         if self.limit and self.held(key) >= self.limit:

@@ -20,6 +20,7 @@ import structlog
 
 from workflow_engine.capabilities.protocols import TaskSource
 from workflow_engine.clock import Clock
+from workflow_engine.domain.held import Held
 from workflow_engine.domain.records import StartOutcome
 from workflow_engine.domain.schedules import (
     CatchUp,
@@ -94,6 +95,10 @@ class Scheduler:
 
     async def close(self) -> None:
         await self._loop.close()
+
+    def held(self) -> list[Held]:
+        """Schedules backed off from: each ends within `BACKOFF_SECONDS`."""
+        return [Held("schedules.backed_off", len(self._backoff))]
 
     async def sweep(self) -> int:
         """Handle every due schedule once; return how many workflows this pass started."""

@@ -56,6 +56,7 @@ from pathlib import Path
 import structlog
 
 from workflow_engine.config import JOB_UID_BASE, JOB_UID_COUNT, JobLimits
+from workflow_engine.domain.held import Held
 from workflow_engine.domain.jobs import JobRequest, Limits
 from workflow_engine.sandbox.files import SAFE_PATH
 from workflow_engine.sandbox.users import JobUsers
@@ -265,6 +266,9 @@ class Confinement:
             isolation="net" if self._as_root else "userns",
             writable=self._writable,
         )
+
+    def held(self) -> list[Held]:
+        return self._users.held() if self._users is not None else []
 
     def _uid_for(self, workspace: str) -> int | None:
         """The recorded user of the job's task and run; without a runner's record (a

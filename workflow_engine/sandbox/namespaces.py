@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from workflow_engine.domain.held import Held
 from workflow_engine.sandbox.at_fork import ClosedInChild
 
 log = structlog.get_logger(__name__)
@@ -80,6 +81,9 @@ class TaskNamespaces:
         self._pid = os.getpid()
         self._helpers: dict[str, _Helper] = {}  # by isolation
         self._told: set[str] = set()  # the reasons they could not be made, logged once each
+
+    def held(self) -> list[Held]:
+        return [Held("sandbox.namespaces", len(self._held), self._most)]
 
     async def for_task(self, task_id: str, isolation: str) -> tuple[int, ...]:
         """Descriptors of the namespaces `task_id`'s jobs share (the network namespace, then

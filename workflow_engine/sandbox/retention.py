@@ -13,10 +13,12 @@ import math
 import os
 import shutil
 import time
+from collections import OrderedDict
 from pathlib import Path
 
 import structlog
 
+from workflow_engine.domain.held import Held
 from workflow_engine.domain.task import MAX_TIMEOUT_SECONDS
 from workflow_engine.sandbox import files as files
 
@@ -29,6 +31,8 @@ PRUNED = ".pruned-"
 _TASK_TMP = ".tmp"
 #: How often a task's /tmp is touched while its jobs start (idle means days: see `prune`).
 _TOUCH_SECONDS = 60.0
+#: Tasks whose last touch is remembered (one a minute each would be forgotten anyway).
+_TOUCHED_TASKS = 4096
 
 
 class TaskTmp:
@@ -37,7 +41,11 @@ class TaskTmp:
 
     def __init__(self, jobs_dir: Path) -> None:
         self.root = jobs_dir / _TASK_TMP
-        self._touched: dict[Path, float] = {}
+        # The ones touched lately; at most `_TOUCHED_TASKS`, least recently touched dropped.
+        self._touched: OrderedDict[Path, float] = OrderedDict()
+
+    def held(self) -> list[Held]:
+        return [Held("sandbox.task_tmp_touched", len(self._touched), _TOUCHED_TASKS)]
 
     def path(self, task_id: str, uid: int | None) -> Path:
         """The task's own /tmp (and /dev/shm), which its jobs share and no other job sees:
@@ -56,6 +64,9 @@ class TaskTmp:
         if uid is not None and os.stat(path).st_uid != uid:
             os.chown(path, uid, uid)  # made just now, or its task's user was drawn afresh
         self._touched[path] = now
+        self._touched.move_to_end(path)
+        while len(self._touched) > _TOUCHED_TASKS:
+            self._touched.popitem(last=False)
         return path
 
     def forget(self) -> None:

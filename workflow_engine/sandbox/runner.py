@@ -71,6 +71,7 @@ from pathlib import Path
 
 import structlog
 
+from workflow_engine.domain.held import Held
 from workflow_engine.domain.jobs import JobRequest, JobResult, rfc3339
 from workflow_engine.domain.task import MAX_TIMEOUT_SECONDS
 from workflow_engine.sandbox import files as files
@@ -133,6 +134,17 @@ class JobRunner:
         self._watches: dict[Path, asyncio.Task[JobResult]] = {}
         self._timers: set[asyncio.TimerHandle] = set()
         self._task_tmp = retention.TaskTmp(self._jobs_dir)
+
+    def held(self) -> list[Held]:
+        """Jobs followed (each ends as its job ends) and the caches of tasks' users,
+        namespaces and /tmp."""
+        return [
+            Held("sandbox.watches", len(self._watches)),
+            Held("sandbox.timers", len(self._timers)),
+            *self._confinement.held(),
+            *(self._namespaces.held() if self._namespaces is not None else ()),
+            *self._task_tmp.held(),
+        ]
 
     async def run(self, job: JobRequest) -> JobResult:
         """Start the job unless its directory exists, then wait for its result."""

@@ -33,6 +33,8 @@ import time
 from collections import OrderedDict
 from pathlib import Path
 
+from workflow_engine.domain.held import Held
+
 #: Random draws before the range is taken for full (a draw finds a free id with probability
 #: 1 - used / count, so this fails only when the range is nearly all taken).
 _DRAWS = 64
@@ -53,6 +55,9 @@ class JobUsers:
         # The ids this process looked up lately, and when it last touched their task's file:
         # a task's next job within `_TOUCH_SECONDS` costs a lookup here, no file operation.
         self._known: OrderedDict[str, tuple[int, float]] = OrderedDict()
+
+    def held(self) -> list[Held]:
+        return [Held("sandbox.users_known", len(self._known), _KNOWN_TASKS)]
 
     def for_task(self, task_id: str) -> int | None:
         """The user id of `task_id`'s jobs, allocated at its first job; None when every id of

@@ -11,6 +11,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 from workflow_engine.config import ENV_PREFIX
+from workflow_engine.domain.held import Held
 from workflow_engine.domain.records import Scope, WorkflowEventRecord, WorkflowRecord
 from workflow_engine.domain.status import TERMINAL_STATUSES
 from workflow_engine.runtime.events import EventHub
@@ -46,6 +47,9 @@ class Watches:
             holder="caller",
             what="open watches",
         )
+
+    def held(self) -> list[Held]:
+        return [Held("watches.callers", self._watches.holders())]
 
     async def stream(
         self,

@@ -15,6 +15,7 @@ from workflow_engine.capabilities.protocols import TaskSource
 from workflow_engine.config import Settings
 from workflow_engine.context import EngineContext
 from workflow_engine.domain.deadlines import expiry_of
+from workflow_engine.domain.held import Held
 from workflow_engine.domain.records import (
     Fence,
     Scope,
@@ -109,6 +110,10 @@ class WorkflowService(WorkflowClaims):
         # authenticated identity) with `max_watches_per_caller` open here is refused before
         # anything is read (see `Watches.stream`).
         self.watch = self._watches.stream
+
+    def held(self) -> list[Held]:
+        """Claims under way (each ends with its claim) and callers' open watches."""
+        return [Held("claims.locks", len(self._claim_locks)), *self._watches.held()]
 
     def _ttl(self, requested: int) -> float:
         """The lease TTL a request asked for (checked by the API), or the configured one."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import platform
 import struct
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -150,6 +151,13 @@ class Metrics:
     def retention_round_done(self) -> None:
         """A retention round left nothing due (now)."""
         self._m["retention_last_round"].set(self.clock.now())
+
+    def held(self, census: Iterable[tuple[str, int, int]]) -> None:
+        """What the engine holds now, as (structure, entries, bound) (`runtime.census`; a
+        bound of 0: its entries end with their workflows)."""
+        gauge = self._m["held_entries"]
+        for structure, entries, bound in census:
+            gauge.labels(structure=structure, bound=str(bound)).set(entries)
 
     def job_started(self, worker: str) -> None:
         self._m["jobs_in_flight"].labels(worker=worker).inc()
@@ -320,6 +328,16 @@ _DEFINITIONS: dict[str, Any] = {
         ("worker",),
         registry=registry,
         multiprocess_mode="livesum",
+    ),
+    # Several engine processes each set it: the largest of the live ones, one series each.
+    "held_entries": lambda registry: Gauge(
+        "workflow_engine_held_entries",
+        "Entries an engine holds in memory, by structure keyed by an id (domain/held.py), with "
+        "its bound: 0 when they end with their workflows, jobs or watchers, else the most a "
+        "cache keeps",
+        ("structure", "bound"),
+        registry=registry,
+        multiprocess_mode="livemax",
     ),
     "job_duration": _histogram(
         "workflow_engine_job_duration_seconds",

@@ -6,6 +6,7 @@ job ids); a test that needs other flags starts its own.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import socket
 import statistics
@@ -267,3 +268,29 @@ async def test_answers_do_not_wait_for_the_clients_delayed_ack(client: httpx.Asy
         assert (await client.get("/healthz")).status_code == 200
         seconds.append(time.perf_counter() - started)
     assert statistics.median(seconds) < 0.02, seconds
+
+
+async def test_the_node_holds_nothing_of_its_ended_jobs(client: httpx.AsyncClient) -> None:
+    """Jobs that completed, failed and were cancelled leave nothing in the node's memory but
+    its bounded caches (its census on /healthz, as `tests/e2e/test_held.py` checks an
+    engine's)."""
+    bodies = [run_body("true"), run_body("/bin/sh", "-c", "exit 3")]
+    for body in bodies:
+        assert (await client.post("/v1/worker/jobs:run", json=body)).status_code == 200
+    long = run_body("/bin/sh", "-c", "sleep 60")
+    running = asyncio.create_task(client.post("/v1/worker/jobs:run", json=long))
+    await asyncio.sleep(0.5)
+    held = (await client.get("/healthz")).json()["held"]
+    assert held["node.jobs"]["entries"] == 1  # counted while it runs
+    cancel = await client.post(f"/v1/worker/jobs/{long['job_id']}:cancel", json={})
+    assert cancel.status_code == 202
+    assert (await running).json()["status"] == "cancelled"
+    over: dict[str, Any] = {}
+    for _ in range(100):
+        held = (await client.get("/healthz")).json()["held"]
+        over = {k: v for k, v in held.items() if v["entries"] > v["bound"]}
+        if not over:
+            break
+        await asyncio.sleep(0.1)
+    assert over == {}
+    assert {"node.jobs", "sandbox.watches", "sandbox.users_known"} <= set(held)

@@ -21,6 +21,7 @@ from workflow_engine.domain import (
     TaskSpec,
     Verification,
 )
+from workflow_engine.domain.held import Held
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 
@@ -65,6 +66,9 @@ class FaultyTargets(Faulty):
 
     async def cancel(self, target: str, job: JobRequest) -> None:
         await self.inner.cancel(target, job)  # type: ignore[attr-defined]
+
+    def held(self) -> list[Held]:
+        return self.inner.held()  # type: ignore[attr-defined, no-any-return]
 
 
 class BrokenStoredTasks:

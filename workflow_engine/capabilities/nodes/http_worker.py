@@ -60,6 +60,7 @@ from workflow_engine.capabilities.nodes.node_registry import NodeRegistry
 from workflow_engine.capabilities.nodes.node_table import NodeList
 from workflow_engine.capabilities.nodes.nodes_file import WorkerNode
 from workflow_engine.config import ENV_PREFIX, NodesSettings
+from workflow_engine.domain.held import Held
 from workflow_engine.domain.jobs import JobRequest, JobResult, JobStatus
 from workflow_engine.domain.task import Step
 from workflow_engine.errors import CapabilityConfigError, NoEligibleNode
@@ -143,6 +144,13 @@ class HttpWorker:
         self._reloaded = False
         self._requests: dict[str, asyncio.Task[JobResult]] = {}
         self._cancelled: OrderedDict[str, None] = OrderedDict()
+
+    def held(self) -> list[Held]:
+        return [
+            Held("nodes.requests", len(self._requests)),
+            Held("nodes.cancelled", len(self._cancelled), _MAX_REMEMBERED),
+            *self._registry.held(),
+        ]
 
     @property
     def registry(self) -> NodeRegistry:

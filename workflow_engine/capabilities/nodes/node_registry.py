@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from workflow_engine.capabilities.nodes.nodes_file import WorkerNode
+from workflow_engine.domain.held import Held
 from workflow_engine.domain.jobs import JobRequest
 
 #: How long a selected job counts against its node before it is sent.
@@ -140,6 +141,10 @@ class NodeRegistry:
         if not ranked:
             return None, "; ".join(sorted(why)) or "there are no worker nodes"
         return self._nodes[min(ranked)[2]], ""
+
+    def held(self) -> list[Held]:
+        """This engine's jobs on nodes, under way or reserved (lapsed ones dropped now)."""
+        return [Held("nodes.jobs", sum(self.load(name) for name in self._jobs))]
 
     def reserve(self, name: str, job_id: str) -> None:
         """Count `job_id` against `name` from its selection (any earlier choice is dropped)."""

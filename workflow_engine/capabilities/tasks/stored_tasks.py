@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
+from workflow_engine.domain.held import Held
 from workflow_engine.domain.task import TaskSpec
 from workflow_engine.domain.values import JsonObject
 
@@ -24,6 +25,9 @@ class StoredTasks:
         self._read = read
         self._cache: OrderedDict[str, TaskSpec] = OrderedDict()
         self._cache_size = cache_size
+
+    def held(self) -> list[Held]:
+        return [Held("stored_tasks.cache", len(self._cache), self._cache_size)]
 
     def stored(self, task_id: str, spec: TaskSpec) -> None:
         """Cache a task just stored (StartWorkflow), so its first load needs no read."""

@@ -8,7 +8,10 @@ feed holds the very next sequence number it needs, so it can never skip one; any
 another writer appended, such as a cancel) is read from `workflow_events`. A watch starts from
 the feed only when the feed holds the table's end: a run here is writing the workflow (its feed
 starts afresh with the run), or the feed's newest event ended it; otherwise it reads the table
-first, so it never waits for events that another process already wrote.
+first, so it never waits for events that another process already wrote. A feed goes when its
+run here ends (`release`), but for the latest `ENDED_FEEDS` of workflows that ended here, so
+that a watch that comes just after a short workflow ended reads nothing (issue 62: an engine
+keeps nothing of a finished workflow beyond a stated bound).
 
 One dedicated connection per process LISTENs on ``workflow_events`` (a trigger notifies with
 ``task_id:seq``). A notification for a sequence the feed already holds is this process's own
@@ -52,6 +55,8 @@ FEED_EVENTS = 24
 #: Feeds are kept for the runs here (`release` drops one as its run ends); at most this many,
 #: least recently written dropped first (about 200 bytes an event).
 FEED_TASKS = 20_000
+#: Feeds kept after their workflows ended here, the latest ones.
+ENDED_FEEDS = 256
 
 
 @dataclass(eq=False)
@@ -78,7 +83,8 @@ class EventHub:
         self._conninfo = conninfo
         self._on_control = on_control
         self._waiters: defaultdict[str, set[Subscription]] = defaultdict(set)
-        self._feeds: OrderedDict[str, _Feed] = OrderedDict()
+        self._feeds: OrderedDict[str, _Feed] = OrderedDict()  # of runs here
+        self._ended: OrderedDict[str, _Feed] = OrderedDict()  # of workflows that ended here
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -111,7 +117,7 @@ class EventHub:
     def recent(self, task_id: str, from_seq: int) -> list[WorkflowEventRecord] | None:
         """The task's events from `from_seq` on, or `None` when the feed does not hold that
         sequence (then the table must be read). An empty list: none written here since."""
-        feed = self._feeds.get(task_id)
+        feed = self._feed(task_id)
         if feed is None or not feed.events:
             return None
         first, last = feed.events[0].seq, feed.events[-1].seq
@@ -121,6 +127,7 @@ class EventHub:
 
     def writing(self, task_id: str) -> None:
         """A checkpoint write of the task is about to be sent (see `written`)."""
+        self._ended.pop(task_id, None)
         feed = self._feeds.get(task_id)
         if feed is None:
             feed = self._feeds[task_id] = _Feed()
@@ -144,33 +151,39 @@ class EventHub:
 
     def ended(self, task_id: str) -> bool:
         """Whether the feed's newest event ended the workflow (nothing can follow it)."""
-        feed = self._feeds.get(task_id)
-        if feed is None or not feed.events:
-            return False
-        newest = feed.events[-1]
-        return newest.kind == "status" and newest.status in TERMINAL_STATUSES
+        feed = self._feed(task_id)
+        return feed is not None and _ends(feed)
 
     def release(self, task_id: str) -> None:
-        """A run of the task ended here: drop its feed (none is kept for a workflow that no
-        run here writes; its watchers read the table), unless a write is in flight."""
+        """A run of the task ended here: its feed goes (a later watch reads the table), but
+        for the last `ENDED_FEEDS` of workflows that ended here (a watch that comes just
+        after a short workflow ended needs no read); unless a write is in flight."""
         feed = self._feeds.get(task_id)
-        if feed is not None and feed.writing == 0:
-            del self._feeds[task_id]
+        if feed is None or feed.writing:
+            return
+        del self._feeds[task_id]
+        if _ends(feed):
+            self._ended[task_id] = feed
+            while len(self._ended) > ENDED_FEEDS:
+                self._ended.popitem(last=False)
 
     def held(self) -> list[Held]:
         return [
             Held("events.feeds", len(self._feeds)),
+            Held("events.ended_feeds", len(self._ended), ENDED_FEEDS),
             Held("events.watched_tasks", len(self._waiters), 0),
         ]
 
     def forget(self, task_id: str) -> None:
         """Drop the task's feed: a run of it starts here after others may have written it."""
+        self._ended.pop(task_id, None)
         feed = self._feeds.get(task_id)
         if feed is not None:
             feed.events.clear()
 
     def started(self, task_id: str, event: WorkflowEventRecord) -> None:
         """A workflow was started here: its first event opens the task's feed."""
+        self._ended.pop(task_id, None)
         feed = self._feeds[task_id] = _Feed()
         self._trim()
         self._append(task_id, feed, [event])
@@ -183,6 +196,9 @@ class EventHub:
             feed.events.clear()  # someone else wrote in between: only what follows is here
         feed.events.extend(events)
         self._feeds.move_to_end(task_id)
+
+    def _feed(self, task_id: str) -> _Feed | None:
+        return self._feeds.get(task_id) or self._ended.get(task_id)
 
     def _trim(self) -> None:
         while len(self._feeds) > FEED_TASKS:
@@ -200,7 +216,7 @@ class EventHub:
         longer holds the table's end: it is emptied, watched or not, so no later watch trusts it.
         """
         task_id, _, seq_text = payload.partition(":")
-        feed = self._feeds.get(task_id)
+        feed = self._feed(task_id)
         if feed is not None:
             seq = int(seq_text) if seq_text.isdigit() else None
             if seq is not None and seq <= _last_seq(feed):
@@ -235,6 +251,12 @@ class EventHub:
                     self._wake(task_id, stale=True)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
+
+
+def _ends(feed: _Feed) -> bool:
+    """Whether the feed's newest event ended its workflow."""
+    newest = feed.events[-1] if feed.events else None
+    return newest is not None and newest.kind == "status" and newest.status in TERMINAL_STATUSES
 
 
 def _last_seq(feed: _Feed) -> int:

@@ -80,6 +80,9 @@ class BrokenStoredTasks:
     def stored(self, task_id: str, spec: TaskSpec) -> None:
         pass
 
+    def held(self) -> list[Held]:
+        return []
+
 
 @pytest.fixture
 async def engine_with(settings: Settings) -> AsyncIterator[object]:

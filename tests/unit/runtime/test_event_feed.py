@@ -7,12 +7,16 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from workflow_engine.domain.records import WorkflowEventRecord
-from workflow_engine.runtime.events import FEED_EVENTS, EventHub
+from workflow_engine.domain.status import WorkflowStatus
+from workflow_engine.runtime.events import ENDED_FEEDS, FEED_EVENTS, EventHub
 
 TASK = "6c1b2f4e-0000-4000-8000-000000000001"
 
 
-def event(seq: int) -> WorkflowEventRecord:
+def event(seq: int, ends: WorkflowStatus | None = None) -> WorkflowEventRecord:
+    """A node event, or with `ends` the status event that ended the workflow."""
+    if ends is not None:
+        return WorkflowEventRecord(seq, "status", None, ends, datetime.now(UTC), "run")
     return WorkflowEventRecord(seq, "node", "n", "RUNNING", datetime.now(UTC), "run")
 
 
@@ -111,3 +115,24 @@ async def test_the_feed_says_whether_its_newest_event_ended_the_workflow() -> No
     assert hub.ended(TASK)
     hub.forget(TASK)
     assert not hub.ended(TASK) and hub.recent(TASK, 1) is None
+
+
+def test_a_feed_goes_with_its_run_but_for_the_latest_ended_ones() -> None:
+    hub = EventHub(None)
+    unfinished, ended = "00000000-0000-4000-8000-0000000000aa", TASK
+    for task_id in (unfinished, ended):
+        hub.started(task_id, event(1))
+    hub.writing(ended)
+    hub.written(ended, [event(2, WorkflowStatus.SUCCEEDED)])
+    hub.release(unfinished)  # its run stopped (waiting, say): a watch reads the table
+    hub.release(ended)  # it ended here: kept, among the latest ENDED_FEEDS
+    assert hub.recent(unfinished, 1) is None
+    assert hub.ended(ended) and [e.seq for e in hub.recent(ended, 1) or []] == [1, 2]
+    for i in range(ENDED_FEEDS):
+        other = f"00000000-0000-4000-8000-{i:012}"
+        hub.started(other, event(1, WorkflowStatus.SUCCEEDED))
+        hub.release(other)
+    assert hub.recent(ended, 1) is None  # the oldest ended feed went
+    held = {h.structure: (h.entries, h.bound) for h in hub.held()}
+    assert held["events.feeds"] == (0, 0)
+    assert held["events.ended_feeds"] == (ENDED_FEEDS, ENDED_FEEDS)

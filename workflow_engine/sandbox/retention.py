@@ -31,7 +31,7 @@ PRUNED = ".pruned-"
 _TASK_TMP = ".tmp"
 #: How often a task's /tmp is touched while its jobs start (idle means days: see `prune`).
 _TOUCH_SECONDS = 60.0
-#: Tasks whose last touch is remembered (one a minute each would be forgotten anyway).
+#: Tasks whose last touch is remembered (only those within `_TOUCH_SECONDS` are of use).
 _TOUCHED_TASKS = 4096
 
 
@@ -65,7 +65,11 @@ class TaskTmp:
             os.chown(path, uid, uid)  # made just now, or its task's user was drawn afresh
         self._touched[path] = now
         self._touched.move_to_end(path)
-        while len(self._touched) > _TOUCHED_TASKS:
+        # Oldest first: one touched more than `_TOUCH_SECONDS` ago would be touched again.
+        while self._touched and (
+            len(self._touched) > _TOUCHED_TASKS
+            or now - next(iter(self._touched.values())) >= _TOUCH_SECONDS
+        ):
             self._touched.popitem(last=False)
         return path
 

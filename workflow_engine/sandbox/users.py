@@ -40,7 +40,8 @@ from workflow_engine.domain.held import Held
 _DRAWS = 64
 #: How often a task's file is touched while its jobs start (idle means days: see `prune`).
 _TOUCH_SECONDS = 60.0
-#: Tasks whose ids are remembered in memory, least recently used dropped first.
+#: Tasks whose ids are remembered in memory (those looked up within `_TOUCH_SECONDS`), least
+#: recently used dropped first.
 _KNOWN_TASKS = 4096
 
 
@@ -70,7 +71,11 @@ class JobUsers:
         if uid is not None:
             self._known[task_id] = (uid, now)
             self._known.move_to_end(task_id)
-            while len(self._known) > _KNOWN_TASKS:
+            # Oldest first: one looked up more than `_TOUCH_SECONDS` ago is of no more use.
+            while self._known and (
+                len(self._known) > _KNOWN_TASKS
+                or now - next(iter(self._known.values()))[1] >= _TOUCH_SECONDS
+            ):
                 self._known.popitem(last=False)
         return uid
 

@@ -7,6 +7,9 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
+
+from workflow_engine.sandbox import users as users_module
 from workflow_engine.sandbox.users import JobUsers
 
 
@@ -33,3 +36,21 @@ def test_a_full_range_allocates_none_and_idle_tasks_free_theirs(tmp_path: Path) 
     assert users.release_idle(1800) == 1
     assert users.for_task(str(uuid.uuid4())) in held  # the freed one
     assert users.release_idle(1800) == 0
+
+
+def test_only_tasks_looked_up_within_a_minute_stay_in_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A task's id is remembered only while it saves a lookup (issue 62: nothing of a task
+    whose jobs are long done stays in memory); the next one reads its file again."""
+    now = [1000.0]
+    monkeypatch.setattr(users_module.time, "monotonic", lambda: now[0])
+    users = JobUsers(tmp_path, base=1000, count=200)
+    old = [users.for_task(str(uuid.uuid4())) for _ in range(50)]
+    assert users.held()[0].entries == 50
+    now[0] += 61
+    task = str(uuid.uuid4())
+    uid = users.for_task(task)
+    assert users.held()[0].entries == 1
+    assert uid is not None and uid not in old
+    assert users.for_task(task) == uid

@@ -3,7 +3,7 @@ ends cleanly on SIGTERM and on Ctrl-C.
 
 SIGTERM, from `kill`, `timeout` or a CI runner giving up, used to end a benchmark on the spot:
 the engines it started went with it (see `contenders.ended_with_us`), but the server stayed up,
-and every later benchmark reused it and left it up too (see `workflow_engine.storage.embedded`).
+and every later benchmark reused it and left it up too (see `workflow_engine.storage._embedded`).
 Now SIGTERM cancels the run: every `finally` runs, the contenders close, the server this
 process started stops, and the exit status is 143. Ctrl-C (SIGINT) does the same with status
 130, and says "interrupted" instead of printing the traceback of wherever it happened to land.
@@ -25,8 +25,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar
 
-from workflow_engine import pid_file
-from workflow_engine.storage.embedded import start_embedded_postgres
+from workflow_engine import _pid_file as pid_file
+from workflow_engine.storage._embedded import start_embedded_postgres
 
 PGDATA = Path(__file__).resolve().parent.parent / ".data" / "bench-pgdata"
 TERMINATED = 128 + signal.SIGTERM  # the status a shell gives a process SIGTERM ended

@@ -63,7 +63,7 @@ from contenders import (
     ServedPeerOutcome,
 )
 
-from workflow_engine.logs import configure_logging
+from workflow_engine._logs import configure_logging
 
 BASELINE = LangGraphPostgres.name  # contender 1: what the targets are ratios of
 # The targets: (contender, its peer, {concurrency: least ratio}). The first is the target row:

@@ -38,7 +38,7 @@ from bench_postgres import run_on_bench_postgres
 from contenders import STEPS, engine_settings, engine_task
 
 from workflow_engine import Engine, Step, TaskSpec, WorkflowHandle
-from workflow_engine.logs import configure_logging
+from workflow_engine._logs import configure_logging
 
 STARTERS = 20  # concurrent starts
 

@@ -20,9 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from workflow_engine.capabilities.local_worker import LocalSandboxWorker
+from workflow_engine._logs import configure_logging
+from workflow_engine.capabilities.workers._local import LocalSandboxWorker
 from workflow_engine.domain.jobs import JobRequest, Sandbox
-from workflow_engine.logs import configure_logging
 
 
 def cpu_seconds(who: int) -> float:

@@ -22,7 +22,7 @@ import time
 import uuid
 from typing import Any
 
-from workflow_engine import secrets
+from workflow_engine import _masking as secrets
 
 
 def state_with_secrets(steps: int, per_step: int) -> tuple[dict[str, Any], set[str]]:

@@ -30,8 +30,8 @@ from bench_postgres import PGDATA, run_on_bench_postgres
 from psycopg.conninfo import make_conninfo
 
 from workflow_engine import Engine, Settings
-from workflow_engine.logs import configure_logging
-from workflow_engine.serving import GrpcServer
+from workflow_engine._logs import configure_logging
+from workflow_engine._serving import GrpcServer
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
 

@@ -35,7 +35,7 @@ from bench_postgres import run_on_bench_postgres  # noqa: E402  (this script's o
 
 from tests.support.pgbouncer import PgBouncer  # noqa: E402  (the same runner the tests use)
 from workflow_engine import Engine, Settings, Step, TaskSpec  # noqa: E402
-from workflow_engine.logs import configure_logging  # noqa: E402
+from workflow_engine._logs import configure_logging  # noqa: E402
 
 OUT = ROOT / "bench-results"
 TASK = TaskSpec(

@@ -34,7 +34,7 @@ from bench_postgres import run_on_bench_postgres
 from compare import contenders, measure
 from contenders import engine_processes
 
-from workflow_engine.logs import configure_logging
+from workflow_engine._logs import configure_logging
 
 HERE = Path(__file__).resolve().parent
 SERVED = "engine via gRPC, real `true`"
@@ -49,7 +49,7 @@ LAYERS = [
         ("checkpointer.py", "group_commit.py", "psycopg"),
     ),
     ("local jobs (job runner, its files, namespaces)", ("workflow_engine/sandbox/",)),
-    ("node bodies and capabilities", ("workflow_engine/graph/nodes/", "capabilities/")),
+    ("node bodies and capabilities", ("workflow_engine/graph/_nodes/", "capabilities/")),
     ("gRPC servicer and conversions (workflow_engine/api)", ("workflow_engine/api/",)),
     ("gRPC's Cython core (with --native)", ("cygrpc", "grpc/_cython")),
     ("structlog", ("structlog",)),
@@ -62,7 +62,7 @@ LAYERS = [
 ]
 SETUP = ("importlib", "start_embedded_postgres", "_bootstrap")
 # Frames every sample of a served engine starts with, which say nothing about where it is.
-ENTRY = ("workflow_engine/cli.py", "workflow_engine/supervisor.py", "workflow-engine:")
+ENTRY = ("workflow_engine/cli.py", "workflow_engine/_supervisor.py", "workflow-engine:")
 
 
 def layer_of(frames: list[str]) -> str | None:

@@ -30,11 +30,11 @@ from bench_postgres import run_on_bench_postgres
 from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
-from workflow_engine.logs import configure_logging
-from workflow_engine.runtime.retention import prune_all
-from workflow_engine.storage.database import run_migrations
-from workflow_engine.storage.group_commit import CheckpointRow, GroupCommitter
-from workflow_engine.storage.workflow_rows import create
+from workflow_engine._logs import configure_logging
+from workflow_engine.runtime._retention import prune_all
+from workflow_engine.storage._database import run_migrations
+from workflow_engine.storage._group_commit import CheckpointRow, GroupCommitter
+from workflow_engine.storage._workflow_rows import create
 
 HOLDER = "bench"
 

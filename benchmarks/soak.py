@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_postgres import run_on_bench_postgres
 from contenders import EngineGrpcCommandProcesses, EngineInProcess, engine_processes
 
-from workflow_engine.logs import configure_logging
+from workflow_engine._logs import configure_logging
 
 KB = 1024
 

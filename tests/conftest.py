@@ -27,12 +27,12 @@ from tests.support import database
 from tests.support.database_supply import DatabaseSupply
 from tests.support.helpers import WRITABLE_PATHS, open_to_jobs
 from tests.support.pgbouncer import PgBouncer
+from workflow_engine._logs import configure_logging
+from workflow_engine._serving import GrpcServer
 from workflow_engine.capabilities import Capabilities
 from workflow_engine.config import JobSettings, Settings
 from workflow_engine.engine import Engine
-from workflow_engine.logs import configure_logging
-from workflow_engine.serving import GrpcServer
-from workflow_engine.storage.database import run_migrations
+from workflow_engine.storage._database import run_migrations
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
 
 TEMPLATE_DB = f"workflow_engine_template_{os.getpid()}"

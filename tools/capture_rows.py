@@ -50,7 +50,7 @@ OUT = ROOT / "tests" / "fixtures" / "older_rows"
 JOBWRAP = "workflow_engine/sandbox/jobwrap"
 GIT = shutil.which("git") or "git"
 CC = shutil.which("cc") or "cc"
-#: The job files worth keeping (see `workflow_engine.sandbox.files`); ``work/`` is left out.
+#: The job files worth keeping (see `workflow_engine.sandbox._files`); ``work/`` is left out.
 JOB_FILES = (
     "request.json",
     "supervisor.pid",

@@ -48,7 +48,7 @@ said=$("$CLI" --version)
 [ "$said" = "workflow-engine $VERSION" ] || fail "--version says '$said', not workflow-engine $VERSION"
 say "$said"
 
-jobwrap=$("$PY" -c 'import os; from workflow_engine.sandbox.wrapper import JOBWRAP; print("built" if os.access(JOBWRAP, os.X_OK) else "absent")')
+jobwrap=$("$PY" -c 'import os; from workflow_engine.sandbox._wrapper import JOBWRAP; print("built" if os.access(JOBWRAP, os.X_OK) else "absent")')
 if command -v cc >/dev/null 2>&1 || command -v gcc >/dev/null 2>&1 || command -v musl-gcc >/dev/null 2>&1; then
   [ "$jobwrap" = built ] || fail "a C compiler is here, and the wheel has no jobwrap"
 fi

@@ -216,7 +216,7 @@ def _table(rows: list[Row]) -> list[str]:
 
 
 def module_name(path: Path) -> str:
-    """`workflow_engine/api/auth.py` -> `workflow_engine.api.auth` (a package: its name)."""
+    """`workflow_engine/api/_auth.py` -> `workflow_engine.api._auth` (a package: its name)."""
     parts = path.relative_to(ROOT).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 

@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from workflow_engine import client
+from workflow_engine._logs import configure_logging
 from workflow_engine.config import ENV_PREFIX, Settings, settings_from_env
-from workflow_engine.config.sections import MAX_RETENTION_DAYS
+from workflow_engine.config._sections import MAX_RETENTION_DAYS
 from workflow_engine.errors import AddressInUse, ConfigError, NodeInUse, UsageError
-from workflow_engine.logs import configure_logging
 from workflow_engine.version import __version__
 
 # Each command imports what it runs when it runs (below): `--version`, `--help` and the client
@@ -133,7 +133,7 @@ def _given(args: argparse.Namespace, *names: str) -> dict[str, Any]:
 async def _migrate(settings: Settings) -> None:
     import structlog
 
-    from workflow_engine.storage.database import database_url, migrate_database
+    from workflow_engine.storage._database import database_url, migrate_database
 
     async with database_url(settings) as url:
         applied = await migrate_database(url, settings)
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
 def _check_before_start(args: argparse.Namespace, settings: Settings) -> None:
     """What stops a command before it starts anything: bad settings, files it cannot use."""
     if args.command == "serve":
-        from workflow_engine.serving import auth_of, server_credentials
+        from workflow_engine._serving import auth_of, server_credentials
 
         settings.check_exposure()
         auth_of(settings)  # a tokens file that cannot be used stops the start here
@@ -182,7 +182,7 @@ def _check_before_start(args: argparse.Namespace, settings: Settings) -> None:
     elif args.command == "prune":
         _check_prune_args(args)
     elif args.command == "worker-node":
-        from workflow_engine.node import node_tls_context
+        from workflow_engine.worker_node import node_tls_context
 
         settings.node.check_exposure()
         node_tls_context(settings.node)  # a certificate that cannot be used stops it here
@@ -192,17 +192,17 @@ def _run(args: argparse.Namespace, settings: Settings) -> None:
     if args.command == "migrate":
         asyncio.run(_migrate(settings))
     elif args.command == "prune":
-        from workflow_engine.runtime.retention import prune_command
+        from workflow_engine.runtime._retention import prune_command
 
         print(asyncio.run(prune_command(settings, args.older_than, dry_run=args.dry_run)))
     elif args.command == "worker-node":
-        from workflow_engine.node import serve_node
+        from workflow_engine.worker_node import serve_node
 
         asyncio.run(serve_node(settings.node))
     else:
-        from workflow_engine.serving import serve
-        from workflow_engine.supervisor import supervise
-        from workflow_engine.under_supervisor import supervised
+        from workflow_engine._serving import serve
+        from workflow_engine._supervisor import supervise
+        from workflow_engine._under_supervisor import supervised
 
         if settings.processes > 1 and not supervised():
             asyncio.run(supervise(settings))

@@ -23,7 +23,9 @@ from types import TracebackType
 
 import structlog
 
-from workflow_engine.capabilities.factory import (
+from workflow_engine._context import EngineContext
+from workflow_engine._logs import mask_in_logs, unmask_in_logs
+from workflow_engine.capabilities._factory import (
     Capabilities,
     Lent,
     build_capabilities,
@@ -31,30 +33,30 @@ from workflow_engine.capabilities.factory import (
     opened,
 )
 from workflow_engine.config import Settings
-from workflow_engine.context import EngineContext
 from workflow_engine.domain.held import Held
 from workflow_engine.domain.records import StartOutcome, WorkflowEventRecord, WorkflowRecord
 from workflow_engine.domain.status import TERMINAL_STATUSES, WorkflowStatus
 from workflow_engine.domain.task import TaskSpec
 from workflow_engine.errors import InvalidArgument
-from workflow_engine.graph import formats
-from workflow_engine.graph.builder import build_graph
+from workflow_engine.graph import _formats as formats
+from workflow_engine.graph._builder import build_graph
 from workflow_engine.graph.state import STATE_KEYS
-from workflow_engine.logs import mask_in_logs, unmask_in_logs
-from workflow_engine.runtime.census import Census, remembered
-from workflow_engine.runtime.collector import Collector
-from workflow_engine.runtime.deadlines import DeadlineSweep
-from workflow_engine.runtime.events import EventHub
-from workflow_engine.runtime.manager import RunManager
-from workflow_engine.runtime.recovery import Recoverer
-from workflow_engine.runtime.retention import Pruner
-from workflow_engine.runtime.schedules import Scheduler
+from workflow_engine.runtime._census import Census, remembered
+from workflow_engine.runtime._collector import Collector
+from workflow_engine.runtime._deadlines import DeadlineSweep
+from workflow_engine.runtime._events import EventHub
+from workflow_engine.runtime._manager import RunManager
+from workflow_engine.runtime._recovery import Recoverer
+from workflow_engine.runtime._retention import Pruner
+from workflow_engine.runtime._schedules import Scheduler
 from workflow_engine.service import WorkflowService
-from workflow_engine.service.schedules import ScheduleService
-from workflow_engine.storage import orchestrator_nodes, orchestrator_tasks, tasks
-from workflow_engine.storage.checkpointer import RowCheckpointer
-from workflow_engine.storage.database import database_url, open_pool, run_migrations
-from workflow_engine.storage.pool import Pool
+from workflow_engine.service._schedules import ScheduleService
+from workflow_engine.storage import _orchestrator_nodes as orchestrator_nodes
+from workflow_engine.storage import _orchestrator_tasks as orchestrator_tasks
+from workflow_engine.storage import _tasks as tasks
+from workflow_engine.storage._checkpointer import RowCheckpointer
+from workflow_engine.storage._database import database_url, open_pool, run_migrations
+from workflow_engine.storage._pool import Pool
 
 log = structlog.get_logger(__name__)
 
@@ -339,7 +341,7 @@ class Engine:
         # Everything built so far (modules, the compiled graph, pools) lives as long as the
         # engine: move it out of the collector's reach, so the full collections that workflow
         # churn triggers do not walk it again and again; and so on for the survivors of slow
-        # full collections (in-flight runs), see `runtime.collector`.
+        # full collections (in-flight runs), see `runtime._collector`.
         collector = Collector()
         collector.install()
         census = Census(

@@ -1,7 +1,7 @@
 """The engine's one exception hierarchy: every error class of the package is here.
 
 Callers match on type, never on message text. Each class carries the structured fields an
-operator needs (task, holder, field); `workflow_engine.api.status_codes` maps them to gRPC
+operator needs (task, holder, field); `workflow_engine.api._status_codes` maps them to gRPC
 status codes in one place. Every configuration error is a `ConfigError` (a bad setting, a file
 a setting names, an unknown capability): refused before anything serves.
 

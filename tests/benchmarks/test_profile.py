@@ -60,5 +60,5 @@ def test_a_served_engines_entry_frames_name_no_layer(monkeypatch: pytest.MonkeyP
     entry = ["<module> (workflow-engine:6)", "main (workflow_engine/cli.py:152)"]
     loop = [*entry, "run (asyncio/runners.py:190)", "Handle._run (asyncio/events.py:80)"]
     assert script.layer_of(loop) == "event loop and other threads (select, callbacks, C code)"
-    run = [*loop, "Run.execute (workflow_engine/runtime/run.py:225)"]
+    run = [*loop, "Run.execute (workflow_engine/runtime/_run.py:225)"]
     assert script.layer_of(run) == "engine runtime (run, manager, leases, node wrapper)"

@@ -1,6 +1,6 @@
 """An engine or a worker node whose log reader has gone away (its parent died, a log shipper
 stopped) still runs every workflow and job to its end: a log line it cannot write is dropped,
-never an error in the middle of a node or a job (see `workflow_engine.logs`)."""
+never an error in the middle of a node or a job (see `workflow_engine._logs`)."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from google.protobuf import json_format
 
 from tests.support.engine_process import EngineProcess
 from tests.support.helpers import check, new_task_id, step, task, wait_for_status, write_secret
-from workflow_engine.secrets import MASK
+from workflow_engine._masking import MASK
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
 

@@ -21,7 +21,7 @@ from tests.support.helpers import new_task_id, snapshot, step, task, wait_for_st
 from workflow_engine.config import Settings
 from workflow_engine.domain.deadlines import MAX_APPROVAL_TIMEOUT_SECONDS
 from workflow_engine.errors import InvalidState, ResourceExhausted
-from workflow_engine.runtime.deadlines import DeadlineSweep
+from workflow_engine.runtime._deadlines import DeadlineSweep
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 WAITING = {pb.WAITING_FOR_APPROVAL}

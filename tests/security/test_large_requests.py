@@ -22,8 +22,8 @@ from tests.security.stalls import HealthWatch
 from tests.security.test_fuzz_requests import send, wide_struct
 from tests.support.helpers import check, step, struct, task
 from tests.support.wire import field, head
-from workflow_engine.api.decoding import MAX_REQUEST_FIELDS
-from workflow_engine.api.reading import MAX_WAITING_PER_CALLER
+from workflow_engine.api._decoding import MAX_REQUEST_FIELDS
+from workflow_engine.api._reading import MAX_WAITING_PER_CALLER
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 #: How long a health check may wait meanwhile: it waited 30 to 100 ms here, seconds before

@@ -25,7 +25,7 @@ from tests.security.stalls import HealthWatch
 from tests.security.test_secrets import stored_state
 from tests.support.helpers import new_task_id, wait_for_status, write_secret
 from tests.support.model_server import API_KEY, MODEL, ModelServer, Reply
-from workflow_engine.capabilities.model.model_client import MAX_ANSWER_BYTES
+from workflow_engine.capabilities.model._client import MAX_ANSWER_BYTES
 from workflow_engine.config import LlmSettings, Settings
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 

@@ -16,9 +16,9 @@ import pytest
 from tests.integration.orchestrator import their_code
 from tests.support.helpers import new_task_id
 from tests.support.retention_rows import Kind, fill
-from workflow_engine.runtime.retention import prune_all
-from workflow_engine.storage.pool import Pool
-from workflow_engine.storage.retention import Pruned, count_due
+from workflow_engine.runtime._retention import prune_all
+from workflow_engine.storage._pool import Pool
+from workflow_engine.storage._retention import Pruned, count_due
 
 TABLES = ("workflow_checkpoints", "workflow_events", "workflow_tasks", "task_workflow_leases")
 

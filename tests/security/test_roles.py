@@ -1,5 +1,5 @@
 """An operator is an attacker within its role: it changes exactly what the role table
-(`workflow_engine.api.roles`; docs/security.md, "Callers and roles") says, field by field,
+(`workflow_engine.api._roles`; docs/security.md, "Callers and roles") says, field by field,
 and a request that sets anything more is refused naming the field and changes nothing stored.
 """
 
@@ -14,7 +14,7 @@ from google.protobuf.message import Message
 from tests.conftest import RunningEngine
 from tests.security.conftest import as_caller, tenant_task
 from tests.support.helpers import new_task_id, snapshot, step, struct, wait_for_status
-from workflow_engine.api.roles import FIELDS, REQUIRED, ROLE_NAMES, ROLES
+from workflow_engine.api._roles import FIELDS, REQUIRED, ROLE_NAMES, ROLES
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 DENIED = grpc.StatusCode.PERMISSION_DENIED

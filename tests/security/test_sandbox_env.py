@@ -21,8 +21,8 @@ import pytest
 from tests.support.helpers import granted_confinement, open_to_jobs
 from workflow_engine.capabilities import LocalSandboxWorker
 from workflow_engine.domain import JobRequest, Sandbox
-from workflow_engine.sandbox import wrapper
-from workflow_engine.sandbox.wrapper import WRAPPER_ENV
+from workflow_engine.sandbox import _wrapper as wrapper
+from workflow_engine.sandbox._wrapper import WRAPPER_ENV
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the engine runs jobs as root here")
 

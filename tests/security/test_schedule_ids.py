@@ -18,7 +18,7 @@ from tests.support.clock import ManualClock
 from tests.support.helpers import refusal, step
 from workflow_engine.config import Settings
 from workflow_engine.domain.task import TaskSpec
-from workflow_engine.runtime.schedules import Scheduler
+from workflow_engine.runtime._schedules import Scheduler
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 UNKNOWN = "00000000-0000-4000-8000-00000000b0b0"

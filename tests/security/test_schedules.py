@@ -25,7 +25,7 @@ from workflow_engine.config import Settings
 from workflow_engine.domain.schedules import slot_task_id
 from workflow_engine.domain.task import TaskSpec
 from workflow_engine.errors import ResourceExhausted
-from workflow_engine.runtime.schedules import Scheduler
+from workflow_engine.runtime._schedules import Scheduler
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 

@@ -26,13 +26,13 @@ from tests.support.certificates import Authority
 from tests.support.database import engine_env
 from tests.support.engine_process import ENGINE, EngineProcess, processes_fixture  # noqa: F401
 from tests.support.helpers import open_to_jobs
-from workflow_engine.api.auth import Callers
-from workflow_engine.capabilities.model.model_client import read_api_key
-from workflow_engine.capabilities.nodes.nodes_file import load_nodes_file
+from workflow_engine._masking import MASK, EngineSecrets
+from workflow_engine._serving import auth_of, server_credentials
+from workflow_engine.api._auth import Callers
+from workflow_engine.capabilities.model._client import read_api_key
+from workflow_engine.capabilities.workers._nodes_file import load_nodes_file
 from workflow_engine.config import LlmSettings, Settings
 from workflow_engine.errors import AuthConfigError, CapabilityConfigError, NodesFileError
-from workflow_engine.secrets import MASK, EngineSecrets
-from workflow_engine.serving import auth_of, server_credentials
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
 

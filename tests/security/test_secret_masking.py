@@ -23,9 +23,9 @@ from tests.conftest import RunningEngine
 from tests.security.conftest import as_caller, tenant_task
 from tests.security.stalls import HealthWatch
 from tests.support.helpers import new_task_id, shell_step, snapshot, wait_for_status
+from workflow_engine._masking import MASK
 from workflow_engine.config import Settings
 from workflow_engine.domain.steps import MAX_SECRET_CHARS, MAX_SECRETS
-from workflow_engine.secrets import MASK
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 A = as_caller("a-orchestrator")

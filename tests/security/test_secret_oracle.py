@@ -24,7 +24,7 @@ from tests.conftest import RunningEngine
 from tests.security.conftest import as_caller, tenant_task
 from tests.security.test_secrets import shown_strings
 from tests.support.helpers import check, new_task_id, shell_step, wait_for_status
-from workflow_engine.secrets import MASK
+from workflow_engine._masking import MASK
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 A = as_caller("a-orchestrator")

@@ -33,8 +33,8 @@ from tests.support.helpers import (
     struct,
     wait_for_status,
 )
+from workflow_engine._masking import MASK, MIN_MASKED_CHARS
 from workflow_engine.config import Settings
-from workflow_engine.secrets import MASK, MIN_MASKED_CHARS
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 READER = as_caller("a-reader")

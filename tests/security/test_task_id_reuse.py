@@ -25,7 +25,7 @@ from tests.conftest import RunningEngine
 from tests.security.conftest import as_caller, tenant_task
 from tests.support.helpers import open_to_jobs, shell_step, wait_for_status
 from workflow_engine.config import Settings
-from workflow_engine.runtime.retention import prune_command
+from workflow_engine.runtime._retention import prune_command
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 pytestmark = pytest.mark.skipif(

@@ -1,4 +1,4 @@
-"""A clock a test sets by hand (`workflow_engine.clock.Clock`): its sleep moves it on at once."""
+"""A clock a test sets by hand (`workflow_engine._clock.Clock`): its sleep moves it on at once."""
 
 from __future__ import annotations
 

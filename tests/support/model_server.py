@@ -44,7 +44,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from workflow_engine.capabilities.model.structured_output import OutputModes
+from workflow_engine.capabilities.model._structured_output import OutputModes
 
 MODEL = "test-model"
 DIALECTS = ("openai", "llama-cpp-python", "no-response-format")

@@ -136,7 +136,7 @@ def ddl(variant: str) -> str:
 async def create_orchestrator_db(admin_url: str, variant: str, *, migrate: bool = True) -> str:
     """A fresh database holding the orchestrator's tables (then the engine's migrations, when
     `migrate`); returns its name. The caller drops it."""
-    from workflow_engine.storage.database import run_migrations
+    from workflow_engine.storage._database import run_migrations
 
     name = f"orch_{variant}_{uuid.uuid4().hex[:10]}"
     async with await psycopg.AsyncConnection.connect(admin_url, autocommit=True) as admin:

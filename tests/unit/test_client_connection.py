@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from workflow_engine.client.connection import Connection, default_address
+from workflow_engine.client._connection import Connection, default_address
 from workflow_engine.errors import UsageError
 
 

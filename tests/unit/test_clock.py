@@ -1,4 +1,4 @@
-"""One clock: the engine's timed rules read `EngineContext.clock` (`workflow_engine.clock`),
+"""One clock: the engine's timed rules read `EngineContext.clock` (`workflow_engine._clock`),
 so their calculations are tested here at instants a `ManualClock` gives, without sleeping; and
 no engine module reads the system's clock itself, outside the few that are not the engine's
 rules (`ALLOWED`)."""
@@ -13,25 +13,25 @@ import pytest
 
 import workflow_engine
 from tests.support.clock import ManualClock
-from workflow_engine.clock import SystemClock, jittered
-from workflow_engine.context import EngineContext
-from workflow_engine.runtime.manager import FENCE_FRESH_SECONDS, fence_fresh
-from workflow_engine.runtime.retention import rest_after
-from workflow_engine.runtime.run import renewal_pause
-from workflow_engine.telemetry.metrics import Metrics
+from workflow_engine._clock import SystemClock, jittered
+from workflow_engine._context import EngineContext
+from workflow_engine.runtime._manager import FENCE_FRESH_SECONDS, fence_fresh
+from workflow_engine.runtime._retention import rest_after
+from workflow_engine.runtime._run import renewal_pause
+from workflow_engine.telemetry._metrics import Metrics
 
 PACKAGE = Path(workflow_engine.__file__).parent
 #: What reads the system's clock: the clock itself, and what the engine's clock does not reach
 #: or need not, each with why (paths below `workflow_engine/`; a folder covers what it holds).
 ALLOWED = {
-    "clock.py": "the one clock",
+    "_clock.py": "the one clock",
     # Shared with the worker node's process, which has no engine (and so no engine clock):
     # its job directories' retention, idle users and namespaces, and a job's start and end.
     "sandbox/": "the sandbox, shared with the worker node",
-    "node/": "the worker node, a process of its own",
-    "capabilities/nodes/node_registry.py": "the nodes' reservations (a clock of its own)",
-    "capabilities/model/model_client.py": "a model call's latency, for its metric",
-    "storage/embedded.py": "how long the embedded PostgreSQL may take to start",
+    "worker_node/": "the worker node, a process of its own",
+    "capabilities/workers/_registry.py": "the nodes' reservations (a clock of its own)",
+    "capabilities/model/_client.py": "a model call's latency, for its metric",
+    "storage/_embedded.py": "how long the embedded PostgreSQL may take to start",
 }
 #: The system clock's readings the rule is about.
 READINGS = {"time", "monotonic"}

@@ -12,12 +12,12 @@ import pytest
 
 import workflow_engine
 from workflow_engine import errors
-from workflow_engine.api.status_codes import status_for
+from workflow_engine._faults import FaultPlan
+from workflow_engine._logs import configure_logging
+from workflow_engine._masking import Secrets
+from workflow_engine.api._status_codes import status_for
 from workflow_engine.config import settings_from_env
 from workflow_engine.errors import LeaseLost, RunControl, RunStopped
-from workflow_engine.faults import FaultPlan
-from workflow_engine.logs import configure_logging
-from workflow_engine.secrets import Secrets
 
 
 @pytest.mark.parametrize("signal", [LeaseLost("t", "holder", 3), RunStopped("t", "cancelled")])
@@ -86,8 +86,8 @@ def test_every_error_class_of_the_package_lives_in_errors() -> None:
             if any(base.endswith(("Error", "Exception")) or base in KNOWN for base in bases):
                 elsewhere.append(f"{module.relative_to(package)}: {node.name}")
     assert sorted(elsewhere) == [
-        "faults.py: InjectedDatabaseError",
-        "storage/row_writes.py: Refused",
+        "_faults.py: InjectedDatabaseError",
+        "storage/_row_writes.py: Refused",
     ]
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workflow_engine.faults import FaultPlan, InjectedDatabaseError
+from workflow_engine._faults import FaultPlan, InjectedDatabaseError
 from workflow_engine.storage import is_transient
 
 

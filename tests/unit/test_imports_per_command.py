@@ -34,8 +34,8 @@ ENGINE_ONLY = (
     "workflow_engine.storage",
     "workflow_engine.capabilities",
     "workflow_engine.api",
-    "workflow_engine.serving",
-    "workflow_engine.node",
+    "workflow_engine._serving",
+    "workflow_engine.worker_node",
 )
 
 
@@ -80,13 +80,13 @@ def test_a_client_command_does_not_import_the_engine(args: tuple[str, ...]) -> N
 
 
 def test_serve_imports_the_engine_and_no_sdk_it_was_not_configured_for() -> None:
-    modules = imported_by("-c", "import workflow_engine.serving")
+    modules = imported_by("-c", "import workflow_engine._serving")
     # The probe can fail: the engine's modules are there when the engine is.
     assert {"langgraph.graph", "workflow_engine.engine", "workflow_engine.storage"} <= modules
     assert among(modules, SDKS) == set()
 
 
 def test_a_worker_node_imports_no_graph_and_no_sdk() -> None:
-    modules = imported_by("-c", "import workflow_engine.node.server")
-    assert "workflow_engine.sandbox.runner" in modules
+    modules = imported_by("-c", "import workflow_engine.worker_node._server")
+    assert "workflow_engine.sandbox._runner" in modules
     assert among(modules, ("langgraph", "workflow_engine.graph", *SDKS)) == set()

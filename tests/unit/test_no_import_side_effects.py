@@ -55,7 +55,7 @@ print("nothing registered")
 def test_importing_every_module_registers_no_hook_handler_or_metric() -> None:
     """No fork hook, exit hook, signal handler, logging set-up or default-registry metric is
     registered by importing any module of the package: the engine instance does it when it
-    needs it (see `sandbox.at_fork`)."""
+    needs it (see `sandbox._at_fork`)."""
     out = subprocess.run(
         [sys.executable, "-c", REGISTRATIONS],
         capture_output=True,

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from workflow_engine import __version__
-from workflow_engine.sandbox import wrapper
-from workflow_engine.telemetry import metrics
+from workflow_engine.sandbox import _wrapper as wrapper
+from workflow_engine.telemetry import _metrics as metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 CHANGELOG = ROOT / "CHANGELOG.md"

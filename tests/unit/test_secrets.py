@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 
-from workflow_engine import logs
-from workflow_engine.context import EngineContext
-from workflow_engine.logs import mask_in_logs, unmask_in_logs
-from workflow_engine.secrets import (
+from workflow_engine import _logs as logs
+from workflow_engine._context import EngineContext
+from workflow_engine._logs import mask_in_logs, unmask_in_logs
+from workflow_engine._masking import (
     MASK,
     Secrets,
     accumulated,

@@ -11,8 +11,8 @@ import socket
 
 import pytest
 
+from workflow_engine._supervisor import reserve
 from workflow_engine.errors import AddressInUse
-from workflow_engine.supervisor import reserve
 
 
 def _listening(reuse_port: bool) -> socket.socket:

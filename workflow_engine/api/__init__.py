@@ -6,13 +6,13 @@ reflection pool. Everything else (`requests`, `convert`, `listing`, `limits`, `r
 `status_codes`, ...) is internal.
 """
 
-from workflow_engine.api.auth import Authenticator, AuthInterceptor, Callers
-from workflow_engine.api.call_metrics import TelemetryInterceptor
-from workflow_engine.api.decoding import generic_handler
-from workflow_engine.api.health import HealthServicer
-from workflow_engine.api.reading import RequestReader
-from workflow_engine.api.reflection import CommentedPool
-from workflow_engine.api.servicer import WorkflowEngineServicer
+from workflow_engine.api._auth import Authenticator, AuthInterceptor, Callers
+from workflow_engine.api._call_metrics import TelemetryInterceptor
+from workflow_engine.api._decoding import generic_handler
+from workflow_engine.api._health import HealthServicer
+from workflow_engine.api._reading import RequestReader
+from workflow_engine.api._reflection import CommentedPool
+from workflow_engine.api._servicer import WorkflowEngineServicer
 
 __all__ = [
     "AuthInterceptor",

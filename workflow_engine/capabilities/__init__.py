@@ -17,16 +17,15 @@ call through, and `LocalSandboxWorker`. The implementations' modules are interna
 is how they are chosen.
 """
 
-from workflow_engine.capabilities.factory import (
+from workflow_engine.capabilities._factory import (
     Capabilities,
     Lent,
     build_capabilities,
     check_choices,
     opened,
 )
-from workflow_engine.capabilities.job_tracker import JobTracker
-from workflow_engine.capabilities.local_worker import LocalSandboxWorker
-from workflow_engine.capabilities.protocols import (
+from workflow_engine.capabilities._job_tracker import JobTracker
+from workflow_engine.capabilities._protocols import (
     ContextCompressor,
     Planner,
     RevisingPlanner,
@@ -34,6 +33,7 @@ from workflow_engine.capabilities.protocols import (
     Verifier,
     Worker,
 )
+from workflow_engine.capabilities.workers._local import LocalSandboxWorker
 
 __all__ = [
     "Capabilities",

@@ -16,7 +16,7 @@ COMMANDS = ("start", "get", "watch", "list", "cancel", "approve", "reject", "upd
 
 def main(argv: list[str]) -> int:
     """Run the client command `argv` names (its first word is one of `COMMANDS`)."""
-    from workflow_engine.client import subcommands
+    from workflow_engine.client import _subcommands as subcommands
 
     return subcommands.main(argv)
 

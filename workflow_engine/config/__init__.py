@@ -10,8 +10,8 @@ Import from here: `settings` (the `Settings` object), `sections` (its sections) 
 (reading them from the environment) are internal.
 """
 
-from workflow_engine.config.env import env_names, settings_from_env
-from workflow_engine.config.sections import (
+from workflow_engine.config._env import env_names, settings_from_env
+from workflow_engine.config._sections import (
     ENV_PREFIX,
     JOB_UID_BASE,
     JOB_UID_COUNT,
@@ -25,7 +25,7 @@ from workflow_engine.config.sections import (
     RetentionSettings,
     is_loopback,
 )
-from workflow_engine.config.settings import LISTEN_NONE, Settings
+from workflow_engine.config._settings import LISTEN_NONE, Settings
 
 __all__ = [
     "ENV_PREFIX",

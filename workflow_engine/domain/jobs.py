@@ -91,7 +91,7 @@ class JobRequest(DomainModel):
         return f"{self.task_id}/{self.run_id}" if self.run_id else self.task_id
 
 
-class Truncated(DomainModel):
+class TruncatedStreams(DomainModel):
     """Whether the worker cut a stream to its output limit."""
 
     stdout: bool = False
@@ -116,7 +116,7 @@ class JobResult(DomainModel):
     stderr: str = ""
     started_at: str = ""
     ended_at: str = ""
-    truncated: Truncated = Field(default_factory=Truncated)
+    truncated: TruncatedStreams = Field(default_factory=TruncatedStreams)
     work_dir: str | None = None
     target: str = ""
     artifacts: tuple[JsonObject, ...] = ()

@@ -2,7 +2,7 @@
 
 Pure: every function takes the instant it reasons about (`now`, seconds since the Unix epoch)
 as an argument, so its unit tests pass the instants they want and never sleep. The firing loop
-(`runtime.schedules`) reads the engine's clock and the stored schedule, and applies `decide`.
+(`runtime._schedules`) reads the engine's clock and the stored schedule, and applies `decide`.
 
 A calendar is either five cron fields (or a macro, which names five fields) read in an IANA
 time zone, evaluated by `cronsim`, which follows Debian's cron across daylight-saving

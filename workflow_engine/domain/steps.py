@@ -45,7 +45,7 @@ CHECK_KINDS_NEEDING_EQUALS = frozenset({"json_field_equals"})
 # Bounds on what one task may ask for. They keep a single request from exhausting the engine
 # (memory, argv limits of the OS) and are reported as INVALID_ARGUMENT, not as a crash later.
 # A list is counted before any of its elements is validated (`at_most`), here and, for a
-# request, on the message before it is converted (`api.limits`).
+# request, on the message before it is converted (`api._limits`).
 MAX_STEPS = 500
 MAX_ARGV = 256
 MAX_ARG_CHARS = 32 * 1024

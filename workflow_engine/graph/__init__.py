@@ -7,6 +7,6 @@ themselves) is internal.
 """
 
 from workflow_engine.graph import changes, routing, state
-from workflow_engine.graph.builder import NodeContext, WorkflowGraph, build_graph
+from workflow_engine.graph._builder import NodeContext, WorkflowGraph, build_graph
 
 __all__ = ["NodeContext", "WorkflowGraph", "build_graph", "changes", "routing", "state"]

@@ -3,7 +3,7 @@ operator's overrides.
 
 Each is a pure function from the current state to a `StateUpdate`: the state keys to write and
 how the change is recorded. The run applies it as if `verify_step_result` had returned it (see
-`runtime.run`): one fenced checkpoint (the change, with its event) whose next node that node's
+`runtime._run`): one fenced checkpoint (the change, with its event) whose next node that node's
 router chooses from the changed state. So a decision, a budget or an override is durable before
 anything acts on it, and is recorded in the history.
 
@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from workflow_engine._masking import MASK, state_secrets, step_secrets
 from workflow_engine.domain.deadlines import DEADLINE_ACTOR, expiry_of
 from workflow_engine.domain.status import WorkflowStatus
 from workflow_engine.domain.steps import MAX_SECRET_CHARS, MAX_SECRETS
@@ -37,7 +38,6 @@ from workflow_engine.graph.state import (
 )
 from workflow_engine.graph.state import Branch as Branch  # re-exported: the API's values
 from workflow_engine.graph.state import Verdict as Verdict
-from workflow_engine.secrets import MASK, state_secrets, step_secrets
 
 #: The node whose router continues the graph after an update.
 CONTINUE_FROM = "verify_step_result"
@@ -153,7 +153,7 @@ def decide(state: WorkflowState, decision: Decision, now: float) -> StateUpdate:
 
 def expire(state: WorkflowState, step_id: str, now: float) -> StateUpdate:
     """End the wait of `state` for `step_id`'s approval because it expired at or before `now`
-    (the timer sweep's change; see `runtime.deadlines`).
+    (the timer sweep's change; see `runtime._deadlines`).
 
     Refused (`InvalidState`, nothing written) unless the state waits on that step's request
     and that request's expiry, as the state itself says (`domain.deadlines.expiry_of`), has
@@ -270,7 +270,7 @@ def set_state(
     state: WorkflowState, values: Mapping[str, Any], actor: str, reason: str
 ) -> StateUpdate:
     """Replace editable top-level state keys with `values`, whose form the API checked
-    (`api.requests.parse_state_patch`); a new plan must keep every step that passed or runs,
+    (`api._requests.parse_state_patch`); a new plan must keep every step that passed or runs,
     and every secret of the steps it keeps (see `_plan_keeping_secrets`)."""
     values = dict(values)
     if "plan" in values:

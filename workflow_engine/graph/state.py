@@ -23,11 +23,11 @@ from typing import Any, Literal, TypeVar, cast
 from pydantic import ConfigDict, TypeAdapter, ValidationError, with_config
 from typing_extensions import TypedDict
 
+from workflow_engine._masking import state_secrets
 from workflow_engine.domain.deadlines import ExpiryCause, TimeoutAction
 from workflow_engine.domain.jobs import JobStatus, VerificationStatus
 from workflow_engine.domain.status import WorkflowStatus
 from workflow_engine.domain.values import DomainModel, JsonObject, parse
-from workflow_engine.secrets import state_secrets
 
 #: Where one step is. ``pending``: not dispatched, or to be tried again; ``dispatched``: its job
 #: is recorded and may be running; ``collected``: its result awaits verification; ``passed`` and
@@ -247,7 +247,7 @@ class WorkflowState(TypedDict, total=False):
     summary: str
     error: str
     # Every secret value the workflow's plans have had, sorted; it only grows, so what a step
-    # printed stays masked after its plan changed (see `workflow_engine.secrets`). Not shown.
+    # printed stays masked after its plan changed (see `workflow_engine._masking`). Not shown.
     secrets: list[str]
     # Model calls (the llm planner and verifier), their tokens in all, and the steps the
     # planner revised after a failed verification.

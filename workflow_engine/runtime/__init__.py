@@ -5,14 +5,14 @@ What the engine uses (`__all__`): `RunManager` (the runs), `Run`, `EventHub` (wa
 (metrics of the runs) and `Quota` (a tenant's cap). Their modules are internal.
 """
 
-from workflow_engine.runtime.collector import Collector
-from workflow_engine.runtime.events import EventHub
-from workflow_engine.runtime.manager import RunManager
-from workflow_engine.runtime.quotas import Quota
-from workflow_engine.runtime.readiness import Readiness
-from workflow_engine.runtime.recovery import Recoverer
-from workflow_engine.runtime.retention import Pruner
-from workflow_engine.runtime.run import Run
+from workflow_engine.runtime._collector import Collector
+from workflow_engine.runtime._events import EventHub
+from workflow_engine.runtime._manager import RunManager
+from workflow_engine.runtime._quotas import Quota
+from workflow_engine.runtime._readiness import Readiness
+from workflow_engine.runtime._recovery import Recoverer
+from workflow_engine.runtime._retention import Pruner
+from workflow_engine.runtime._run import Run
 
 __all__ = [
     "Collector",

@@ -1,6 +1,6 @@
 """The local sandbox: runs a job as a confined local process, once per job id.
 
-Shared by the engine's embedded worker (`capabilities.local_worker`) and `workflow-engine
+Shared by the engine's embedded worker (`capabilities.workers._local`) and `workflow-engine
 worker-node`, which use it through what this package offers (`__all__`): the `JobRunner`, the
 `Confinement` that decides what a job may use, and the names of a job directory's layout and
 paths that a worker or verifier reads.
@@ -14,10 +14,10 @@ closes the engine's ends in a forked child; `beneath` walks a path inside a job'
 without following it out.
 """
 
-from workflow_engine.sandbox.beneath import exists_beneath
-from workflow_engine.sandbox.files import SAFE_PATH, TARGET, WORKER_NOTE
-from workflow_engine.sandbox.grant import Confinement, Grant, step_unfit
-from workflow_engine.sandbox.runner import JobRunner
+from workflow_engine.sandbox._beneath import exists_beneath
+from workflow_engine.sandbox._files import SAFE_PATH, TARGET, WORKER_NOTE
+from workflow_engine.sandbox._grant import Confinement, Grant, step_unfit
+from workflow_engine.sandbox._runner import JobRunner
 
 __all__ = [
     "SAFE_PATH",

@@ -7,7 +7,7 @@ lease; `reads` reads within a caller's scope); `watch` streams a workflow's even
 holds the checks they make against a row before acting.
 """
 
-from workflow_engine.service.outcomes import Applied, ResumeOutcome
-from workflow_engine.service.workflows import WorkflowService
+from workflow_engine.service._outcomes import Applied, ResumeOutcome
+from workflow_engine.service._workflows import WorkflowService
 
 __all__ = ["Applied", "ResumeOutcome", "WorkflowService"]

@@ -14,18 +14,28 @@ What other packages use by name (`__all__`): the row checkpointer, the embedded 
 """
 
 from workflow_engine.storage import (
-    leases,
-    orchestrator_nodes,
-    orchestrator_tasks,
-    queries,
-    tasks,
-    workflow_rows,
+    _leases as leases,
 )
-from workflow_engine.storage.checkpointer import Checkpoint, RowCheckpointer
-from workflow_engine.storage.embedded import EmbeddedPostgres, start_embedded_postgres
-from workflow_engine.storage.migrations import migrate
-from workflow_engine.storage.queries import MAX_HISTORY_EVENTS
-from workflow_engine.storage.retry import is_transient
+from workflow_engine.storage import (
+    _orchestrator_nodes as orchestrator_nodes,
+)
+from workflow_engine.storage import (
+    _orchestrator_tasks as orchestrator_tasks,
+)
+from workflow_engine.storage import (
+    _queries as queries,
+)
+from workflow_engine.storage import (
+    _tasks as tasks,
+)
+from workflow_engine.storage import (
+    _workflow_rows as workflow_rows,
+)
+from workflow_engine.storage._checkpointer import Checkpoint, RowCheckpointer
+from workflow_engine.storage._embedded import EmbeddedPostgres, start_embedded_postgres
+from workflow_engine.storage._migrations import migrate
+from workflow_engine.storage._queries import MAX_HISTORY_EVENTS
+from workflow_engine.storage._retry import is_transient
 
 __all__ = [
     "MAX_HISTORY_EVENTS",

@@ -7,6 +7,7 @@ until the process that serves turns them on, and cost a no-op call each while of
 layer may use them; they import nothing of the engine. The two modules are what it offers.
 """
 
-from workflow_engine.telemetry import metrics, tracing
+from workflow_engine.telemetry import _metrics as metrics
+from workflow_engine.telemetry import _tracing as tracing
 
 __all__ = ["metrics", "tracing"]

@@ -10,8 +10,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from psycopg.conninfo import conninfo_to_dict
 
 from tests.conftest import RunningEngine, start_engine, stop_engine
+from workflow_engine._serving import SERVICE_NAME
 from workflow_engine.config import Settings
-from workflow_engine.serving import SERVICE_NAME
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING

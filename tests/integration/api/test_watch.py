@@ -24,7 +24,7 @@ from tests.support.helpers import (
     watch_until_end,
 )
 from workflow_engine.config import LISTEN_NONE, Settings
-from workflow_engine.runtime.events import FEED_EVENTS
+from workflow_engine.runtime._events import FEED_EVENTS
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from workflow_engine.sandbox import wrapper
+from workflow_engine.sandbox import _wrapper as wrapper
 
 
 @pytest.fixture(params=["jobwrap", "sh"])

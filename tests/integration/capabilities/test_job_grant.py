@@ -19,7 +19,7 @@ import pytest
 
 from tests.support.helpers import JOB_PYTHON
 from workflow_engine.capabilities import LocalSandboxWorker
-from workflow_engine.capabilities.embedded_verifier import MachineVerifier
+from workflow_engine.capabilities._machine_verifier import MachineVerifier
 from workflow_engine.config import JobLimits
 from workflow_engine.domain import JobRequest, JobResult, Limits, Sandbox, Step
 from workflow_engine.sandbox import Confinement

@@ -22,9 +22,10 @@ from structlog.testing import capture_logs
 from tests.support.helpers import JOB_PYTHON
 from workflow_engine.capabilities import LocalSandboxWorker
 from workflow_engine.domain import JobRequest, Sandbox
-from workflow_engine.sandbox import Confinement, wrapper
-from workflow_engine.sandbox import namespaces as job_namespaces
-from workflow_engine.sandbox.namespaces import TaskNamespaces
+from workflow_engine.sandbox import Confinement
+from workflow_engine.sandbox import _namespaces as job_namespaces
+from workflow_engine.sandbox import _wrapper as wrapper
+from workflow_engine.sandbox._namespaces import TaskNamespaces
 
 pytestmark = pytest.mark.timeout(60)
 #: None: each task's own user when this runs as root (CI), and a network namespace; False: a

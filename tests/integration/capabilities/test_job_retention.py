@@ -23,7 +23,8 @@ from tests.support.helpers import granted_confinement
 from workflow_engine.capabilities import LocalSandboxWorker
 from workflow_engine.domain import JobRequest, Sandbox
 from workflow_engine.domain.task import MAX_TIMEOUT_SECONDS
-from workflow_engine.sandbox import JobRunner, files
+from workflow_engine.sandbox import JobRunner
+from workflow_engine.sandbox import _files as files
 
 pytestmark = [pytest.mark.timeout(30), pytest.mark.usefixtures("each_wrapper")]
 
@@ -171,7 +172,7 @@ def _remove_as_the_owner(base: Path) -> None:
     (doomed / "work" / "link").symlink_to(outside)
     code = (
         "import sys; from pathlib import Path;"
-        "from workflow_engine.sandbox.retention import remove;"
+        "from workflow_engine.sandbox._retention import remove;"
         "remove([Path(sys.argv[1])])"
     )
     command = [sys.executable, "-c", code, str(doomed)]

@@ -23,7 +23,8 @@ import pytest
 from tests.support.helpers import granted_confinement, job_pids, unique_sleep
 from workflow_engine.capabilities import LocalSandboxWorker
 from workflow_engine.domain import JobRequest, Sandbox
-from workflow_engine.sandbox import Confinement, Grant, JobRunner, files
+from workflow_engine.sandbox import Confinement, Grant, JobRunner
+from workflow_engine.sandbox import _files as files
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 # A broken re-attach or lost-job check shows up as a wait that never ends; fail it instead.
@@ -244,7 +245,7 @@ async def engine_killed_mid_job(
         import asyncio
         from pathlib import Path
         from workflow_engine.domain.jobs import JobRequest, Sandbox
-        from workflow_engine.capabilities.local_worker import LocalSandboxWorker
+        from workflow_engine.capabilities.workers._local import LocalSandboxWorker
         from workflow_engine.sandbox import Confinement
 
         job = JobRequest(

@@ -28,7 +28,7 @@ from tests.support.helpers import (
     wait_for_status,
 )
 from workflow_engine.config import Settings
-from workflow_engine.graph.nodes import job_id_for
+from workflow_engine.graph._nodes import job_id_for
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
 

@@ -12,14 +12,14 @@ from tests.support.helpers import new_task_id, step, task, wait_for_status
 from workflow_engine.config import Settings
 from workflow_engine.domain.status import RECOVERY_EXHAUSTED
 from workflow_engine.graph.state import initial_state
-from workflow_engine.storage import workflow_rows
-from workflow_engine.storage.pool import Pool
+from workflow_engine.storage import _workflow_rows as workflow_rows
+from workflow_engine.storage._pool import Pool
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 
 async def orphan(pool: Pool, db_url: str, spec: pb.TaskSpec, attempts: int = 0) -> str:
     """A workflow whose runner died right after StartWorkflow: RUNNING, lease expired."""
-    from workflow_engine.api.requests import task_from_proto
+    from workflow_engine.api._requests import task_from_proto
 
     task_id = new_task_id()
 

@@ -21,7 +21,7 @@ from tests.support.helpers import step, task
 from workflow_engine.config import Settings
 from workflow_engine.domain.schedules import slot_task, slot_task_id
 from workflow_engine.domain.task import TaskSpec
-from workflow_engine.runtime.schedules import Scheduler
+from workflow_engine.runtime._schedules import Scheduler
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 

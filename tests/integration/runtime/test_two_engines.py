@@ -1,11 +1,11 @@
 """Two engines in one process own their secrets and their metrics: what one learns or counts,
-the other does not (`workflow_engine.context`)."""
+the other does not (`workflow_engine._context`)."""
 
 from __future__ import annotations
 
 from tests.conftest import RunningEngine
 from tests.support.helpers import new_task_id, shell_step, task, wait_for_status
-from workflow_engine.secrets import MASK
+from workflow_engine._masking import MASK
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 SECRET = "known-to-the-first-engine-only-0123"

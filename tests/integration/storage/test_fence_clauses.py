@@ -42,8 +42,10 @@ from tests.support import database
 from tests.support.helpers import new_task_id
 from workflow_engine.domain import Fence
 from workflow_engine.graph.state import initial_state
-from workflow_engine.storage import group_commit, leases, workflow_rows
-from workflow_engine.storage.group_commit import CheckpointRow, GroupCommitter
+from workflow_engine.storage import _group_commit as group_commit
+from workflow_engine.storage import _leases as leases
+from workflow_engine.storage import _workflow_rows as workflow_rows
+from workflow_engine.storage._group_commit import CheckpointRow, GroupCommitter
 
 TTL = 30
 

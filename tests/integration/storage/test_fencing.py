@@ -17,9 +17,11 @@ from tests.support.helpers import new_task_id, step, task
 from workflow_engine.domain.records import Fence, StartOutcome
 from workflow_engine.errors import LeaseLost
 from workflow_engine.graph.state import STATE_KEYS, initial_state
-from workflow_engine.runtime.run import Run
-from workflow_engine.storage import leases, queries, workflow_rows
-from workflow_engine.storage.checkpointer import Checkpoint, RowCheckpointer
+from workflow_engine.runtime._run import Run
+from workflow_engine.storage import _leases as leases
+from workflow_engine.storage import _queries as queries
+from workflow_engine.storage import _workflow_rows as workflow_rows
+from workflow_engine.storage._checkpointer import Checkpoint, RowCheckpointer
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 EXPIRE = "UPDATE task_workflow_leases SET expires_at = now() - interval '1 second'"

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from workflow_engine.storage.pool import EnginePool
+from workflow_engine.storage._pool import EnginePool
 
 #: Loop turns between the only connection's return and the waiter's cancel: psycopg_pool's own
 #: pool lost the cancellation at 1, 2 and 3 of these here (Python 3.11).

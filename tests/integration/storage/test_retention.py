@@ -15,10 +15,10 @@ import pytest
 
 from tests.support.retention_rows import Kind, fill, snapshot
 from workflow_engine.domain.state_format import STATE_FORMAT
-from workflow_engine.runtime.retention import DAY_SECONDS, prune_all
-from workflow_engine.storage import retention
-from workflow_engine.storage.pool import Pool
-from workflow_engine.storage.retention import Pruned, count_due, prune_batch
+from workflow_engine.runtime._retention import DAY_SECONDS, prune_all
+from workflow_engine.storage import _retention as retention
+from workflow_engine.storage._pool import Pool
+from workflow_engine.storage._retention import Pruned, count_due, prune_batch
 
 OLDER_THAN = 30 * DAY_SECONDS
 EVENTS = 6

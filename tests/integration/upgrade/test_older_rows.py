@@ -19,7 +19,7 @@ attempt. Each step also prints a fresh UUID, so a result kept from the old engin
 from one made again.
 
 What today's engine does with a job it has no record of (its id is in the checkpoint, its
-directory is not in this engine's jobs directory): it runs it (`sandbox.runner`: making the
+directory is not in this engine's jobs directory): it runs it (`sandbox._runner`: making the
 directory claims the job). The old engines' jobs outlive a SIGKILL of the engine (both wrote
 the command's exit status or result after the kill; see the fixtures' ``job_files``). So each
 case runs twice:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from workflow_engine.api.auth import Callers
+from workflow_engine.api._auth import Callers
 from workflow_engine.errors import AuthConfigError
 
 TOKEN = "a-token-of-enough-length"

@@ -12,7 +12,7 @@ import pytest
 
 from tests.support.wire import deep_update, field, varint
 from workflow_engine.api import Authenticator, AuthInterceptor, Callers, RequestReader
-from workflow_engine.api.decoding import (
+from workflow_engine.api._decoding import (
     MAX_REQUEST_FIELDS,
     RefusedRequest,
     Undecoded,

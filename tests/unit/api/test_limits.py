@@ -1,4 +1,4 @@
-"""`api.limits`: every list and map a request can hold has a limit, counted before anything is
+"""`api._limits`: every list and map a request can hold has a limit, counted before anything is
 converted, at no cost per element of a list over its limit."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from google.protobuf.descriptor import Descriptor
 
 from tests.support.helpers import step, struct, task
-from workflow_engine.api.limits import COUNTED, JSON_BYTES, JSON_LISTS, counted
+from workflow_engine.api._limits import COUNTED, JSON_BYTES, JSON_LISTS, counted
 from workflow_engine.errors import InvalidArgument
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from workflow_engine.api.listing import _decode_token, _encode_token
+from workflow_engine.api._listing import _decode_token, _encode_token
 from workflow_engine.domain.records import WorkflowQuery
 from workflow_engine.errors import InvalidArgument
 

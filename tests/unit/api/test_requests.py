@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workflow_engine.api.requests import parse_lease_ttl, parse_reason, parse_state_patch
+from workflow_engine.api._requests import parse_lease_ttl, parse_reason, parse_state_patch
 from workflow_engine.errors import InvalidArgument
 
 

@@ -7,10 +7,11 @@ from datetime import UTC, datetime
 
 import pytest
 
-from workflow_engine.api import requests, schedules
+from workflow_engine._masking import MASK, EngineSecrets
+from workflow_engine.api import _requests as requests
+from workflow_engine.api import _schedules as schedules
 from workflow_engine.domain.schedules import ScheduleRecord
 from workflow_engine.errors import InvalidArgument
-from workflow_engine.secrets import MASK, EngineSecrets
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from workflow_engine.capabilities.model.command_policy import (
+from workflow_engine.capabilities.model._command_policy import (
     DEFAULT_ENV,
     CommandPolicy,
     Decision,
     load_policy,
     resolve,
 )
-from workflow_engine.capabilities.model.llm_planner import PolicedPlan, policy_note
+from workflow_engine.capabilities.model._planner import PolicedPlan, policy_note
 from workflow_engine.domain.task import Plan, Step
 from workflow_engine.errors import CapabilityConfigError
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from workflow_engine.capabilities.context import ENTRY_OVERHEAD, TruncatingCompressor
+from workflow_engine.capabilities._compressor import ENTRY_OVERHEAD, TruncatingCompressor
 
 
 async def test_everything_that_fits_is_kept_whole() -> None:

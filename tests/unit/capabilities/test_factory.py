@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from workflow_engine.capabilities import LocalSandboxWorker
-from workflow_engine.capabilities.embedded_planner import StaticPlanner
-from workflow_engine.capabilities.factory import Lent, build_capabilities, opened
-from workflow_engine.capabilities.simulated_worker import SimulatedWorker
+from workflow_engine.capabilities._factory import Lent, build_capabilities, opened
+from workflow_engine.capabilities._static_planner import StaticPlanner
 from workflow_engine.capabilities.tasks import InlineTaskSource, McpTaskSource, TaskTableSource
+from workflow_engine.capabilities.workers._simulated import SimulatedWorker
 from workflow_engine.config import McpSettings, Settings
 from workflow_engine.domain.jobs import JobRequest, JobResult
 from workflow_engine.errors import UnknownCapability

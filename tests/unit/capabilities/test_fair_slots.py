@@ -10,7 +10,7 @@ import asyncio
 
 import pytest
 
-from workflow_engine.capabilities.fair_slots import FairSlots
+from workflow_engine.capabilities._fair_slots import FairSlots
 
 
 async def settle() -> None:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from workflow_engine.sandbox import users as users_module
-from workflow_engine.sandbox.users import JobUsers
+from workflow_engine.sandbox import _users as users_module
+from workflow_engine.sandbox._users import JobUsers
 
 
 def test_a_task_keeps_its_user_and_no_two_tasks_share_one(tmp_path: Path) -> None:

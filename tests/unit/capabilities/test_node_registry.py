@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from workflow_engine.capabilities.nodes.node_registry import NodeRegistry
-from workflow_engine.capabilities.nodes.nodes_file import WorkerNode
+from workflow_engine.capabilities.workers._nodes_file import WorkerNode
+from workflow_engine.capabilities.workers._registry import NodeRegistry
 from workflow_engine.domain import JobRequest, Sandbox
 
 

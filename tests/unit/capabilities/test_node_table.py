@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
-from workflow_engine.capabilities.nodes.node_table import (
+from workflow_engine.capabilities.workers._nodes_file import DEFAULT_MAX_JOBS
+from workflow_engine.capabilities.workers._nodes_table import (
     NodeTable,
     nodes_from_rows,
     snapshot_labels,
 )
-from workflow_engine.capabilities.nodes.nodes_file import DEFAULT_MAX_JOBS
 from workflow_engine.errors import NodesTableMissing
 
 #: A capability snapshot as their node reports it (`nodepayloads.CapabilityReport`), trimmed.
@@ -32,7 +32,7 @@ THEIR_SNAPSHOT: dict[str, Any] = {
 
 
 def row(slug: str = "gpu-1", **columns: Any) -> dict[str, Any]:
-    """A row as `storage.orchestrator_nodes.read_nodes` returns it."""
+    """A row as `storage._orchestrator_nodes.read_nodes` returns it."""
     return {
         "id": "3f1c0f7e-0000-4000-8000-000000000001",
         "node_slug": slug,

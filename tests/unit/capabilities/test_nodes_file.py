@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from workflow_engine.capabilities.nodes.nodes_file import (
+from workflow_engine.capabilities.workers._nodes_file import (
     DEFAULT_MAX_JOBS,
     WorkerNode,
     load_nodes_file,

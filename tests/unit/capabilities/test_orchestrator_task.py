@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from workflow_engine.capabilities.tasks.orchestrator_task import task_from_orchestrator
+from workflow_engine.capabilities.tasks._orchestrator import task_from_orchestrator
 from workflow_engine.errors import TaskNotStartable
 
 TASK = "33333333-3333-4333-8333-333333333333"

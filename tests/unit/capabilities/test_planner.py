@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from workflow_engine.capabilities.embedded_planner import StaticPlanner
+from workflow_engine.capabilities._static_planner import StaticPlanner
 from workflow_engine.domain import Step, TaskSpec
 from workflow_engine.errors import InvalidArgument
 

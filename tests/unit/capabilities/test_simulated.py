@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from workflow_engine.capabilities.simulated_worker import SimulatedWorker
+from workflow_engine.capabilities.workers._simulated import SimulatedWorker
 from workflow_engine.domain import JobRequest, Sandbox
 
 

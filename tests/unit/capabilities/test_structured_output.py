@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from workflow_engine.capabilities.model.structured_output import (
+from workflow_engine.capabilities.model._structured_output import (
     MAX_SEARCHED_CHARS,
     OutputModes,
     asked_for,

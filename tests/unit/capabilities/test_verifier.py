@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from workflow_engine.capabilities.embedded_verifier import MachineVerifier
+from workflow_engine.capabilities._machine_verifier import MachineVerifier
 from workflow_engine.domain import AcceptanceCriterion, Check, Step
-from workflow_engine.domain.jobs import JobResult, Truncated, Verification
+from workflow_engine.domain.jobs import JobResult, TruncatedStreams, Verification
 from workflow_engine.sandbox import WORKER_NOTE
 
 STEP = Step(id="s", command=("true",))
@@ -29,7 +29,7 @@ def result(**changes: Any) -> JobResult:
         ended_at="2024-01-01T00:00:01.000Z",
     )
     if changes.pop("stdout_truncated", False):
-        changes["truncated"] = Truncated(stdout=True)
+        changes["truncated"] = TruncatedStreams(stdout=True)
     return base.model_copy(update=changes)
 
 

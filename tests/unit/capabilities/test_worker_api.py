@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from workflow_engine.capabilities.nodes import worker_api
+from workflow_engine.capabilities.workers import _worker_api as worker_api
 from workflow_engine.domain.jobs import JobRequest, Sandbox
 from workflow_engine.errors import UnreadableAnswer
 

@@ -18,7 +18,7 @@ from workflow_engine.domain.task import (
     TaskSpec,
 )
 from workflow_engine.errors import InvalidArgument
-from workflow_engine.graph.nodes import JOB_NAMESPACE, job_id_for
+from workflow_engine.graph._nodes import JOB_NAMESPACE, job_id_for
 
 
 def refused(data: dict[str, Any]) -> InvalidArgument:
@@ -337,7 +337,7 @@ def test_secret_env_must_name_env_variables() -> None:
 
 #: Each list of a task one past its limit, its elements all invalid: the count is what refuses
 #: it, before a single element is validated (a request's lists are counted on the message before
-#: it is converted, `api.limits`; a set_state plan or a model's plan arrives as JSON).
+#: it is converted, `api._limits`; a set_state plan or a model's plan arrives as JSON).
 OVER_THE_LIMIT = [
     ({"steps": [{}] * 501}, "task.steps", "more than 500 steps"),
     ({"acceptance_criteria": [7] * 65}, "task.acceptance_criteria", "more than 64 acceptance"),

@@ -19,8 +19,8 @@ from workflow_engine.domain.deadlines import (
 )
 from workflow_engine.errors import InvalidState
 from workflow_engine.graph import changes, routing
+from workflow_engine.graph._nodes.dispatching import approval_request
 from workflow_engine.graph.changes import Decision
-from workflow_engine.graph.nodes.dispatching import approval_request
 from workflow_engine.graph.state import WorkflowState
 
 SHIP = {"id": "ship", "command": ["ship", "it"], "requires_approval": True, "expect": []}

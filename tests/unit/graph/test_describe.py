@@ -3,8 +3,8 @@ so the cut never leaves a piece of one."""
 
 from __future__ import annotations
 
-from workflow_engine.graph.builder import describe
-from workflow_engine.secrets import MASK, Secrets
+from workflow_engine._masking import MASK, Secrets
+from workflow_engine.graph._builder import describe
 
 SECRET = "described-secret-0123456789"
 

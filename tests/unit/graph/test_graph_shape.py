@@ -12,7 +12,7 @@ from langgraph.graph import END, START
 from tests.unit.capabilities.test_factory import LENT_NOTHING
 from workflow_engine.capabilities import build_capabilities
 from workflow_engine.config import Settings
-from workflow_engine.graph.builder import EDGES, FIRST, WorkflowGraph, build_graph
+from workflow_engine.graph._builder import EDGES, FIRST, WorkflowGraph, build_graph
 from workflow_engine.graph.state import initial_state
 from workflow_engine.storage import Checkpoint
 

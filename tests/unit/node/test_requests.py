@@ -9,7 +9,7 @@ import pytest
 
 from workflow_engine.domain import JobResult
 from workflow_engine.errors import InvalidArgument
-from workflow_engine.node.run_request import parse_run_request, response_body
+from workflow_engine.worker_node._run_request import parse_run_request, response_body
 
 
 def body(**sandbox: Any) -> dict[str, Any]:

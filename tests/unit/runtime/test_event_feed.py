@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 from workflow_engine.domain.records import WorkflowEventRecord
 from workflow_engine.domain.status import WorkflowStatus
-from workflow_engine.runtime.events import ENDED_FEEDS, FEED_EVENTS, EventHub
+from workflow_engine.runtime._events import ENDED_FEEDS, FEED_EVENTS, EventHub
 
 TASK = "6c1b2f4e-0000-4000-8000-000000000001"
 

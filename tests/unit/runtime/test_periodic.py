@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from tests.support.clock import ManualClock
-from workflow_engine.runtime.periodic import Periodic
+from workflow_engine.runtime._periodic import Periodic
 
 
 async def test_a_failing_round_does_not_end_the_loop() -> None:

@@ -9,15 +9,15 @@ ledger, the planner and verifier, the policy loader, and `answer_schemas`. `stru
 is internal.
 """
 
-from workflow_engine.capabilities.model import answer_schemas
-from workflow_engine.capabilities.model.command_policy import load_policy
-from workflow_engine.capabilities.model.llm_planner import LlmPlanner, describe_workers
-from workflow_engine.capabilities.model.llm_verifier import (
+from workflow_engine.capabilities.model import _answer_schemas as answer_schemas
+from workflow_engine.capabilities.model._client import Ledger, ModelClient, recording
+from workflow_engine.capabilities.model._command_policy import load_policy
+from workflow_engine.capabilities.model._planner import LlmPlanner, describe_workers
+from workflow_engine.capabilities.model._verifier import (
     LlmVerifier,
     combine,
     verification_brief,
 )
-from workflow_engine.capabilities.model.model_client import Ledger, ModelClient, recording
 
 __all__ = [
     "Ledger",

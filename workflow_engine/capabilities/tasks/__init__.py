@@ -14,13 +14,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from workflow_engine.capabilities.tasks.inline_tasks import InlineTaskSource
-from workflow_engine.capabilities.tasks.preferences import merge_preferences, node_preferences
-from workflow_engine.capabilities.tasks.stored_tasks import StoredTasks
-from workflow_engine.capabilities.tasks.task_table import TaskTableSource
+from workflow_engine.capabilities.tasks._inline import InlineTaskSource
+from workflow_engine.capabilities.tasks._preferences import merge_preferences, node_preferences
+from workflow_engine.capabilities.tasks._stored import StoredTasks
+from workflow_engine.capabilities.tasks._table import TaskTableSource
 
 if TYPE_CHECKING:
-    from workflow_engine.capabilities.tasks.mcp_tasks import McpTaskSource
+    from workflow_engine.capabilities.tasks._mcp import McpTaskSource
 
 __all__ = [
     "InlineTaskSource",
@@ -35,7 +35,7 @@ __all__ = [
 def __getattr__(name: str) -> object:
     """`McpTaskSource`, imported on first use."""
     if name == "McpTaskSource":
-        from workflow_engine.capabilities.tasks.mcp_tasks import McpTaskSource
+        from workflow_engine.capabilities.tasks._mcp import McpTaskSource
 
         return McpTaskSource
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

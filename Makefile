@@ -193,6 +193,7 @@ lint: install proto-check node-tools
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
 	proto/node_modules/.bin/buf lint
 	$(BIN)/python -m tools.gen_docs --check
 	@site=$$(mktemp -d) && $(BIN)/mkdocs build --strict --site-dir $$site; \

@@ -34,7 +34,7 @@ from workflow_engine._logs import configure_logging
 from workflow_engine.runtime._retention import prune_all
 from workflow_engine.storage._database import run_migrations
 from workflow_engine.storage._group_commit import CheckpointRow, GroupCommitter
-from workflow_engine.storage._workflow_rows import create
+from workflow_engine.storage.workflow_rows import create
 
 HOLDER = "bench"
 

@@ -2,8 +2,10 @@
 
 The public surface: `Settings` to configure; `Engine` to run in a program's own event loop,
 with `TaskSpec` and `Step` to say what to run and `WorkflowHandle` / `WorkflowResult` for what
-comes of it; the errors it raises (all `WorkflowEngineError`); the gRPC contract in
-`workflow_engine.v1`. Everything else is internal.
+comes of it; the errors a program catches from them (all `WorkflowEngineError`: every other
+error lives in `workflow_engine.errors`); the gRPC contract in `workflow_engine.v1`. Everything
+else is internal: a `_module` is the package's own, and each subpackage offers what the others
+use in its `__init__` (see docs/architecture.md, "Packages and their faces").
 
     async with Engine(settings_from_env()) as engine:
         result = await engine.run(TaskSpec(steps=[Step(id="hi", command=["echo", "hi"])]))
@@ -21,41 +23,15 @@ from workflow_engine.domain.records import StartOutcome, WorkflowEventRecord, Wo
 from workflow_engine.domain.status import WorkflowStatus
 from workflow_engine.domain.task import Step, TaskSpec
 from workflow_engine.errors import (
-    AddressInUse,
-    AnswerProblem,
-    AuthConfigError,
-    BodyTooLarge,
-    CapabilityConfigError,
-    CheckpointCorrupt,
     ConfigError,
-    Draining,
     InvalidArgument,
     InvalidState,
-    JobOfAnotherTask,
     LeaseHeld,
-    LinkOut,
-    ModelError,
-    NodeInUse,
-    NodesFileError,
-    NodesTableMissing,
-    NoEligibleNode,
-    OutOfScope,
-    PatternError,
-    PlanRefused,
     ResourceExhausted,
-    RunEnded,
-    ScheduleExists,
-    ScheduleNotFound,
     ShuttingDown,
     TaskNotFound,
     TaskNotStartable,
     TaskSourceUnavailable,
-    Unauthenticated,
-    Unauthorized,
-    UnknownCapability,
-    UnreadableAnswer,
-    UnreadableStateFormat,
-    UsageError,
     WorkflowEngineError,
     WorkflowExists,
     WorkflowNotFound,
@@ -66,32 +42,12 @@ if TYPE_CHECKING:
     from workflow_engine.engine import Engine, WorkflowHandle, WorkflowResult
 
 __all__ = [
-    "AddressInUse",
-    "AnswerProblem",
-    "AuthConfigError",
-    "BodyTooLarge",
-    "CapabilityConfigError",
-    "CheckpointCorrupt",
     "ConfigError",
-    "Draining",
     "Engine",
     "InvalidArgument",
     "InvalidState",
-    "JobOfAnotherTask",
     "LeaseHeld",
-    "LinkOut",
-    "ModelError",
-    "NoEligibleNode",
-    "NodeInUse",
-    "NodesFileError",
-    "NodesTableMissing",
-    "OutOfScope",
-    "PatternError",
-    "PlanRefused",
     "ResourceExhausted",
-    "RunEnded",
-    "ScheduleExists",
-    "ScheduleNotFound",
     "Settings",
     "ShuttingDown",
     "StartOutcome",
@@ -100,12 +56,6 @@ __all__ = [
     "TaskNotStartable",
     "TaskSourceUnavailable",
     "TaskSpec",
-    "Unauthenticated",
-    "Unauthorized",
-    "UnknownCapability",
-    "UnreadableAnswer",
-    "UnreadableStateFormat",
-    "UsageError",
     "WorkflowEngineError",
     "WorkflowEventRecord",
     "WorkflowExists",

@@ -4,7 +4,7 @@ and retention.
 The engine builds one (`EngineContext.clock`) and hands it down; a calculation takes the time
 as an argument (`now`) instead of reading it, so a unit test passes the instant it wants and
 never sleeps. Leases are the exception that proves the rule: their expiry is compared on the
-database's clock (`storage._leases`), the one clock every replica shares; this clock only paces
+database's clock (`storage.leases`), the one clock every replica shares; this clock only paces
 their renewal.
 """
 

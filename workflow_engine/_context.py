@@ -14,7 +14,7 @@ from workflow_engine._clock import Clock, SystemClock
 from workflow_engine._faults import FaultPlan
 from workflow_engine._masking import EngineSecrets
 from workflow_engine.config import Settings
-from workflow_engine.telemetry._metrics import Metrics
+from workflow_engine.telemetry import Metrics
 
 
 @dataclass(frozen=True, slots=True)

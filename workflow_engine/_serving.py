@@ -25,19 +25,22 @@ from grpc_reflection.v1alpha import reflection
 from workflow_engine import _secret_files as secret_files
 from workflow_engine import _under_supervisor as under_supervisor
 from workflow_engine._masking import EngineSecrets
-from workflow_engine.api._auth import Authenticator, AuthInterceptor, Callers
-from workflow_engine.api._call_metrics import TelemetryInterceptor
-from workflow_engine.api._decoding import generic_handler
-from workflow_engine.api._health import HealthServicer
-from workflow_engine.api._reading import RequestReader
-from workflow_engine.api._reflection import CommentedPool
-from workflow_engine.api._servicer import WorkflowEngineServicer
+from workflow_engine.api import (
+    Authenticator,
+    AuthInterceptor,
+    Callers,
+    CommentedPool,
+    HealthServicer,
+    RequestReader,
+    TelemetryInterceptor,
+    WorkflowEngineServicer,
+    generic_handler,
+)
 from workflow_engine.config import Settings
 from workflow_engine.engine import Engine
 from workflow_engine.errors import AddressInUse, AuthConfigError
-from workflow_engine.runtime._readiness import Readiness
-from workflow_engine.telemetry import _tracing as tracing
-from workflow_engine.telemetry._metrics import Metrics, serve_metrics
+from workflow_engine.runtime import Readiness
+from workflow_engine.telemetry import Metrics, serve_metrics, tracing
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 log = structlog.get_logger(__name__)

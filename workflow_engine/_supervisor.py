@@ -40,11 +40,11 @@ from prometheus_client import multiprocess
 
 from workflow_engine._serving import unless_stopped
 from workflow_engine._under_supervisor import PARENT_ENV, READY_FD_ENV
-from workflow_engine.capabilities._factory import check_choices
+from workflow_engine.capabilities import check_choices
 from workflow_engine.config import Settings
 from workflow_engine.errors import AddressInUse
-from workflow_engine.storage._database import database_url, migrate_database
-from workflow_engine.telemetry._metrics import MULTIPROC_ENV, serve_metrics, summed_registry
+from workflow_engine.storage import database_url, migrate_database
+from workflow_engine.telemetry import MULTIPROC_ENV, serve_metrics, summed_registry
 
 log = structlog.get_logger(__name__)
 

@@ -19,8 +19,7 @@ from typing import Any
 
 from workflow_engine import client
 from workflow_engine._logs import configure_logging
-from workflow_engine.config import ENV_PREFIX, Settings, settings_from_env
-from workflow_engine.config._sections import MAX_RETENTION_DAYS
+from workflow_engine.config import ENV_PREFIX, MAX_RETENTION_DAYS, Settings, settings_from_env
 from workflow_engine.errors import AddressInUse, ConfigError, NodeInUse, UsageError
 from workflow_engine.version import __version__
 
@@ -133,7 +132,7 @@ def _given(args: argparse.Namespace, *names: str) -> dict[str, Any]:
 async def _migrate(settings: Settings) -> None:
     import structlog
 
-    from workflow_engine.storage._database import database_url, migrate_database
+    from workflow_engine.storage import database_url, migrate_database
 
     async with database_url(settings) as url:
         applied = await migrate_database(url, settings)
@@ -192,7 +191,7 @@ def _run(args: argparse.Namespace, settings: Settings) -> None:
     if args.command == "migrate":
         asyncio.run(_migrate(settings))
     elif args.command == "prune":
-        from workflow_engine.runtime._retention import prune_command
+        from workflow_engine.runtime import prune_command
 
         print(asyncio.run(prune_command(settings, args.older_than, dry_run=args.dry_run)))
     elif args.command == "worker-node":

@@ -25,7 +25,7 @@ import structlog
 
 from workflow_engine._context import EngineContext
 from workflow_engine._logs import mask_in_logs, unmask_in_logs
-from workflow_engine.capabilities._factory import (
+from workflow_engine.capabilities import (
     Capabilities,
     Lent,
     build_capabilities,
@@ -38,25 +38,30 @@ from workflow_engine.domain.records import StartOutcome, WorkflowEventRecord, Wo
 from workflow_engine.domain.status import TERMINAL_STATUSES, WorkflowStatus
 from workflow_engine.domain.task import TaskSpec
 from workflow_engine.errors import InvalidArgument
-from workflow_engine.graph import _formats as formats
-from workflow_engine.graph._builder import build_graph
+from workflow_engine.graph import build_graph, formats
 from workflow_engine.graph.state import STATE_KEYS
-from workflow_engine.runtime._census import Census, remembered
-from workflow_engine.runtime._collector import Collector
-from workflow_engine.runtime._deadlines import DeadlineSweep
-from workflow_engine.runtime._events import EventHub
-from workflow_engine.runtime._manager import RunManager
-from workflow_engine.runtime._recovery import Recoverer
-from workflow_engine.runtime._retention import Pruner
-from workflow_engine.runtime._schedules import Scheduler
-from workflow_engine.service import WorkflowService
-from workflow_engine.service._schedules import ScheduleService
-from workflow_engine.storage import _orchestrator_nodes as orchestrator_nodes
-from workflow_engine.storage import _orchestrator_tasks as orchestrator_tasks
-from workflow_engine.storage import _tasks as tasks
-from workflow_engine.storage._checkpointer import RowCheckpointer
-from workflow_engine.storage._database import database_url, open_pool, run_migrations
-from workflow_engine.storage._pool import Pool
+from workflow_engine.runtime import (
+    Census,
+    Collector,
+    DeadlineSweep,
+    EventHub,
+    Pruner,
+    Recoverer,
+    RunManager,
+    Scheduler,
+    remembered,
+)
+from workflow_engine.service import ScheduleService, WorkflowService
+from workflow_engine.storage import (
+    Pool,
+    RowCheckpointer,
+    database_url,
+    open_pool,
+    orchestrator_nodes,
+    orchestrator_tasks,
+    run_migrations,
+    tasks,
+)
 
 log = structlog.get_logger(__name__)
 

@@ -22,7 +22,7 @@ from google.protobuf import json_format
 from tests.support.engine_process import EngineProcess
 from tests.support.helpers import new_task_id, wait_for_status
 from tests.support.llama_server import LlamaCppServer, LlamaServer, model_python
-from workflow_engine.capabilities.model._answer_schemas import (
+from workflow_engine.capabilities.model.answer_schemas import (
     PROFILES,
     SUMMARY,
     plan_schema,

@@ -2,8 +2,10 @@
 
 What the engine wires into its server (`__all__`): the servicer, the health servicer, the
 interceptors (authentication, telemetry), the request reader and decoding handler, and the
-reflection pool. Everything else (`requests`, `convert`, `listing`, `limits`, `roles`,
-`status_codes`, ...) is internal.
+reflection pool. Its modules are its own: `_requests` reads a request into the domain,
+`_convert` and `_listing` write the answers, `_limits` bounds every list and map, `_roles` and
+`_auth` decide who may call what, `_status_codes` maps errors to status codes, `_schedules`
+does both for schedules.
 """
 
 from workflow_engine.api._auth import Authenticator, AuthInterceptor, Callers

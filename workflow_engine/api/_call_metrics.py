@@ -16,8 +16,7 @@ import grpc
 from opentelemetry import trace
 
 from workflow_engine.api._interceptors import Behavior, MethodInterceptor
-from workflow_engine.telemetry import _tracing as tracing
-from workflow_engine.telemetry._metrics import Metrics
+from workflow_engine.telemetry import Metrics, tracing
 
 
 class TelemetryInterceptor(MethodInterceptor):

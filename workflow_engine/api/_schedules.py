@@ -32,7 +32,7 @@ from workflow_engine.domain.schedules import (
 )
 from workflow_engine.domain.task import TaskSpec
 from workflow_engine.errors import InvalidArgument
-from workflow_engine.service._schedules import UPDATABLE, ScheduleDraft
+from workflow_engine.service import UPDATABLE, ScheduleDraft
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 DEFAULT_PAGE_SIZE = 50

@@ -27,8 +27,7 @@ from workflow_engine.api._reading import RequestReader
 from workflow_engine.api._status_codes import status_for
 from workflow_engine.domain.records import WorkflowEventRecord, WorkflowRecord
 from workflow_engine.errors import RunControl
-from workflow_engine.service import WorkflowService
-from workflow_engine.service._schedules import ScheduleService
+from workflow_engine.service import ScheduleService, WorkflowService
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 from workflow_engine.v1 import workflow_engine_pb2_grpc as pb_grpc
 

@@ -31,7 +31,7 @@ from workflow_engine.errors import (
     WorkflowExists,
     WorkflowNotFound,
 )
-from workflow_engine.storage._retry import is_transient
+from workflow_engine.storage import is_transient
 
 log = structlog.get_logger(__name__)
 

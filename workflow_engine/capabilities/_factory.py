@@ -38,18 +38,21 @@ from workflow_engine.capabilities._protocols import (
     check_steps,
 )
 from workflow_engine.capabilities._static_planner import StaticPlanner
-from workflow_engine.capabilities.model._client import ModelClient
-from workflow_engine.capabilities.model._command_policy import load_policy
-from workflow_engine.capabilities.model._planner import LlmPlanner, describe_workers
-from workflow_engine.capabilities.model._verifier import LlmVerifier
-from workflow_engine.capabilities.tasks._inline import InlineTaskSource
-from workflow_engine.capabilities.tasks._stored import StoredTasks
-from workflow_engine.capabilities.tasks._table import TaskTableSource
-from workflow_engine.capabilities.workers._http import HttpWorker
-from workflow_engine.capabilities.workers._local import LocalSandboxWorker
-from workflow_engine.capabilities.workers._nodes_file import load_nodes_file
-from workflow_engine.capabilities.workers._nodes_table import NodeTable
-from workflow_engine.capabilities.workers._simulated import SimulatedWorker
+from workflow_engine.capabilities.model import (
+    LlmPlanner,
+    LlmVerifier,
+    ModelClient,
+    describe_workers,
+    load_policy,
+)
+from workflow_engine.capabilities.tasks import InlineTaskSource, StoredTasks, TaskTableSource
+from workflow_engine.capabilities.workers import (
+    HttpWorker,
+    LocalSandboxWorker,
+    NodeTable,
+    SimulatedWorker,
+    load_nodes_file,
+)
 from workflow_engine.config import ENV_PREFIX, Settings
 from workflow_engine.domain.task import TaskSpec
 from workflow_engine.domain.values import JsonObject
@@ -127,7 +130,7 @@ def _task_table(lent: Lent) -> TaskTableSource:
 def _mcp_tasks(settings: Settings, lent: Lent) -> TaskSource:
     # Imported here: the MCP SDK brings an HTTP server stack along (half a second and some
     # 500 modules), which only an engine that uses this source should load.
-    from workflow_engine.capabilities.tasks._mcp import McpTaskSource
+    from workflow_engine.capabilities.tasks import McpTaskSource
 
     return McpTaskSource(settings.mcp)
 

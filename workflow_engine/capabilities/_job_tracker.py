@@ -33,8 +33,7 @@ from workflow_engine.domain.held import Held
 from workflow_engine.domain.jobs import JobRequest, JobResult
 from workflow_engine.domain.task import LOADER_PROBLEM, loader_variables
 from workflow_engine.errors import InvalidArgument
-from workflow_engine.telemetry import _tracing as tracing
-from workflow_engine.telemetry._metrics import Metrics
+from workflow_engine.telemetry import Metrics, tracing
 
 log = structlog.get_logger(__name__)
 

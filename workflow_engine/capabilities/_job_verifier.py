@@ -23,7 +23,7 @@ from workflow_engine._masking import Secrets, for_workflow, step_secrets
 from workflow_engine.capabilities._job_tracker import JobTracker
 from workflow_engine.capabilities._machine_verifier import MachineVerifier
 from workflow_engine.capabilities._protocols import Worker
-from workflow_engine.capabilities.model._verifier import checked_brief, combine
+from workflow_engine.capabilities.model import checked_brief, combine
 from workflow_engine.domain.jobs import Finding, JobRequest, JobResult, Sandbox, Verification
 from workflow_engine.domain.task import AcceptanceCriterion, Step
 from workflow_engine.domain.values import parse

@@ -19,7 +19,7 @@ from workflow_engine.domain.values import JsonObject
 from workflow_engine.errors import InvalidArgument
 
 if TYPE_CHECKING:  # the policy's module needs this one's `CapabilityConfigError`
-    from workflow_engine.capabilities.model._command_policy import Decision
+    from workflow_engine.capabilities.model import Decision
 
 
 class TaskSource(Protocol):

@@ -1,11 +1,11 @@
 """The engine for people at a terminal: ``workflow-engine start|get|watch|list|schedule|...``.
 
 A gRPC client of a running engine, as any other (it imports the contract, nothing of the
-engine's insides): `connection` opens the channel (address, TLS, token), `taskfile` reads a
-task from YAML or JSON, `render` turns answers into text for people, and `subcommands` holds
-the command line itself and the exit codes scripts rely on. It offers ``workflow-engine``'s
-command line `COMMANDS` (the client commands' names) and `main` (which runs one); the rest is
-internal. `subcommands` is imported only when a client command runs.
+engine's insides): `_connection` opens the channel (address, TLS, token), `_taskfile` reads a
+task from YAML or JSON, `_render` turns answers into text for people, `_arguments` parses the
+command line, and `_subcommands` holds the commands themselves and the exit codes scripts rely
+on. It offers ``workflow-engine``'s command line `COMMANDS` (the client commands' names) and
+`main` (which runs one). `_subcommands` is imported only when a client command runs.
 """
 
 from __future__ import annotations
@@ -21,4 +21,7 @@ def main(argv: list[str]) -> int:
     return subcommands.main(argv)
 
 
-__all__ = ["COMMANDS", "main"]
+__all__ = [
+    "COMMANDS",
+    "main",
+]

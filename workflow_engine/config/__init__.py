@@ -4,10 +4,10 @@ Every setting comes from a ``WORKFLOW_ENGINE_*`` environment variable, and the c
 override it. No other module reads the environment. A capability's own settings are a section:
 a frozen dataclass field of `Settings` whose variables are ``WORKFLOW_ENGINE_<SECTION>_<FIELD>``
 (`JobSettings` is ``settings.job``, from ``WORKFLOW_ENGINE_JOB_TIMEOUT_SECONDS``...); a new
-capability adds its section to `sections` and reads it in its factory entry.
+capability adds its section to `_sections` and reads it in its factory entry.
 
-Import from here: `settings` (the `Settings` object), `sections` (its sections) and `env`
-(reading them from the environment) are internal.
+Import from here: `_settings` (the `Settings` object), `_sections` (its sections) and `_env`
+(reading them from the environment) are its own.
 """
 
 from workflow_engine.config._env import env_names, settings_from_env
@@ -15,6 +15,7 @@ from workflow_engine.config._sections import (
     ENV_PREFIX,
     JOB_UID_BASE,
     JOB_UID_COUNT,
+    MAX_RETENTION_DAYS,
     OUTPUT_MODES,
     JobLimits,
     JobSettings,
@@ -32,6 +33,7 @@ __all__ = [
     "JOB_UID_BASE",
     "JOB_UID_COUNT",
     "LISTEN_NONE",
+    "MAX_RETENTION_DAYS",
     "OUTPUT_MODES",
     "JobLimits",
     "JobSettings",

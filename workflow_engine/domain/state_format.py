@@ -3,7 +3,7 @@
 Every row the engine writes records the state format it wrote (`state_format`) and the engine
 that wrote it (`engine_version`). The format is an integer that grows whenever what the row holds
 changes meaning: the state's form, the graph's node names, or its next-node triggers (the
-format's pieces are listed, and upgraded, in `workflow_engine.graph._formats`).
+format's pieces are listed, and upgraded, in `workflow_engine.graph.formats`).
 
 A replica runs, resumes, decides on, recovers, cancels or overrides a workflow only when it
 reads that row's format. A row of a newer format (a newer engine wrote it during a rolling

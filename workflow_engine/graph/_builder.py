@@ -36,8 +36,7 @@ from langgraph.runtime import Runtime
 
 from workflow_engine._clock import Clock, SystemClock
 from workflow_engine._masking import Secrets, for_workflow, state_secrets
-from workflow_engine.capabilities._factory import Capabilities
-from workflow_engine.capabilities._job_tracker import JobTracker
+from workflow_engine.capabilities import Capabilities, JobTracker
 from workflow_engine.domain.values import JsonObject
 from workflow_engine.graph import routing
 from workflow_engine.graph._nodes import Nodes, is_control, node_functions

@@ -13,7 +13,7 @@ from workflow_engine._clock import Clock
 from workflow_engine._masking import MAX_REMEMBERED, Secrets
 from workflow_engine.domain.held import Held
 from workflow_engine.runtime._periodic import Periodic
-from workflow_engine.telemetry._metrics import Metrics
+from workflow_engine.telemetry import Metrics
 
 #: A part that tells what it holds.
 Source = Callable[[], Iterable[Held]]

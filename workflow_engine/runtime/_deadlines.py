@@ -24,7 +24,7 @@ from workflow_engine.domain.held import Held
 from workflow_engine.domain.state_format import FIRST_STATE_FORMAT, STATE_FORMAT
 from workflow_engine.errors import InvalidState, LeaseHeld, WorkflowEngineError
 from workflow_engine.runtime._periodic import Periodic
-from workflow_engine.storage._pool import Connection, Pool, on_connection
+from workflow_engine.storage import Connection, Pool, on_connection
 
 log = structlog.get_logger(__name__)
 

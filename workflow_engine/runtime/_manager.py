@@ -27,24 +27,26 @@ import psycopg
 import structlog
 
 from workflow_engine._context import EngineContext
-from workflow_engine.capabilities._job_tracker import JobTracker
+from workflow_engine.capabilities import JobTracker
 from workflow_engine.config import ENV_PREFIX
 from workflow_engine.domain.held import Held
 from workflow_engine.domain.jobs import JobRequest
 from workflow_engine.domain.records import Fence, WorkflowEventRecord, tenant_shown
 from workflow_engine.domain.status import TERMINAL_STATUSES, WorkflowStatus
 from workflow_engine.errors import LeaseLost, RunStopped, WorkflowEngineError
-from workflow_engine.graph._builder import WorkflowGraph
-from workflow_engine.graph._nodes import jobs_in_flight
+from workflow_engine.graph import WorkflowGraph, jobs_in_flight
 from workflow_engine.graph.changes import Change
 from workflow_engine.graph.state import WorkflowState, state_or_empty
 from workflow_engine.runtime._quotas import Quota
 from workflow_engine.runtime._run import Run
-from workflow_engine.storage import _leases as leases
-from workflow_engine.storage import _queries as queries
-from workflow_engine.storage import _workflow_rows as workflow_rows
-from workflow_engine.storage._checkpointer import RowCheckpointer
-from workflow_engine.storage._pool import Pool, on_connection
+from workflow_engine.storage import (
+    Pool,
+    RowCheckpointer,
+    leases,
+    on_connection,
+    queries,
+    workflow_rows,
+)
 
 log = structlog.get_logger(__name__)
 

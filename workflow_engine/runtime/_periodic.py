@@ -16,7 +16,7 @@ from typing import Any
 import structlog
 
 from workflow_engine._clock import Clock, jittered
-from workflow_engine.storage._retry import is_transient
+from workflow_engine.storage import is_transient
 
 log = structlog.get_logger(__name__)
 

@@ -17,10 +17,8 @@ import structlog
 
 from workflow_engine._clock import Clock, SystemClock, jittered
 from workflow_engine.errors import LeaseHeld, WorkflowEngineError
-from workflow_engine.storage import _workflow_rows as workflow_rows
-from workflow_engine.storage._pool import Pool
-from workflow_engine.storage._retry import is_transient
-from workflow_engine.telemetry._metrics import Metrics
+from workflow_engine.storage import Pool, is_transient, workflow_rows
+from workflow_engine.telemetry import Metrics
 
 log = structlog.get_logger(__name__)
 

@@ -21,11 +21,18 @@ import structlog
 from workflow_engine._clock import Clock, SystemClock, jittered
 from workflow_engine.config import ENV_PREFIX, RetentionSettings, Settings
 from workflow_engine.errors import ConfigError
-from workflow_engine.storage._database import database_url, open_pool, run_migrations
-from workflow_engine.storage._pool import Connection, Pool
-from workflow_engine.storage._retention import Pruned, count_due, prune_batch
-from workflow_engine.storage._retry import is_transient
-from workflow_engine.telemetry._metrics import Metrics
+from workflow_engine.storage import (
+    Connection,
+    Pool,
+    Pruned,
+    count_due,
+    database_url,
+    is_transient,
+    open_pool,
+    prune_batch,
+    run_migrations,
+)
+from workflow_engine.telemetry import Metrics
 
 log = structlog.get_logger(__name__)
 

@@ -57,14 +57,18 @@ from workflow_engine.errors import (
     UnreadableStateFormat,
     WorkflowEngineError,
 )
-from workflow_engine.graph._builder import FIRST, NODE_EVENT, NodeContext, WorkflowGraph
+from workflow_engine.graph import FIRST, NODE_EVENT, NodeContext, WorkflowGraph
 from workflow_engine.graph.changes import CONTINUE_FROM, Change, apply_all
 from workflow_engine.graph.state import WorkflowState, read_state
-from workflow_engine.storage import _leases as leases
-from workflow_engine.storage import _workflow_rows as workflow_rows
-from workflow_engine.storage._checkpointer import Checkpoint, RowCheckpointer
-from workflow_engine.storage._pool import Pool, on_connection
-from workflow_engine.telemetry import _tracing as tracing
+from workflow_engine.storage import (
+    Checkpoint,
+    Pool,
+    RowCheckpointer,
+    leases,
+    on_connection,
+    workflow_rows,
+)
+from workflow_engine.telemetry import tracing
 
 log = structlog.get_logger(__name__)
 
@@ -80,7 +84,7 @@ RENEWALS_PER_TTL = 3
 def renewal_pause(ttl_seconds: float) -> float:
     """How long the heartbeat waits after a renewal (or a failed one) before the next; also
     the longest one renewal may take. The lease's expiry itself is on the database's clock
-    (`storage._leases`); the engine's clock only paces its renewal."""
+    (`storage.leases`); the engine's clock only paces its renewal."""
     return ttl_seconds / RENEWALS_PER_TTL
 
 

@@ -4,7 +4,7 @@ For each due, unpaused schedule the pass decides from the stored next fire time 
 engine's clock (`domain.schedules.decide`). To fire a slot it starts the slot's workflow
 first, under a task id and idempotency key derived from the schedule and the slot
 (`slot_task_id`), then moves the schedule on with a compare-and-set on its next fire time
-(`storage._schedules.advance`). Two replicas that handle one slot meet at the start (one
+(`storage.schedules.advance`). Two replicas that handle one slot meet at the start (one
 starts it; the other is answered ALREADY_RUNNING, ALREADY_FINISHED, or refused because the
 workflow exists or its lease is held) and at the compare-and-set (one moves it on); a replica
 that dies between its start and its compare-and-set leaves the slot due, and the next pass
@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 import structlog
 
 from workflow_engine._clock import Clock
-from workflow_engine.capabilities._protocols import TaskSource
+from workflow_engine.capabilities import TaskSource
 from workflow_engine.domain.held import Held
 from workflow_engine.domain.records import StartOutcome
 from workflow_engine.domain.schedules import (
@@ -45,9 +45,8 @@ from workflow_engine.errors import (
     WorkflowExists,
 )
 from workflow_engine.runtime._periodic import Periodic
-from workflow_engine.storage import _schedules as schedules
-from workflow_engine.storage._pool import Pool
-from workflow_engine.telemetry._metrics import Metrics
+from workflow_engine.storage import Pool, schedules
+from workflow_engine.telemetry import Metrics
 
 log = structlog.get_logger(__name__)
 

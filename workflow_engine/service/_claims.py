@@ -29,19 +29,14 @@ from workflow_engine.graph.state import (
     WorkflowState,
     state_or_empty,
 )
-from workflow_engine.runtime._events import EventHub
-from workflow_engine.runtime._manager import RunManager
-from workflow_engine.runtime._run import Run
+from workflow_engine.runtime import EventHub, Run, RunManager
 from workflow_engine.service._checks import (
     refuse_blocked,
     state_of,
 )
 from workflow_engine.service._outcomes import Applied
 from workflow_engine.service._reads import WorkflowReads
-from workflow_engine.storage import _leases as leases
-from workflow_engine.storage import _queries as queries
-from workflow_engine.storage import _workflow_rows as workflow_rows
-from workflow_engine.storage._pool import Pool, on_connection
+from workflow_engine.storage import Pool, leases, on_connection, queries, workflow_rows
 
 #: How long a change waits for a closing run of its workflow (one that wrote its last
 #: checkpoint, or was told to stop) to end before claiming the workflow itself. Such a run has

@@ -14,9 +14,8 @@ from workflow_engine.domain.records import (
 )
 from workflow_engine.errors import WorkflowExists, WorkflowNotFound
 from workflow_engine.service._checks import in_scope
-from workflow_engine.storage import _queries as queries
-from workflow_engine.storage._pool import Pool
-from workflow_engine.storage._queries import MAX_HISTORY_EVENTS
+from workflow_engine.storage import Pool, queries
+from workflow_engine.storage.queries import MAX_HISTORY_EVENTS
 
 
 class WorkflowReads:

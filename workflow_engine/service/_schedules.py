@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 
 from workflow_engine._clock import Clock
-from workflow_engine.capabilities._protocols import TaskSource
+from workflow_engine.capabilities import TaskSource
 from workflow_engine.domain.records import Scope
 from workflow_engine.domain.schedules import (
     Calendar,
@@ -39,9 +39,8 @@ from workflow_engine.errors import (
 )
 from workflow_engine.service._checks import admits
 from workflow_engine.service._task_by_id import task_by_id
-from workflow_engine.storage import _schedules as schedules
-from workflow_engine.storage._pool import Pool
-from workflow_engine.storage._schedules import SchedulePage
+from workflow_engine.storage import Pool, schedules
+from workflow_engine.storage.schedules import SchedulePage
 
 #: The fields UpdateSchedule's mask may name.
 UPDATABLE = ("paused", "cron", "time_zone", "task", "template_task_id", "overlap", "catch_up")

@@ -5,7 +5,7 @@ And the check of a task sent inline: its id is not a task the source has under a
 
 from __future__ import annotations
 
-from workflow_engine.capabilities._protocols import TaskSource
+from workflow_engine.capabilities import TaskSource
 from workflow_engine.domain.records import Scope
 from workflow_engine.domain.task import TaskSpec
 from workflow_engine.errors import (
@@ -17,9 +17,7 @@ from workflow_engine.errors import (
     WorkflowNotFound,
 )
 from workflow_engine.service._checks import admits
-from workflow_engine.storage import _queries as queries
-from workflow_engine.storage import _tasks as tasks
-from workflow_engine.storage._pool import Pool
+from workflow_engine.storage import Pool, queries, tasks
 
 
 async def task_by_id(pool: Pool, source: TaskSource, task_id: str, scope: Scope | None) -> TaskSpec:

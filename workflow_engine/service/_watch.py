@@ -15,12 +15,9 @@ from workflow_engine.config import ENV_PREFIX
 from workflow_engine.domain.held import Held
 from workflow_engine.domain.records import Scope, WorkflowEventRecord, WorkflowRecord
 from workflow_engine.domain.status import TERMINAL_STATUSES
-from workflow_engine.runtime._events import EventHub
-from workflow_engine.runtime._manager import RunManager
-from workflow_engine.runtime._quotas import Quota
+from workflow_engine.runtime import EventHub, Quota, RunManager
 from workflow_engine.service._checks import in_scope
-from workflow_engine.storage import _queries as queries
-from workflow_engine.storage._pool import Pool
+from workflow_engine.storage import Pool, queries
 
 
 class Watches:

@@ -13,7 +13,7 @@ from datetime import datetime
 
 from workflow_engine._context import EngineContext
 from workflow_engine._masking import step_secrets
-from workflow_engine.capabilities._protocols import TaskSource
+from workflow_engine.capabilities import TaskSource
 from workflow_engine.config import Settings
 from workflow_engine.domain.deadlines import expiry_of
 from workflow_engine.domain.held import Held
@@ -34,15 +34,14 @@ from workflow_engine.errors import (
     WorkflowExists,
 )
 from workflow_engine.graph import changes as state_changes
-from workflow_engine.graph._nodes import jobs_in_flight
+from workflow_engine.graph import jobs_in_flight
 from workflow_engine.graph.changes import Decision, Override
 from workflow_engine.graph.state import (
     WorkflowState,
     accepted_state,
     initial_state,
 )
-from workflow_engine.runtime._events import EventHub
-from workflow_engine.runtime._manager import RunManager
+from workflow_engine.runtime import EventHub, RunManager
 from workflow_engine.service._checks import (
     admits,
     in_scope,
@@ -54,9 +53,7 @@ from workflow_engine.service._claims import WorkflowClaims
 from workflow_engine.service._outcomes import Applied, ResumeOutcome
 from workflow_engine.service._task_by_id import check_inline_task_id, task_by_id
 from workflow_engine.service._watch import Watches
-from workflow_engine.storage import _queries as queries
-from workflow_engine.storage import _workflow_rows as workflow_rows
-from workflow_engine.storage._pool import Pool
+from workflow_engine.storage import Pool, queries, workflow_rows
 
 #: How long CancelWorkflow waits for the abandoned run here to end before it answers.
 CANCEL_RUN_WAIT_SECONDS = 0.5

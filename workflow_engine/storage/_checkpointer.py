@@ -66,7 +66,7 @@ FORMAT = 4
 
 
 #: Rewrites a stored row's state and checkpoint columns, of the given state format, into this
-#: engine's format (`graph._formats.upgrade`): (format, task id, state, checkpoint).
+#: engine's format (`graph.formats.upgrade`): (format, task id, state, checkpoint).
 Upgrade = Callable[[int, str, Any, Any], tuple[Any, Any]]
 
 

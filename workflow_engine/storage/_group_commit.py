@@ -24,9 +24,9 @@ from psycopg_pool import AsyncConnectionPool
 
 from workflow_engine.domain.records import WorkflowEventRecord
 from workflow_engine.domain.state_format import STATE_FORMAT
-from workflow_engine.storage import _leases as leases
+from workflow_engine.storage import leases
 from workflow_engine.storage._retry import is_transient
-from workflow_engine.telemetry._metrics import Metrics
+from workflow_engine.telemetry import Metrics
 from workflow_engine.version import __version__
 
 log = structlog.get_logger(__name__)

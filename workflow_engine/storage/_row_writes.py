@@ -11,9 +11,9 @@ from __future__ import annotations
 from workflow_engine.domain.records import WorkflowRecord
 from workflow_engine.domain.status import TERMINAL_STATUSES
 from workflow_engine.errors import LeaseHeld, UnreadableStateFormat, WorkflowNotFound
-from workflow_engine.storage import _leases as leases
+from workflow_engine.storage import leases
 from workflow_engine.storage._pool import Connection, Pool
-from workflow_engine.storage._queries import select_workflow
+from workflow_engine.storage.queries import select_workflow
 
 # Every transaction that touches both rows of a task locks the lease row first, as the
 # checkpoint write does (FOR SHARE), so two of them never wait on each other in a cycle.

@@ -20,7 +20,7 @@ from workflow_engine.domain.status import (
 )
 from workflow_engine.domain.values import JsonObject
 from workflow_engine.errors import InvalidState
-from workflow_engine.storage import _leases as leases
+from workflow_engine.storage import leases
 from workflow_engine.storage._pool import Connection, Pool, in_transaction, on_connection
 from workflow_engine.storage._row_writes import (
     Refused,

@@ -23,10 +23,9 @@ from workflow_engine.errors import (
     UnreadableStateFormat,
     WorkflowExists,
 )
-from workflow_engine.storage import _leases as leases
-from workflow_engine.storage import _tasks as tasks
+from workflow_engine.storage import leases, tasks
 from workflow_engine.storage._pool import Connection, Pool, on_connection
-from workflow_engine.storage._queries import select_workflow
+from workflow_engine.storage.queries import select_workflow
 from workflow_engine.version import __version__
 
 # Every column the orchestrator's table has is given (its ORM creates it without defaults);

@@ -25,7 +25,7 @@ import time
 
 import structlog
 
-from workflow_engine.capabilities.workers._local import LocalSandboxWorker
+from workflow_engine.capabilities.workers import LocalSandboxWorker
 from workflow_engine.domain.held import Held
 from workflow_engine.domain.jobs import JobRequest, JobResult, Sandbox
 from workflow_engine.errors import Draining, JobOfAnotherTask

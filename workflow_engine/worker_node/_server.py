@@ -31,7 +31,7 @@ import structlog
 import uvicorn
 
 from workflow_engine import _pid_file as pid_file
-from workflow_engine.capabilities.workers._local import LocalSandboxWorker
+from workflow_engine.capabilities.workers import LocalSandboxWorker
 from workflow_engine.config import ENV_PREFIX, NodeSettings
 from workflow_engine.errors import ConfigError, NodeInUse
 from workflow_engine.sandbox import Confinement

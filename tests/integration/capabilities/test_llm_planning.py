@@ -22,7 +22,7 @@ from google.protobuf import json_format
 from tests.conftest import RunningEngine, start_engine, stop_engine
 from tests.support.helpers import new_task_id, wait_for_status, write_secret
 from tests.support.model_server import API_KEY, MODEL, ModelServer, Reply, model_fixture  # noqa: F401
-from workflow_engine.capabilities.model._answer_schemas import plan_schema
+from workflow_engine.capabilities.model.answer_schemas import plan_schema
 from workflow_engine.config import LlmSettings, Settings
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 

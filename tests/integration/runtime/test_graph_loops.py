@@ -13,8 +13,7 @@ from tests.unit.capabilities.test_factory import LENT_NOTHING
 from workflow_engine.capabilities import build_capabilities
 from workflow_engine.graph import build_graph
 from workflow_engine.graph.state import initial_state
-from workflow_engine.storage import _queries as queries
-from workflow_engine.storage import _tasks as tasks
+from workflow_engine.storage import queries, tasks
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 

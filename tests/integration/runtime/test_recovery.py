@@ -12,7 +12,7 @@ from tests.support.helpers import new_task_id, step, task, wait_for_status
 from workflow_engine.config import Settings
 from workflow_engine.domain.status import RECOVERY_EXHAUSTED
 from workflow_engine.graph.state import initial_state
-from workflow_engine.storage import _workflow_rows as workflow_rows
+from workflow_engine.storage import workflow_rows
 from workflow_engine.storage._pool import Pool
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 

@@ -43,8 +43,7 @@ from tests.support.helpers import new_task_id
 from workflow_engine.domain import Fence
 from workflow_engine.graph.state import initial_state
 from workflow_engine.storage import _group_commit as group_commit
-from workflow_engine.storage import _leases as leases
-from workflow_engine.storage import _workflow_rows as workflow_rows
+from workflow_engine.storage import leases, workflow_rows
 from workflow_engine.storage._group_commit import CheckpointRow, GroupCommitter
 
 TTL = 30

@@ -18,9 +18,7 @@ from workflow_engine.domain.records import Fence, StartOutcome
 from workflow_engine.errors import LeaseLost
 from workflow_engine.graph.state import STATE_KEYS, initial_state
 from workflow_engine.runtime._run import Run
-from workflow_engine.storage import _leases as leases
-from workflow_engine.storage import _queries as queries
-from workflow_engine.storage import _workflow_rows as workflow_rows
+from workflow_engine.storage import leases, queries, workflow_rows
 from workflow_engine.storage._checkpointer import Checkpoint, RowCheckpointer
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from workflow_engine.storage import _schedules as schedules
+from workflow_engine.storage import schedules
 
 
 async def test_only_one_of_two_moves_from_the_same_slot_lands(autocommit_pool: Any) -> None:

@@ -21,11 +21,9 @@ from tests.integration.orchestrator import their_code
 from tests.support.helpers import new_task_id
 from workflow_engine.domain import Fence
 from workflow_engine.graph.state import initial_state
-from workflow_engine.storage import _leases as leases
-from workflow_engine.storage import _queries as queries
-from workflow_engine.storage import _workflow_rows as workflow_rows
+from workflow_engine.storage import leases, queries, workflow_rows
 from workflow_engine.storage._pool import Pool, on_connection
-from workflow_engine.storage._workflow_rows import RELEASED_ELSEWHERE
+from workflow_engine.storage.workflow_rows import RELEASED_ELSEWHERE
 
 Situation = Callable[[psycopg.AsyncConnection[Any], Pool, Fence, str], Awaitable[None]]
 #: The engine process whose runs these are.

@@ -16,7 +16,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from tests.support.helpers import new_task_id
 from workflow_engine.graph.state import initial_state
-from workflow_engine.storage import _workflow_rows as workflow_rows
+from workflow_engine.storage import workflow_rows
 from workflow_engine.storage._group_commit import WRITE_BATCH, CheckpointRow, batch_params
 
 OTHERS = 3000  # workflows of other holders, their leases live

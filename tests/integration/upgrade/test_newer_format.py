@@ -24,7 +24,7 @@ from tests.conftest import RunningEngine, start_engine, stop_engine
 from tests.support.helpers import new_task_id, snapshot, step, task, wait_for_status
 from workflow_engine.config import Settings
 from workflow_engine.domain.state_format import STATE_FORMAT
-from workflow_engine.storage import _workflow_rows as workflow_rows
+from workflow_engine.storage import workflow_rows
 from workflow_engine.v1 import workflow_engine_pb2 as pb
 
 NEWER = STATE_FORMAT + 1

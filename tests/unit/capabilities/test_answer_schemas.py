@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from workflow_engine.capabilities.model._answer_schemas import (
+from workflow_engine.capabilities.model.answer_schemas import (
     CHECK,
     PROFILES,
     SUMMARY,

@@ -32,7 +32,7 @@ THEIR_SNAPSHOT: dict[str, Any] = {
 
 
 def row(slug: str = "gpu-1", **columns: Any) -> dict[str, Any]:
-    """A row as `storage._orchestrator_nodes.read_nodes` returns it."""
+    """A row as `storage.orchestrator_nodes.read_nodes` returns it."""
     return {
         "id": "3f1c0f7e-0000-4000-8000-000000000001",
         "node_slug": slug,

@@ -23,9 +23,9 @@ from workflow_engine.domain.state_format import (
     unreadable_reason,
 )
 from workflow_engine.errors import CheckpointCorrupt
-from workflow_engine.graph import _formats as formats
+from workflow_engine.graph import formats
 from workflow_engine.graph._builder import EDGES
-from workflow_engine.graph._formats import StoredCheckpoint, renamed_nodes, upgrade
+from workflow_engine.graph.formats import StoredCheckpoint, renamed_nodes, upgrade
 from workflow_engine.graph.state import STATE
 
 #: The state's form (its JSON schema without titles and descriptions) in each format.

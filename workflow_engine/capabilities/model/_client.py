@@ -48,7 +48,7 @@ from workflow_engine.errors import (
     ModelError,
     WorkflowEngineError,
 )
-from workflow_engine.telemetry import _tracing as tracing
+from workflow_engine.telemetry import tracing
 
 if TYPE_CHECKING:
     # The SDK is imported when a model client opens (and where its errors are told apart):

@@ -30,10 +30,10 @@ from pydantic import Field
 from workflow_engine._masking import MASK, Secrets, for_workflow, step_secrets
 from workflow_engine.capabilities._protocols import Unfit, check_step, check_steps
 from workflow_engine.capabilities._static_planner import derive_plan
-from workflow_engine.capabilities.model._answer_schemas import plan_schema, step_schema, trimmed
 from workflow_engine.capabilities.model._client import ModelClient, answer_valid
 from workflow_engine.capabilities.model._command_policy import CommandPolicy, Decision
-from workflow_engine.capabilities.tasks._preferences import merge_preferences
+from workflow_engine.capabilities.model.answer_schemas import plan_schema, step_schema, trimmed
+from workflow_engine.capabilities.tasks import merge_preferences
 from workflow_engine.config import LlmSettings
 from workflow_engine.domain.jobs import JobResult, Verification
 from workflow_engine.domain.task import Plan, Step, TaskSpec

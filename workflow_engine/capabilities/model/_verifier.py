@@ -16,9 +16,9 @@ from typing import Any
 
 from workflow_engine._masking import Secrets, for_workflow, redact_json, step_secrets
 from workflow_engine.capabilities._machine_verifier import MachineVerifier
-from workflow_engine.capabilities.model._answer_schemas import trimmed, verification_schema
 from workflow_engine.capabilities.model._client import ModelClient, answer_valid
 from workflow_engine.capabilities.model._planner import excerpt
+from workflow_engine.capabilities.model.answer_schemas import trimmed, verification_schema
 from workflow_engine.config import LlmSettings
 from workflow_engine.domain.jobs import Finding, JobResult, Verification
 from workflow_engine.domain.task import AcceptanceCriterion, Step

@@ -1,13 +1,13 @@
 """Task sources: where a workflow's task comes from, as the engine's `TaskSpec`.
 
-`inline_tasks` (StartWorkflow's own), `task_table` (the orchestrator's ``tasks`` table), `mcp_tasks`
-(the orchestrator's MCP server), `stored_tasks` (the task as StartWorkflow stored it), and
-`orchestrator_task`, the one mapping from the orchestrator's task to a `TaskSpec`;
-`preferences` folds the preference layers a run uses.
+`_inline` (StartWorkflow's own), `_table` (the orchestrator's ``tasks`` table), `_mcp` (the
+orchestrator's MCP server), `_stored` (the task as StartWorkflow stored it), and
+`_orchestrator`, the one mapping from the orchestrator's task to a `TaskSpec`; `_preferences`
+folds the preference layers a run uses.
 
 What the factory, the planner and the graph use (`__all__`): the four sources and the two
-preference folds; `orchestrator_task` is internal. `McpTaskSource` is imported on first use:
-the MCP SDK is about 1.5 s of CPU that an engine with another task source never pays.
+preference folds. `McpTaskSource` is imported on first use: the MCP SDK is about 1.5 s of CPU
+that an engine with another task source never pays.
 """
 
 from __future__ import annotations

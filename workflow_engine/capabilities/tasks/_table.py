@@ -1,6 +1,6 @@
 """The ``orchestrator`` task source: the orchestrator's ``tasks`` table, in the engine's database.
 
-The engine lends the two reads (`storage._orchestrator_tasks`, through its pool); the row becomes
+The engine lends the two reads (`storage.orchestrator_tasks`, through its pool); the row becomes
 a task as `orchestrator_task` says. The ``inline`` source falls back to this one when the
 database has the table.
 """

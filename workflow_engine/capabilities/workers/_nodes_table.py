@@ -1,6 +1,6 @@
 """Worker nodes read from the orchestrator's ``nodes`` table and their capability snapshots.
 
-The engine lends the read (`storage._orchestrator_nodes`: every row not soft-deleted, with its
+The engine lends the read (`storage.orchestrator_nodes`: every row not soft-deleted, with its
 latest ``node_capabilities.capability_snapshot`` by ``reported_at``); this module makes nodes
 of the rows. A row gives:
 
@@ -97,7 +97,7 @@ class NodeTable:
 
 
 def nodes_from_rows(rows: list[JsonObject], *, allow_plaintext_remote: bool = False) -> NodeList:
-    """The rows (`storage._orchestrator_nodes.read_nodes`) as usable nodes and the others."""
+    """The rows (`storage.orchestrator_nodes.read_nodes`) as usable nodes and the others."""
     nodes: list[WorkerNode] = []
     unusable: dict[str, str] = {}
     for row in rows:

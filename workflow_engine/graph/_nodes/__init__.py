@@ -1,4 +1,4 @@
-"""The seven nodes of the workflow graph.
+"""The nodes of the workflow graph (`node_functions` names them, in graph order).
 
 Each node reads the state, calls one capability, and returns the keys it changes. Every node is
 safe to run again: a node that was running when the process died runs again on resume, so

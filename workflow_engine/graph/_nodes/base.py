@@ -13,10 +13,8 @@ from datetime import UTC, datetime
 import psycopg
 
 from workflow_engine._masking import Secrets, for_workflow, state_secrets
-from workflow_engine.capabilities._factory import Capabilities
-from workflow_engine.capabilities._job_tracker import JobTracker
-from workflow_engine.capabilities.model._client import Ledger
-from workflow_engine.capabilities.model._command_policy import Decision
+from workflow_engine.capabilities import Capabilities, JobTracker
+from workflow_engine.capabilities.model import Decision, Ledger
 from workflow_engine.domain.jobs import JobRequest, JobResult
 from workflow_engine.domain.task import Step
 from workflow_engine.errors import RunControl, WorkflowEngineError

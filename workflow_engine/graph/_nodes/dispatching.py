@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import structlog
 
-from workflow_engine.capabilities.tasks._preferences import node_preferences
+from workflow_engine.capabilities.tasks import node_preferences
 from workflow_engine.domain.deadlines import approval_expiry, effective_timeout
 from workflow_engine.domain.jobs import Finding, JobRequest, Sandbox, Verification
 from workflow_engine.domain.status import WorkflowStatus

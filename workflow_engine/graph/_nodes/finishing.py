@@ -9,8 +9,7 @@ import json
 import structlog
 
 from workflow_engine._masking import for_workflow, state_secrets
-from workflow_engine.capabilities.model import _answer_schemas as answer_schemas
-from workflow_engine.capabilities.model._client import ModelClient, recording
+from workflow_engine.capabilities.model import ModelClient, answer_schemas, recording
 from workflow_engine.domain.status import WorkflowStatus
 from workflow_engine.domain.values import JsonObject
 from workflow_engine.errors import WorkflowEngineError

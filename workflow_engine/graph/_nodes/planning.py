@@ -5,9 +5,8 @@ from __future__ import annotations
 import structlog
 from pydantic import ValidationError
 
-from workflow_engine.capabilities.model._client import recording
-from workflow_engine.capabilities.model._planner import PolicedPlan
-from workflow_engine.capabilities.tasks._preferences import merge_preferences
+from workflow_engine.capabilities.model import PolicedPlan, recording
+from workflow_engine.capabilities.tasks import merge_preferences
 from workflow_engine.domain.jobs import Finding, Verification
 from workflow_engine.domain.status import WorkflowStatus
 from workflow_engine.domain.values import as_invalid_argument

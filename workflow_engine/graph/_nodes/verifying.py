@@ -7,10 +7,8 @@ from __future__ import annotations
 import structlog
 
 from workflow_engine._masking import state_secrets
-from workflow_engine.capabilities._protocols import RevisingPlanner
-from workflow_engine.capabilities.model._client import recording
-from workflow_engine.capabilities.model._command_policy import Decision
-from workflow_engine.capabilities.model._planner import policy_note
+from workflow_engine.capabilities import RevisingPlanner
+from workflow_engine.capabilities.model import Decision, policy_note, recording
 from workflow_engine.domain.jobs import Finding, JobResult, Verification
 from workflow_engine.domain.task import AcceptanceCriterion, Step
 from workflow_engine.errors import PlanRefused, WorkflowEngineError

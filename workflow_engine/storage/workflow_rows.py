@@ -11,9 +11,8 @@ from __future__ import annotations
 from workflow_engine.domain.records import Fence, WorkflowRecord
 from workflow_engine.domain.status import WorkflowStatus
 from workflow_engine.errors import InvalidState
-from workflow_engine.storage import _leases as leases
+from workflow_engine.storage import leases
 from workflow_engine.storage._pool import Connection, Pool, in_transaction
-from workflow_engine.storage._queries import select_workflow
 from workflow_engine.storage._row_writes import (
     NOTIFY_CONTROL,
     insert_event,
@@ -28,6 +27,7 @@ from workflow_engine.storage._workflow_claims import (
     restart_from,
 )
 from workflow_engine.storage._workflow_start import create
+from workflow_engine.storage.queries import select_workflow
 
 __all__ = [
     "RELEASED_ELSEWHERE",

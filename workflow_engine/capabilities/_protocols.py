@@ -19,7 +19,7 @@ from workflow_engine.domain.values import JsonObject
 from workflow_engine.errors import InvalidArgument
 
 if TYPE_CHECKING:  # the policy's module needs this one's `CapabilityConfigError`
-    from workflow_engine.capabilities.model import Decision
+    from workflow_engine.capabilities.model import PolicyDecision
 
 
 class TaskSource(Protocol):
@@ -66,7 +66,7 @@ class RevisingPlanner(Protocol):
 
     async def revise(
         self, task: TaskSpec, step: Step, result: JobResult, verification: Verification
-    ) -> tuple[Step, Decision]:
+    ) -> tuple[Step, PolicyDecision]:
         """The step for its next attempt, and what the command policy decided about it.
 
         Raise a `WorkflowEngineError` when the revised command may not run at all.

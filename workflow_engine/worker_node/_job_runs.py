@@ -29,10 +29,10 @@ from workflow_engine.capabilities.workers import LocalSandboxWorker
 from workflow_engine.domain.held import Held
 from workflow_engine.domain.jobs import JobRequest, JobResult, Sandbox
 from workflow_engine.errors import Draining, JobOfAnotherTask
+from workflow_engine.sandbox import TARGET
 
 log = structlog.get_logger(__name__)
 
-TARGET = "local"
 #: The task id recorded for a job cancelled before it started when the cancel did not say.
 NIL_TASK_ID = "00000000-0000-0000-0000-000000000000"
 

@@ -10,7 +10,7 @@ import pytest
 from workflow_engine.capabilities.model._command_policy import (
     DEFAULT_ENV,
     CommandPolicy,
-    Decision,
+    PolicyDecision,
     load_policy,
     resolve,
 )
@@ -132,7 +132,7 @@ def test_the_env_list_comes_from_the_file(tmp_path: Path) -> None:
 
 
 def test_the_decisions_travel_with_a_policed_plan_but_are_not_stored_with_it() -> None:
-    decision = Decision("approve", "no pattern matches; the default of the policy p.yaml")
+    decision = PolicyDecision("approve", "no pattern matches; the default of the policy p.yaml")
     step = Step(id="a", command=("true",), requires_approval=True)
     plan = PolicedPlan(
         steps=(step,), assumptions=(policy_note("a", decision),), policy={"a": decision}

@@ -11,7 +11,7 @@ loader, and the module `answer_schemas`.
 
 from workflow_engine.capabilities.model import answer_schemas
 from workflow_engine.capabilities.model._client import Ledger, ModelClient, recording
-from workflow_engine.capabilities.model._command_policy import Decision, load_policy
+from workflow_engine.capabilities.model._command_policy import PolicyDecision, load_policy
 from workflow_engine.capabilities.model._planner import (
     LlmPlanner,
     PolicedPlan,
@@ -26,12 +26,12 @@ from workflow_engine.capabilities.model._verifier import (
 )
 
 __all__ = [
-    "Decision",
     "Ledger",
     "LlmPlanner",
     "LlmVerifier",
     "ModelClient",
     "PolicedPlan",
+    "PolicyDecision",
     "answer_schemas",
     "checked_brief",
     "combine",

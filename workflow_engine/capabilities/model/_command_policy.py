@@ -66,10 +66,10 @@ from workflow_engine.config import ENV_PREFIX
 from workflow_engine.errors import CapabilityConfigError
 from workflow_engine.sandbox import SAFE_PATH
 
-Verdict = Literal["allow", "approve", "deny"]
-_VERDICTS: tuple[Verdict, ...] = ("allow", "approve", "deny")
+PolicyVerdict = Literal["allow", "approve", "deny"]
+_VERDICTS: tuple[PolicyVerdict, ...] = ("allow", "approve", "deny")
 _STRICTNESS = {"allow": 0, "approve": 1, "deny": 2}
-_LISTS: dict[str, Verdict] = {"deny": "deny", "require_approval": "approve", "allow": "allow"}
+_LISTS: dict[str, PolicyVerdict] = {"deny": "deny", "require_approval": "approve", "allow": "allow"}
 _FIELDS = (*_LISTS, "default", "env")
 #: What a model-planned step may set in its env without a person's approval, by default:
 #: variables that choose a language, a time zone or how output looks, and load nothing.
@@ -79,10 +79,10 @@ SAFE_DIRS: tuple[str, ...] = tuple(SAFE_PATH.split(":"))
 
 
 @dataclass(frozen=True, slots=True)
-class Decision:
+class PolicyDecision:
     """What the policy decided about a step, and why (the rule, and the policy it is of)."""
 
-    verdict: Verdict
+    verdict: PolicyVerdict
     reason: str
 
 
@@ -94,11 +94,13 @@ class CommandPolicy:
     deny: tuple[str, ...] = ()
     require_approval: tuple[str, ...] = ()
     allow: tuple[str, ...] = ()
-    default: Verdict = "approve"
+    default: PolicyVerdict = "approve"
     env: tuple[str, ...] = DEFAULT_ENV
     source: str = "the default policy (no WORKFLOW_ENGINE_COMMAND_POLICY_FILE)"
 
-    def decide(self, command: Sequence[str], env: Mapping[str, str] | None = None) -> Decision:
+    def decide(
+        self, command: Sequence[str], env: Mapping[str, str] | None = None
+    ) -> PolicyDecision:
         """What happens to a step running `command` with `env`, and why, naming the rule."""
         env = env or {}
         written = command[0] if command else ""
@@ -106,14 +108,14 @@ class CommandPolicy:
         decision = self._by_command(command, path)
         unlisted = sorted(n for n in env if not any(fnmatch.fnmatchcase(n, p) for p in self.env))
         if unlisted:
-            by_env = Decision(
+            by_env = PolicyDecision(
                 _cautious(self.default),
                 f"env {', '.join(unlisted)} not in the env list of {self.source}",
             )
             decision = _stricter(decision, by_env)
         return decision
 
-    def _by_command(self, command: Sequence[str], path: str | None) -> Decision:
+    def _by_command(self, command: Sequence[str], path: str | None) -> PolicyDecision:
         args = list(command[1:])
         strict = _names(path)
         loose = [*strict, *_written_names(command[0] if command else "")]
@@ -124,15 +126,15 @@ class CommandPolicy:
                 if _matches(pattern, names, args) or (
                     cautious and _words_match(pattern, names, args)
                 ):
-                    return Decision(verdict, f"{name} pattern {pattern!r} of {self.source}")
+                    return PolicyDecision(verdict, f"{name} pattern {pattern!r} of {self.source}")
         if path is None:
-            return Decision(
+            return PolicyDecision(
                 _cautious(self.default),
                 f"the program {command[0] if command else ''!r} is no file that jobs cannot "
                 f"write (an absolute path, or a name found on {SAFE_PATH}); "
                 f"no pattern matches; the default of {self.source}",
             )
-        return Decision(self.default, f"no pattern matches; the default of {self.source}")
+        return PolicyDecision(self.default, f"no pattern matches; the default of {self.source}")
 
 
 def resolve(program: str, env: Mapping[str, str]) -> str | None:
@@ -221,16 +223,16 @@ def _word_matches(word: str, arg: str) -> bool:
     return len(option) >= 5 and literal.startswith(option)
 
 
-def _cautious(default: Verdict) -> Verdict:
+def _cautious(default: PolicyVerdict) -> PolicyVerdict:
     """The default, but never `allow`: for what no pattern vouches for."""
     return "deny" if default == "deny" else "approve"
 
 
-def _stricter(first: Decision, second: Decision) -> Decision:
+def _stricter(first: PolicyDecision, second: PolicyDecision) -> PolicyDecision:
     if _STRICTNESS[second.verdict] > _STRICTNESS[first.verdict]:
         return second
     if _STRICTNESS[second.verdict] == _STRICTNESS[first.verdict] and first.verdict != "allow":
-        return Decision(first.verdict, f"{first.reason}; and {second.reason}")
+        return PolicyDecision(first.verdict, f"{first.reason}; and {second.reason}")
     return first
 
 

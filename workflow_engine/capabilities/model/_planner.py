@@ -10,7 +10,7 @@ model-planned step then goes through the command policy, its program and its env
 waiting for approval (`requires_approval`), or refused (`PlanRefused`, the workflow fails with
 the rule).
 
-The policy's decision on each step is a value (`command_policy.Decision`), returned with the
+The policy's decision on each step is a value (`_command_policy.PolicyDecision`), returned with the
 plan (`PolicedPlan.policy`) or the revised step, for the workflow to record; the plan's
 assumptions and a revision's record say it in words too (`policy_note`), for people.
 
@@ -31,7 +31,7 @@ from workflow_engine._masking import MASK, Secrets, for_workflow, step_secrets
 from workflow_engine.capabilities._protocols import Unfit, check_step, check_steps
 from workflow_engine.capabilities._static_planner import derive_plan
 from workflow_engine.capabilities.model._client import ModelClient, answer_valid
-from workflow_engine.capabilities.model._command_policy import CommandPolicy, Decision
+from workflow_engine.capabilities.model._command_policy import CommandPolicy, PolicyDecision
 from workflow_engine.capabilities.model.answer_schemas import plan_schema, step_schema, trimmed
 from workflow_engine.capabilities.tasks import merge_preferences
 from workflow_engine.config import LlmSettings
@@ -74,10 +74,10 @@ class PolicedPlan(Plan):
     its steps by id. The decisions are not part of the plan's JSON (`exclude`): the workflow
     records what it needs of them with each step's state."""
 
-    policy: dict[str, Decision] = Field(default_factory=dict, exclude=True)
+    policy: dict[str, PolicyDecision] = Field(default_factory=dict, exclude=True)
 
 
-def policy_note(step_id: str, decision: Decision) -> str:
+def policy_note(step_id: str, decision: PolicyDecision) -> str:
     """The policy's decision on a step in words, as the plan's assumptions and a revision's
     record show it."""
     verb = "runs" if decision.verdict == "allow" else "waits for approval"
@@ -145,7 +145,7 @@ class LlmPlanner:
         """`plan` with the command policy applied: steps it wants approved marked so, and
         `PlanRefused` for a step whose command it denies."""
         steps: list[Step] = []
-        decisions: dict[str, Decision] = {}
+        decisions: dict[str, PolicyDecision] = {}
         for step in plan.steps:
             checked, decisions[step.id] = self.contain(step)
             steps.append(checked)
@@ -154,7 +154,7 @@ class LlmPlanner:
             steps=tuple(steps), assumptions=(*plan.assumptions, *notes), policy=decisions
         )
 
-    def contain(self, step: Step) -> tuple[Step, Decision]:
+    def contain(self, step: Step) -> tuple[Step, PolicyDecision]:
         """The step as the policy lets it run, and what the policy decided."""
         decision = self._policy.decide(step.command, step.env)
         shown = json.dumps(list(step.command))[:300]
@@ -169,7 +169,7 @@ class LlmPlanner:
 
     async def revise(
         self, task: TaskSpec, step: Step, result: JobResult, verification: Verification
-    ) -> tuple[Step, Decision]:
+    ) -> tuple[Step, PolicyDecision]:
         """A revised `step` for its next attempt, and what the policy decided about it.
 
         The result and the verdict reach the model with the task's secrets (and the engine's

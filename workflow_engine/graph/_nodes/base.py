@@ -14,7 +14,7 @@ import psycopg
 
 from workflow_engine._masking import Secrets, for_workflow, state_secrets
 from workflow_engine.capabilities import Capabilities, JobTracker
-from workflow_engine.capabilities.model import Decision, Ledger
+from workflow_engine.capabilities.model import Ledger, PolicyDecision
 from workflow_engine.domain.jobs import JobRequest, JobResult
 from workflow_engine.domain.task import Step
 from workflow_engine.errors import RunControl, WorkflowEngineError
@@ -91,7 +91,7 @@ def step_of(state: WorkflowState, step_id: str) -> Step:
     raise KeyError(step_id)
 
 
-def approval_policy(decision: Decision | None) -> StepState:
+def approval_policy(decision: PolicyDecision | None) -> StepState:
     """What a step's state records of the command policy's `decision` about it: the rule that
     makes it wait for approval, when one does (its approval request names it)."""
     if decision is not None and decision.verdict == "approve":

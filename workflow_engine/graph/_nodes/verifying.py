@@ -8,7 +8,7 @@ import structlog
 
 from workflow_engine._masking import state_secrets
 from workflow_engine.capabilities import RevisingPlanner
-from workflow_engine.capabilities.model import Decision, policy_note, recording
+from workflow_engine.capabilities.model import PolicyDecision, policy_note, recording
 from workflow_engine.domain.jobs import Finding, JobResult, Verification
 from workflow_engine.domain.task import AcceptanceCriterion, Step
 from workflow_engine.errors import PlanRefused, WorkflowEngineError
@@ -109,7 +109,7 @@ class Verifying(NodeBase):
         attempt: int,
         result: JobResult,
         verification: Verification,
-    ) -> tuple[str, Decision | None]:
+    ) -> tuple[str, PolicyDecision | None]:
         """Have the planner revise `step` for its next attempt, recording the revision in
         `update` (the plan, `revisions`); the error that fails the step, or empty, and what the
         command policy decided about the revised step.

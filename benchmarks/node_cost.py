@@ -42,7 +42,7 @@ LOG_LINE = re.compile(r"\[(\d+)\] LOG:\s+(?:statement|execute [^:]*): (.*)")
 
 def classify(sql: str) -> str:
     s = " ".join(sql.split())
-    if s.startswith("WITH input AS"):  # storage/group_commit.py
+    if s.startswith("WITH input AS"):  # storage/_group_commit.py
         return "checkpoint write (fenced upsert + events)"
     if s.startswith(("BEGIN", "COMMIT", "ROLLBACK")):
         return "transaction control"

@@ -2,7 +2,7 @@
 
 Whether a caller's scope admits a workflow (another tenant's reads as one that does not exist),
 whether another writer blocked it, and what a resume asks to change: pure functions of the row,
-shared by the use cases (`workflows`) and the event stream (`watch`).
+shared by the use cases (`_workflows`) and the event stream (`_watch`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The engine's pool, and one unit of storage work on a pooled connection, retried as `retry`
+"""The engine's pool, and one unit of storage work on a pooled connection, retried as `_retry`
 allows.
 
 `on_connection` runs statements that need no transaction of their own (a read, a single

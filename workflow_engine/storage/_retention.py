@@ -12,7 +12,7 @@ the task's lease row where the engine took it last and nobody holds it.
 
 One batch is one short transaction (`prune_batch`), bounded by `statement_timeout` and
 `lock_timeout`, that never waits for a row: it locks the lease rows, then the workflow rows
-(the order every writer of a task's rows keeps, see `row_writes`), each ``FOR UPDATE SKIP
+(the order every writer of a task's rows keeps, see `_row_writes`), each ``FOR UPDATE SKIP
 LOCKED``, and re-checks that each row is still due as it locks it, so a workflow that anyone
 touches meanwhile is left for a later round. The batch holds a transaction-level advisory lock:
 one batch at a time across the fleet, which a transaction-mode pooler keeps working (a

@@ -3,7 +3,7 @@
 Lock the lease row, then the workflow row (that order, always: `lock_workflow`); change the
 status (`write_status`) or record a block (`write_block`), each with its event; refuse with
 `Refused`, which rolls the transaction back, and explain the refusal with `lease_held`. The
-writes themselves are `workflow_start`, `workflow_claims` and `workflow_rows`.
+writes themselves are `_workflow_start`, `_workflow_claims` and `workflow_rows`.
 """
 
 from __future__ import annotations

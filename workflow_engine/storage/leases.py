@@ -2,7 +2,7 @@
 
 Every statement runs on the database clock and decides in one step; nothing here reads and
 then writes. `epoch` is the fencing token: it grows whenever the lease changes hands (or is
-revoked), and every checkpoint write checks it in the same statement (see `checkpointer`).
+revoked), and every checkpoint write checks it in the same statement (see `_checkpointer`).
 """
 
 from __future__ import annotations

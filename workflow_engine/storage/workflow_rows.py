@@ -1,9 +1,9 @@
 """Changes to a running or ended workflow's row: cancel, a runner's status change, a block,
 an operator failing a blocked workflow, and why a run whose lease went elsewhere stopped.
 
-Each public function is one transaction. Starting a workflow is `workflow_start`'s, claiming
-it again `workflow_claims`' (both named here too, so that callers use one module for a row's
-writes); the steps they share are `row_writes`.
+Each public function is one transaction. Starting a workflow is `_workflow_start`'s, claiming
+it again `_workflow_claims`' (both named here too, so that callers use one module for a row's
+writes); the steps they share are `_row_writes`.
 """
 
 from __future__ import annotations

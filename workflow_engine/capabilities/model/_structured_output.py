@@ -14,7 +14,7 @@ enforced to the least, the rungs (`OUTPUT_MODES`) are:
 A server that answers a rung with an error about the request's shape (`refuses_shape`) moves
 its endpoint down one rung, for the life of the process, logged once; the question is asked
 again in the new shape at once, which is not a retry. Every other failure is the client's to
-retry or report (`model_client`).
+retry or report (`_client`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from workflow_engine.config import OUTPUT_MODES
 from workflow_engine.domain.values import JsonObject
 
 if TYPE_CHECKING:
-    import openai  # imported when a model client opens (`model_client`)
+    import openai  # imported when a model client opens (`_client`)
 
 log = structlog.get_logger(__name__)
 

@@ -24,7 +24,7 @@ sent; an ``http://`` node beyond loopback is refused where the nodes are read
 
 The nodes come from a nodes file (read once, at start-up) or from a source that is refreshed
 (`refresh`, every ``WORKFLOW_ENGINE_NODES_REFRESH_SECONDS``: the orchestrator's nodes table,
-`node_table`): a node that joins is asked for its health at once and then gets jobs; one that
+`_nodes_table`): a node that joins is asked for its health at once and then gets jobs; one that
 leaves gets no new jobs, but a job already recorded for it is still sent to it, with the URL and
 token last read. A refresh that fails keeps the nodes as they were. A job recorded for a node
 this engine has never known (it left before this engine started) is lost, with that reason.

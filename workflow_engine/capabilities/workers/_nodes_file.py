@@ -16,7 +16,7 @@ An ``http://`` URL whose host is not this host's loopback (``localhost``, 127.0.
 a name is not resolved) would carry the node's token and every job in clear, so it is refused
 unless ``WORKFLOW_ENGINE_NODES_ALLOW_PLAINTEXT_REMOTE`` says the network is trusted; an
 ``https://`` node's certificate is checked against the default CAs, or against
-``WORKFLOW_ENGINE_NODES_CA_FILE`` (`http_worker`).
+``WORKFLOW_ENGINE_NODES_CA_FILE`` (`_http`).
 
 Read once when the engine starts; anything wrong stops the start with a message naming the
 node and the field. A token comes from the environment variable or the file named, never from

@@ -14,11 +14,12 @@ JOBWRAP_FLAGS = -O2 -Wall -Wextra -o $(JOBWRAP) $(JOBWRAP).c
 
 install: $(STAMP) $(JOBWRAP)
 
-# The local job wrapper as a small program (the package's setup.py builds it the same way for
-# `pip install .`); without it jobs fall back to the shell wrapper. Against musl where there is
-# musl-gcc (Debian's musl-tools, installed here when make runs as root): glibc's start-up asks
-# the CPU for its cache layout, which a virtual machine traps, and that was a quarter of each
-# job's wrapper (benchmarks/job_profile.py). Otherwise against glibc, static if it can be.
+# The local job wrapper, a small program (the package's setup.py builds it the same way for
+# `pip install .`); without it the local sandbox and worker-node refuse to start. Against musl
+# where there is musl-gcc (Debian's musl-tools, installed here when make runs as root): glibc's
+# start-up asks the CPU for its cache layout, which a virtual machine traps, and that was a
+# quarter of each job's wrapper (benchmarks/job_profile.py). Otherwise against glibc, static if
+# it can be.
 $(JOBWRAP): $(JOBWRAP).c
 	@command -v musl-gcc >/dev/null 2>&1 || test "$$(id -u)" != 0 || ! command -v apt-get >/dev/null 2>&1 || { \
 	  echo "installing Debian's musl-tools (to build jobwrap)"; \

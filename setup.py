@@ -1,9 +1,11 @@
 """Builds `jobwrap`, the local job wrapper (workflow_engine/sandbox/jobwrap.c), into the
 package when it is installed from source (`pip install .`, a wheel, the container image).
 
-Everything else is in pyproject.toml. Without a C compiler the package still installs and
-local jobs use the shell wrapper, at about twice the CPU per job. `make install` (an editable
-install) builds it in place instead.
+Everything else is in pyproject.toml. Local jobs run only through jobwrap: without a C
+compiler the package still installs (an engine whose jobs run on worker nodes, or the client
+commands, need no jobwrap), but the local sandbox (`WORKFLOW_ENGINE_WORKER=sandbox`, the
+default) and `workflow-engine worker-node` refuse to start, saying how to build it. `make
+install` (an editable install) builds it in place instead.
 """
 
 from __future__ import annotations
@@ -28,7 +30,10 @@ def compile_jobwrap(target: Path) -> None:
         return
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
-        print("jobwrap: no C compiler; local jobs will use the shell wrapper")
+        print(
+            "jobwrap: no C compiler, so jobwrap is not built: the local sandbox and worker-node "
+            "will refuse to start; install a C compiler (cc) and reinstall, or use the image"
+        )
         return
     # Static where the C library allows it: no dynamic loader to run per job.
     if subprocess.run([compiler, "-static", *flags], check=False).returncode != 0:

@@ -3,7 +3,7 @@
 Runs `true` through the default worker (`LocalSandboxWorker`, the job runner behind it) at
 concurrency 20, with no database and no graph, so the figures are the job path's alone:
 the engine's CPU (this process: spawning, waiting, files, result) and its children's
-(`jobwrap`, or the `/bin/sh` supervisor where it was not built, and the command).
+(`jobwrap` and the command).
 `job_profile.py` says where the children's part goes.
 
     .venv/bin/python benchmarks/job_cost.py [--jobs 600] [--concurrency 20] [--jobs-per-task 3]

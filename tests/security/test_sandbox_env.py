@@ -2,10 +2,11 @@
 
 Attacker: a tenant (or a model writing steps) who sets a step's `env`. The loader reads
 ``LD_PRELOAD`` (and its kin) from the environment of every dynamically linked program it
-starts; if the job's environment reached a process that still runs as root (the shell wrapper,
-util-linux ``unshare``, a dynamically linked ``jobwrap``), a library of the tenant's would run
-as root. These tests go below the API's own refusal of such names (another layer) and hand the
-sandbox the job as a worker node or a stored workflow would.
+starts; if the job's environment reached a process that still runs as root (a dynamically
+linked ``jobwrap``), a library of the tenant's would run as root. These tests go below the
+API's own refusal of such names (another layer) and hand the sandbox the job as a worker node
+or a stored workflow would. Where ``jobwrap`` is not built no job runs at all: the sandbox
+refuses to start (`tests/unit/capabilities/test_factory.py`).
 """
 
 from __future__ import annotations
@@ -103,26 +104,6 @@ async def test_the_wrapper_runs_with_its_fixed_environment_only(tmp_path: Path) 
         await sandbox.cancel("local", job)
         await running
     assert {e.decode() for e in environ if e} == {f"{k}={v}" for k, v in WRAPPER_ENV.items()}
-
-
-async def test_as_root_the_shell_wrapper_refuses_every_job(
-    tmp_path: Path, snitch: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Where jobwrap was not built, the shell wrapper would run /bin/sh and `unshare` as root
-    # with the job's environment: as root, no job runs that way.
-    library, marks = snitch
-    monkeypatch.setattr(wrapper, "JOBWRAP", Path("/nonexistent/jobwrap"))
-    ran = tmp_path / "ran"
-    async with LocalSandboxWorker(
-        jobs_dir=tmp_path / "jobs", confinement=granted_confinement()
-    ) as sandbox:
-        result = await sandbox.run(
-            "local", request("touch", str(ran), env={"LD_PRELOAD": str(library)})
-        )
-    assert result.status == "failed"
-    assert "as root, local jobs run only through jobwrap" in result.stderr
-    assert not ran.exists()
-    assert list(marks.iterdir()) == []
 
 
 async def test_an_env_entry_that_would_split_in_two_is_refused(tmp_path: Path) -> None:

@@ -57,7 +57,7 @@ from workflow_engine.config import ENV_PREFIX, Settings
 from workflow_engine.domain.task import TaskSpec
 from workflow_engine.domain.values import JsonObject
 from workflow_engine.errors import CapabilityConfigError, UnknownCapability
-from workflow_engine.sandbox import Confinement
+from workflow_engine.sandbox import Confinement, require_jobwrap
 
 T = TypeVar("T")
 
@@ -249,9 +249,11 @@ _REGISTRIES: Mapping[str, Mapping[str, Builder[Any]]] = {
 
 
 def check_choices(settings: Settings) -> None:
-    """Raise `UnknownCapability` naming the first setting that names no implementation.
+    """Raise `UnknownCapability` naming the first setting that names no implementation, and
+    `CapabilityConfigError` when the local sandbox is chosen and its ``jobwrap`` is not built.
 
-    Cheap and pure, so the engine can refuse a bad configuration before it starts anything.
+    Cheap (no more than a look at one file), so the engine can refuse a bad configuration
+    before it starts anything.
     """
     for setting, registry in _REGISTRIES.items():
         name = getattr(settings, setting)
@@ -260,6 +262,14 @@ def check_choices(settings: Settings) -> None:
                 f"{ENV_PREFIX}{setting.upper()}: unknown {setting.replace('_', ' ')} {name!r}; "
                 f"expected one of {', '.join(sorted(registry))}"
             )
+    if settings.worker == "sandbox":
+        try:
+            require_jobwrap()
+        except CapabilityConfigError as exc:
+            raise CapabilityConfigError(
+                f"{ENV_PREFIX}WORKER=sandbox (the default): {exc}; or run jobs on worker nodes "
+                f"({ENV_PREFIX}WORKER=nodes)"
+            ) from None
 
 
 def _build(registry: Mapping[str, Builder[T]], setting: str, settings: Settings, lent: Lent) -> T:

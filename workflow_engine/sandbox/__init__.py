@@ -6,7 +6,9 @@ worker-node`, which use it through what this package offers (`__all__`): the `Jo
 paths that a worker or verifier reads.
 
 Internal (used only inside this package): `runner` starts and re-attaches jobs; `wrapper` is
-the wrapper each job runs under (``jobwrap.c``, or a shell script) and its spawn; `processes`
+the wrapper each job runs under (``jobwrap``, from ``jobwrap.c``), the check that it was built
+(`require_jobwrap`, offered too: a worker node and the engine refuse to start without it) and
+its spawn; `processes`
 waits on, reaps and signals a wrapper; `retention` is what `JobRunner.prune` removes; `grant`
 decides a job's user, limits and confinement (or refuses it); `users` allocates the job users;
 `namespaces` keeps a task's network namespace; `files` is a job directory's layout; `at_fork`
@@ -18,6 +20,7 @@ from workflow_engine.sandbox._beneath import exists_beneath
 from workflow_engine.sandbox._files import SAFE_PATH, TARGET, WORKER_NOTE
 from workflow_engine.sandbox._grant import Confinement, Grant, step_unfit
 from workflow_engine.sandbox._runner import JobRunner
+from workflow_engine.sandbox._wrapper import require_jobwrap
 
 __all__ = [
     "SAFE_PATH",
@@ -27,5 +30,6 @@ __all__ = [
     "Grant",
     "JobRunner",
     "exists_beneath",
+    "require_jobwrap",
     "step_unfit",
 ]

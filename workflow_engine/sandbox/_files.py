@@ -7,20 +7,20 @@ how). The directory holds:
   nothing; the engine compares it only to log a warning, a worker node refuses one of another
   task). The wrapper writes it, once it has claimed the job and before it runs anything; the
   engine keeps its own copy in memory.
-- ``supervisor.pid``: the claim, created exclusively: the pid of the job's wrapper (a small
-  ``/bin/sh`` script, see `job_runner.WRAPPER`, which creates it itself), or ``lost`` when the
+- ``supervisor.pid``: the claim, created exclusively: the pid of the job's wrapper
+  (``jobwrap``, see `sandbox._wrapper`, which creates it itself), or ``lost`` when the
   job was declared lost before any wrapper claimed it. Whoever creates it decides whether the
   job runs. Empty for the moment between the wrapper creating it and writing its pid.
-- ``supervisor.log``: what the wrapper itself said (the shell wrapper's stdout and stderr;
-  ``jobwrap`` makes it only when it cannot go on, so a job that goes well has none); quoted
-  when the job is lost.
+- ``supervisor.log``: what the wrapper itself said (``jobwrap`` makes it only when it cannot
+  go on, so a job that goes well has none; the shell wrapper of earlier versions wrote its
+  stdout and stderr there); quoted when the job is lost.
 - ``work/``: the command's working directory, ``HOME`` and ``TMPDIR``, owned by the job's user
-  (made by ``jobwrap``, or by the engine before it starts the shell wrapper).
+  (made by ``jobwrap``).
 - ``stdout.log``, ``stderr.log``: the command's output (``stdout.log`` exists once it started).
 - ``exit_status``: the command's exit status and a newline, written by the wrapper when the
   command ends; what a restarted engine reads when the engine that started the job is gone.
 - ``timed_out``: written just before the job's process group is killed at its deadline (by the
-  engine, or by the wrapper's watchdog when no engine is there); the job timed out.
+  engine, or by the wrapper when no engine is there); the job timed out.
 - ``cancel``: present once the job's workflow was cancelled; a wrapper that sees it runs
   nothing.
 - ``result.json``: the Worker API result; its presence means the job is over, and the first

@@ -17,7 +17,7 @@ A local job (the embedded sandbox's, or a `worker-node`'s) runs with only what i
 - **Its environment, and only it.** The step's env reaches the command after it became the
   job's user, never a process that runs as root (the wrapper's environment is fixed); a name
   or value that cannot be passed as one variable is refused.
-- **Limits** (``setrlimit``, or ``ulimit`` in the shell wrapper, just before the command):
+- **Limits** (``setrlimit``, just before the command):
   CPU time, address space, open files and the largest file written (stdout and stderr
   included) per process; processes at once when it has a user of its own (the kernel counts
   them per user, so a task's parallel steps share that count). Each is the
@@ -28,10 +28,8 @@ A local job (the embedded sandbox's, or a `worker-node`'s) runs with only what i
   loopback, is down. As root, ``unshare(CLONE_NEWNET)`` makes it; otherwise a new user
   namespace makes it possible (``CLONE_NEWUSER``, mapping the engine's user onto itself).
   ``jobwrap`` makes them once per task (`sandbox._namespaces`) and enters them before the user is
-  switched; the shell wrapper runs util-linux ``unshare --net`` (or ``--user
-  --map-current-user --net``) per job, which makes the same ones. Whether that works here is tried
-  once, with ``unshare`` and ``true``; if it does not, every job is refused, with a finding
-  saying why.
+  switched. Whether that works here is tried once, with util-linux ``unshare`` and ``true``;
+  if it does not, every job is refused, with a finding saying why.
 - **No image, no labels.** The local sandbox runs commands on its host, which has no labels:
   a step that names an `image`, or asks for `required_labels` (which only worker nodes
   have), is refused, never run somewhere it did not ask for (`step_unfit`; a task whose given
@@ -64,16 +62,7 @@ from workflow_engine.sandbox._users import JobUsers
 log = structlog.get_logger(__name__)
 
 NETWORK_POLICIES = ("restricted", "none")
-#: The wrapper's ``ulimit`` option, and the unit its value is in, per limit. POSIX names only
-#: ``-f``; dash (Debian's /bin/sh) calls the process limit ``-p``, bash and others ``-u``.
-_ULIMITS = {
-    "cpu_seconds": ("-t", 1),
-    "memory_mb": ("-v", 1024),  # KiB
-    "open_files": ("-n", 1),
-    "output_mb": ("-f", 2048),  # 512-byte blocks
-    "processes": ("-p" if os.path.realpath("/bin/sh").endswith("dash") else "-u", 1),
-}
-#: The same limits for ``jobwrap``: its name for each resource, and the unit of its value.
+#: The limits as ``jobwrap`` takes them: its name for each resource, and the unit of its value.
 _SETRLIMITS = {
     "cpu_seconds": ("cpu", 1),
     "memory_mb": ("as", 1024 * 1024),
@@ -127,28 +116,15 @@ def step_unfit(image: str, required_labels: Sequence[str]) -> tuple[str, str] | 
 
 @dataclass(frozen=True, slots=True)
 class Grant:
-    """How one job runs: for the shell wrapper, the argv before its command and its ``ulimit``
-    arguments; for ``jobwrap``, its namespaces (`isolation`), user and ``setrlimit`` values."""
+    """How one job runs under ``jobwrap``: its namespaces (`isolation`), user and
+    ``setrlimit`` values."""
 
-    prefix: tuple[str, ...]
     uid: int | None
     limits: dict[str, int]
     #: "net" (a network namespace; as root) or "userns" (a user namespace with one in it).
     isolation: str = "net"
     #: The host's directories the job may write in (jobwrap: the rest of the host read-only).
     writable: tuple[str, ...] = ()
-
-    def ulimit_args(self) -> list[str]:
-        """One ``OPTION VALUE`` word pair per limit, "-" for none: the wrapper's arguments."""
-        words = []
-        for name, (option, unit) in _ULIMITS.items():
-            value = self.limits.get(name, 0)
-            if name == "cpu_seconds" and value:
-                # SIGXCPU at the soft limit (what `explain` recognises), SIGKILL a second later.
-                words += ["-S " + option, str(value), "-H " + option, str(value + 1)]
-            else:
-                words += [option, str(value * unit) if value else "-"]
-        return words
 
     def rlimit_args(self) -> list[str]:
         """One ``RESOURCE=SOFT:HARD`` word per limit set, in setrlimit's units, then one
@@ -157,7 +133,9 @@ class Grant:
         for name, (resource_name, unit) in _SETRLIMITS.items():
             value = self.limits.get(name, 0)
             if value:
-                hard = value + 1 if name == "cpu_seconds" else value  # as `ulimit_args` says
+                # SIGXCPU at the soft CPU limit (what `explain` recognises), SIGKILL a second
+                # later.
+                hard = value + 1 if name == "cpu_seconds" else value
                 words.append(f"{resource_name}={value * unit}:{hard * unit}")
         return words + [f"writable={path}" for path in self.writable]
 
@@ -201,14 +179,14 @@ class Confinement:
         """`own_users`: run each task's jobs as a user of its own (None: when this is root,
         the only way it can; False isolates them as a process that is not root would).
         `writable_paths`: the host's directories a job may write in; every other file of the
-        host is read-only for it (jobwrap's; the shell wrapper leaves the host as it is)."""
+        host is read-only for it."""
         self._limits = limits or JobLimits()
         self._writable = writable_paths
         self._uid_base = uid_base
         self._uid_count = uid_count
         self._as_root = os.geteuid() == 0 if own_users is None else own_users
-        # None until the first job tries it: the argv that isolates a job, or why nothing can.
-        self._isolation: tuple[tuple[str, ...], str] | None = None
+        # None until the first job tries it: "" when jobs can be isolated, else why not.
+        self._isolation: str | None = None
         # Where the tasks' users are recorded: the runner's jobs directory (`keep_users_in`).
         self._users: JobUsers | None = None
 
@@ -251,16 +229,13 @@ class Confinement:
                     f"{self._uid_base + self._uid_count - 1} is taken by a task whose jobs may "
                     f"still run or be kept"
                 )
-        prefix, problem = self._isolate()
+        problem = self._isolate()
         if problem:
             return (
                 f"refused: this worker cannot enforce network_policy "
                 f"{sandbox.network_policy!r} (no network): {problem}"
             )
-        if uid is not None:
-            prefix = (*prefix, "--setuid", str(uid), "--setgid", str(uid))
         return Grant(
-            prefix=(*prefix, "--"),
             uid=uid,
             limits=self._limits_for(sandbox.limits, uid),
             isolation="net" if self._as_root else "userns",
@@ -279,7 +254,7 @@ class Confinement:
 
     def _limits_for(self, asked: Limits, uid: int | None) -> dict[str, int]:
         limits = {}
-        for name in _ULIMITS:
+        for name in _RLIMITS:
             ceiling = getattr(self._limits, name)
             wanted = getattr(asked, name)
             value = min(wanted, ceiling) if wanted and ceiling else wanted or ceiling
@@ -294,16 +269,18 @@ class Confinement:
             limits["processes"] = 0
         return limits
 
-    def _isolate(self) -> tuple[tuple[str, ...], str]:
-        """The argv that runs a command without network (and, as root, as another user)."""
+    def _isolate(self) -> str:
+        """Why a job cannot run here without network (and, as root, as another user); "" when
+        it can. Tried once, with util-linux ``unshare``, which makes the namespaces jobwrap
+        makes."""
         if self._isolation is None:
             self._isolation = self._try_isolation()
         return self._isolation
 
-    def _try_isolation(self) -> tuple[tuple[str, ...], str]:
+    def _try_isolation(self) -> str:
         unshare = shutil.which("unshare", path=SAFE_PATH)
         if unshare is None:
-            return (), f"util-linux `unshare` is not on {SAFE_PATH}"
+            return f"util-linux `unshare` is not on {SAFE_PATH}"
         if self._as_root:
             prefix: tuple[str, ...] = (unshare, "--net")
             trial = (*prefix, "--setuid", str(self._uid_base), "--setgid", str(self._uid_base))
@@ -328,8 +305,8 @@ class Confinement:
         else:
             if done.returncode == 0:
                 log.info("sandbox_isolation", argv=list(prefix), as_root=self._as_root)
-                return prefix, ""
+                return ""
             said = done.stderr.decode(errors="replace").strip()[-300:]
             problem = f"{' '.join(trial)} failed: {said or done.returncode} {advice}"
         log.warning("sandbox_isolation_unavailable", problem=problem)
-        return (), problem
+        return problem

@@ -15,8 +15,7 @@ job outliving the engine keeps its own, and nothing is ever left to clean up; th
 go of a task's namespaces once it has not started a job of that task for `idle_seconds`, and
 of the least recently used beyond `most`.
 
-Only ``jobwrap`` can do this; the shell wrapper (and a ``jobwrap`` that cannot make them,
-which the job then reports) isolates each job on its own, as before.
+Where the helper cannot make them (logged once, with why), each job makes its own.
 """
 
 from __future__ import annotations

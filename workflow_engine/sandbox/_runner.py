@@ -3,7 +3,7 @@
 The engine starts each job itself with ``posix_spawn``, in a session of its own (so signals to
 the engine's process group do not reach it, and it outlives a killed engine), through a small
 wrapper that runs the command and writes its exit status to ``exit_status`` when it ends:
-``jobwrap`` or, where it was not built, a shell script (`sandbox._wrapper`). The engine waits
+``jobwrap`` (`sandbox._wrapper`; where it was not built, no runner is made). The engine waits
 on its own child cheaply (a pidfd on the event loop, no thread, no polling; `sandbox._processes`),
 enforces the deadline with a timer on its loop, reaps the child and writes ``result.json``
 itself. The files are for the crash path: an engine that finds a
@@ -11,26 +11,24 @@ job directory it did not start (its starter was killed, or this is another proce
 the pid recorded in ``supervisor.pid`` (a pidfd again, after checking that pid is still this
 job's wrapper) and builds the result from the files (`sandbox._files` holds the layout). So the
 common path costs a vfork/exec of ``jobwrap`` and a fork/exec of the command (which enters
-its namespaces and user in between): 1.8 ms of CPU per ``true`` job here, against 2.9 ms
-through the shell wrapper (``sh``, its watchdog, ``unshare``, the command; measure with
+its namespaces and user in between): 1.8 ms of CPU per ``true`` job here (measure with
 ``benchmarks/job_cost.py``). In the engine a job costs one ``mkdir``, the spawn, a pidfd, and
 reading two small files and writing one; jobwrap makes the work directory.
 
 Exactly once: creating the job directory claims the job id (a second `run` of it, in this
 process or a restarted one, re-attaches instead). The wrapper then claims the job for itself
-by creating ``supervisor.pid`` exclusively (the shell's ``noclobber``) with its pid, and only
+by creating ``supervisor.pid`` exclusively (``O_EXCL``) with its pid, and only
 then runs anything. A re-attaching engine that finds no claim after `claim_grace_seconds`
 claims it as ``lost`` itself, so a late wrapper never runs it (nothing runs under an engine
 that died between creating the directory and spawning).
 
 The deadline: while the engine lives, its timer writes ``timed_out`` and SIGKILLs the job's
 process group. Every wrapper also holds the read end of one pipe whose write end only the
-engine (this `JobRunner`) holds, and watches it (``jobwrap`` itself; the shell wrapper forks a
-watchdog that blocks reading it): the pipe reads end of file only once the engine is gone
-(killed, or `close`d), and the wrapper then waits out what is left of the deadline (on
-CLOCK_BOOTTIME, the clock the deadline was set on) and does the same; for a cancelled job
-(``cancel`` exists) it waits `cancel_grace_seconds` instead. So the crash path still bounds
-every job, and the common path starts no timer process. The wrapper stops the command's
+engine (this `JobRunner`) holds, and watches it: the pipe reads end of file only once the
+engine is gone (killed, or `close`d), and the wrapper then waits out what is left of the
+deadline (on CLOCK_BOOTTIME, the clock the deadline was set on) and does the same; for a
+cancelled job (``cancel`` exists) it waits `cancel_grace_seconds` instead. So the crash path
+still bounds every job, and the common path starts no timer process. The wrapper stops the command's
 whole process group when it ends (background children included) and records the exit
 status; a job whose wrapper vanished without recording one or a deadline (killed) is reported
 lost, never run again. Cancel writes
@@ -51,7 +49,7 @@ while this runner follows the job), so a `run` of its id sees either the whole d
 What a job may use (its user, limits, no network) is `sandbox._grant`'s to say; the wrapper applies
 it just before the command. The network namespace (and, not as root, the user namespace) it
 runs in is its task's, made at the task's first job (`sandbox._namespaces`) and entered by
-``jobwrap``; the shell wrapper makes one per job.
+``jobwrap``.
 """
 
 from __future__ import annotations
@@ -63,7 +61,6 @@ import json
 import math
 import os
 import re
-import shutil
 import signal
 import time
 from collections.abc import Awaitable, Callable
@@ -104,20 +101,19 @@ class JobRunner:
         cancel_grace_seconds: float = 2.0,
         claim_grace_seconds: float = 10.0,
         confinement: Confinement | None = None,
-        wrapper: str = "auto",
         retention_seconds: float = 0,
     ) -> None:
-        """`wrapper`: "jobwrap" (`wrapper.JOBWRAP`), "sh" (`wrapper.WRAPPER`), or "auto":
-        jobwrap where it was built, else sh. `retention_seconds`: how long a finished job's
-        directory is kept (see the module docstring); 0 keeps it for good."""
+        """`retention_seconds`: how long a finished job's directory is kept (see the module
+        docstring); 0 keeps it for good. Raises `CapabilityConfigError` when ``jobwrap`` is not
+        built (`sandbox._wrapper.require_jobwrap`): no job could run."""
         if not 0 <= retention_seconds < math.inf:
             raise ValueError(f"retention_seconds: expected 0 or more, got {retention_seconds}")
+        self._jobwrap = job_wrapper.require_jobwrap()
         self._jobs_dir = jobs_dir.resolve()
         self._retention_seconds = retention_seconds
         self._pruner: asyncio.Task[None] | None = None
-        self._jobwrap = job_wrapper.choose_wrapper(wrapper)
-        # The namespaces each task's jobs share (`sandbox._namespaces`); jobwrap only.
-        self._namespaces = TaskNamespaces(self._jobwrap) if self._jobwrap else None
+        # The namespaces each task's jobs share (`sandbox._namespaces`).
+        self._namespaces = TaskNamespaces(self._jobwrap)
         self._confinement = confinement or Confinement()
         self._confinement.keep_users_in(self._jobs_dir)
         self._jobs_dir_made = False
@@ -126,8 +122,7 @@ class JobRunner:
         self._poll_interval = poll_interval
         self._cancel_grace_seconds = cancel_grace_seconds
         self._claim_grace_seconds = claim_grace_seconds
-        self._sleep_bin = shutil.which("sleep", path=files.SAFE_PATH)
-        # The pipe every wrapper's watchdog reads (see the module docstring): (read end, write
+        # The pipe every wrapper watches (see the module docstring): (read end, write
         # end, the pid that made it), made at the first job so that a process forked before
         # then makes its own.
         self._pipe: tuple[int, int, int] | None = None
@@ -143,7 +138,7 @@ class JobRunner:
             Held("sandbox.watches", len(self._watches)),
             Held("sandbox.timers", len(self._timers)),
             *self._confinement.held(),
-            *(self._namespaces.held() if self._namespaces is not None else ()),
+            *self._namespaces.held(),
             *self._task_tmp.held(),
         ]
 
@@ -159,11 +154,7 @@ class JobRunner:
                 _warn_if_request_differs(job, job_dir)
                 watch = self._watch(job_dir, self._follow(job, job_dir))
             else:
-                grant = (
-                    self._confinement.grant(job)
-                    if self._wrapper_may_run()
-                    else job_wrapper.NEEDS_JOBWRAP
-                )
+                grant = self._confinement.grant(job)
                 if isinstance(grant, str):
                     log.warning("sandbox_job_refused", job_id=job.job_id, reason=grant)
                     return files.record_unrun(job, job_dir, "failed", grant)
@@ -237,7 +228,7 @@ class JobRunner:
     async def close(self) -> None:
         """Stop following jobs (they run on, to be re-attached by the next engine).
 
-        Their watchdogs read end of file now, and keep their deadlines from here on.
+        Their wrappers read end of file now, and keep their deadlines from here on.
         """
         if self._pruner is not None:
             self._pruner.cancel()
@@ -251,8 +242,7 @@ class JobRunner:
         for watch in watches:
             watch.cancel()
         await asyncio.gather(*watches, return_exceptions=True)
-        if self._namespaces is not None:
-            self._namespaces.close()
+        self._namespaces.close()
         if self._pipe is not None:
             read_end, write_end, _ = self._pipe
             self._pipe = None
@@ -262,9 +252,6 @@ class JobRunner:
 
     def _job_dir(self, job_id: str) -> Path:
         return self._jobs_dir / _dir_name(job_id)
-
-    def _wrapper_may_run(self) -> bool:
-        return job_wrapper.may_run(self._jobwrap)
 
     def _mkdir(self, job_dir: Path) -> None:
         """Create `job_dir` (FileExistsError if it exists): the claim on its job id."""
@@ -326,7 +313,7 @@ class JobRunner:
         loop = asyncio.get_running_loop()
         deadline = loop.call_later(timeout, processes.deadline_passed, pid, job_dir)
         try:
-            # Cancelled (the engine closing): the job runs on, its watchdog keeping the deadline.
+            # Cancelled (the engine closing): the job runs on, its wrapper keeping the deadline.
             await processes.until_exited(
                 pid, lambda: processes.exited_child(pid), self._poll_interval
             )
@@ -344,7 +331,7 @@ class JobRunner:
     ) -> int:
         """`_spawn` the job's wrapper into its task's namespaces, made at its first job."""
         shared: tuple[int, ...] = ()
-        if self._namespaces is not None and grant.isolation in ("net", "userns"):
+        if grant.isolation in ("net", "userns"):
             shared = await self._namespaces.for_task(job.workspace, grant.isolation)
         return self._spawn(job, job_dir, timeout_seconds, grant, shared)
 
@@ -354,32 +341,16 @@ class JobRunner:
         """Start the job's wrapper, which claims the job unless it was declared lost first.
 
         `shared`: the task's namespaces (`sandbox._namespaces`) for jobwrap to enter, else ()."""
-        deadline = math.ceil(time.clock_gettime(time.CLOCK_BOOTTIME) + timeout)
-        grace = self._cancel_grace_seconds
-        if self._jobwrap is not None:
-            return job_wrapper.spawn_jobwrap(
-                self._jobwrap,
-                job,
-                job_dir,
-                grant,
-                deadline=deadline,
-                grace=grace,
-                engine_pipe=self._engine_pipe(),
-                shared=shared,
-                task_tmp=self._task_tmp.path(job.workspace, grant.uid),
-            )
-        if self._sleep_bin is None:
-            raise OSError(f"coreutils `sleep` is not on {files.SAFE_PATH}")
-        if not self._wrapper_may_run():
-            raise OSError(job_wrapper.NEEDS_JOBWRAP)
-        return job_wrapper.spawn_shell(
+        return job_wrapper.spawn_jobwrap(
+            self._jobwrap,
             job,
             job_dir,
             grant,
-            sleep_bin=self._sleep_bin,
-            deadline=deadline,
-            grace=grace,
+            deadline=math.ceil(time.clock_gettime(time.CLOCK_BOOTTIME) + timeout),
+            grace=self._cancel_grace_seconds,
             engine_pipe=self._engine_pipe(),
+            shared=shared,
+            task_tmp=self._task_tmp.path(job.workspace, grant.uid),
         )
 
     async def _follow(self, job: JobRequest, job_dir: Path) -> JobResult:

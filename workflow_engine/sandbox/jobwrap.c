@@ -1,12 +1,12 @@
-/* jobwrap: the wrapper of one local job, as a small program instead of /bin/sh.
+/* jobwrap: the wrapper of one local job.
  *
  *   jobwrap JOB_DIR DEADLINE GRACE ISOLATION UID TMP LIMIT... -- COMMAND...
  *   jobwrap --namespaces ISOLATION
  *
- * job_runner.py starts it (in a session of its own, stdout and stderr on /dev/null, fd 3 the
- * read end of the engine's pipe) and its docstring tells the whole protocol; this does
- * what the shell wrapper there (`WRAPPER`) does, in one exec instead of three (sh, util-linux
- * unshare, the command) and without forking a watchdog:
+ * sandbox/_runner.py starts it (through sandbox/_wrapper.py: in a session of its own, stdout
+ * and stderr on /dev/null, fd 3 the read end of the engine's pipe) and its docstring tells the
+ * whole protocol; this is the one implementation of it (where it is not built, the local
+ * sandbox and a worker node refuse to start). It runs in one exec, without forking a watchdog:
  *
  *   - reads the job from fd 6 (a memfd the engine wrote): the request's JSON, a NUL, then
  *     the command's environment as NAME=VALUE entries each ended by a NUL. Its own
@@ -42,7 +42,7 @@
  *     cancelled job, GRACE seconds: then it writes timed_out (not for a cancel) and kills
  *     the job's whole process group, itself included;
  *   - a SIGTERM (a cancel) is acted on once the command has ended: the group is killed and
- *     no exit status is written, as the shell's trap does;
+ *     no exit status is written;
  *   - writes the command's exit status (128 + the signal for a signal) to exit_status, then
  *     kills what is left of the group.
  *

@@ -213,7 +213,8 @@ def build_info() -> dict[str, str]:
 
 def jobwrap_linkage(path: Path) -> str:
     """static, dynamic (it names a loader: ld.so must be there for every job), absent (not
-    built: jobs use the shell wrapper, or are refused as root), or unknown (not a 64-bit ELF)."""
+    built: the local sandbox refuses to start, so only an engine whose jobs run elsewhere
+    serves), or unknown (not a 64-bit ELF)."""
     try:
         with path.open("rb") as file:
             header = file.read(64)

@@ -34,7 +34,7 @@ from workflow_engine import _pid_file as pid_file
 from workflow_engine.capabilities.workers import LocalSandboxWorker
 from workflow_engine.config import ENV_PREFIX, NodeSettings
 from workflow_engine.errors import ConfigError, NodeInUse
-from workflow_engine.sandbox import Confinement
+from workflow_engine.sandbox import Confinement, require_jobwrap
 from workflow_engine.worker_node._connections import bounded_h11
 from workflow_engine.worker_node._job_runs import NodeJobs
 from workflow_engine.worker_node._routes import create_app
@@ -183,6 +183,7 @@ def lock_data_dir(data_dir: Path) -> Iterator[None]:
 async def serve_node(settings: NodeSettings) -> None:
     """Serve the Worker API until SIGTERM has drained the node (see the module docstring)."""
     settings.check_exposure()
+    require_jobwrap()  # the node runs its jobs through it: without it, it refuses to start
     tls = node_tls_context(settings)
     with lock_data_dir(settings.data_dir), bind(settings.listen) as sock:
         runner = LocalSandboxWorker(

@@ -24,7 +24,7 @@ from workflow_engine.config import JobLimits
 from workflow_engine.domain import JobRequest, JobResult, Limits, Sandbox, Step
 from workflow_engine.sandbox import Confinement
 
-pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("each_wrapper")]
+pytestmark = pytest.mark.timeout(60)
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="jobs get their own user only under root")
 UID_BASE = 1_500_000_000
 
@@ -222,8 +222,7 @@ async def test_a_job_sees_only_its_step_env_and_a_minimal_path(
     result = await sandbox.run("local", job("env", env={"GREETING": "hi"}))
     names = {line.split("=", 1)[0] for line in result.stdout.splitlines()}
     engine_own = {n for n in names if n.startswith("WORKFLOW_ENGINE_")}
-    # OLDPWD is the shell wrapper's own (it changes to the work directory).
-    assert names - engine_own - {"OLDPWD"} == {"GREETING", "PATH", "HOME", "TMPDIR", "LANG", "PWD"}
+    assert names - engine_own == {"GREETING", "PATH", "HOME", "TMPDIR", "LANG", "PWD"}
     assert f"PWD={result.work_dir}" in result.stdout.splitlines()
     assert engine_own == {
         "WORKFLOW_ENGINE_TASK_ID",

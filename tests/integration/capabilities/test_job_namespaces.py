@@ -1,8 +1,7 @@
 """A task's local jobs share one network namespace (and, not as root, one user namespace);
 another task's jobs, and the engine, are never in it.
 
-Real `jobwrap` processes through the local sandbox's runner, and `TaskNamespaces` itself. Where
-`jobwrap` is not built the shell wrapper gives every job namespaces of its own.
+Real `jobwrap` processes through the local sandbox's runner, and `TaskNamespaces` itself.
 """
 
 from __future__ import annotations
@@ -46,10 +45,9 @@ async def namespaces_of(worker: LocalSandboxWorker, task_id: str, command: str =
     return result.stdout.split()
 
 
-@pytest.mark.usefixtures("each_wrapper")
 @pytest.mark.parametrize("own_users", OWN_USERS)
 async def test_a_tasks_jobs_share_its_namespaces_and_no_other_task_enters_them(
-    tmp_path: Path, each_wrapper: str, own_users: bool | None
+    tmp_path: Path, own_users: bool | None
 ) -> None:
     confinement = Confinement(own_users=own_users)
     async with LocalSandboxWorker(jobs_dir=tmp_path / "jobs", confinement=confinement) as worker:
@@ -62,10 +60,7 @@ async def test_a_tasks_jobs_share_its_namespaces_and_no_other_task_enters_them(
     assert other[0] not in (engine[0], first[0])  # nor another task's
     if own_users is False:
         assert first[1] != engine[1] and other[1] not in (engine[1], first[1])
-    if each_wrapper == "jobwrap":
-        assert together == [first] * 3 and later == first
-    else:  # the shell wrapper: namespaces of its own per job
-        assert len({ns[0] for ns in [*together, later]}) == 4
+    assert together == [first] * 3 and later == first
 
 
 @pytest.mark.parametrize("own_users", OWN_USERS)

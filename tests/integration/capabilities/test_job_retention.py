@@ -26,7 +26,7 @@ from workflow_engine.domain.task import MAX_TIMEOUT_SECONDS
 from workflow_engine.sandbox import JobRunner
 from workflow_engine.sandbox import _files as files
 
-pytestmark = [pytest.mark.timeout(30), pytest.mark.usefixtures("each_wrapper")]
+pytestmark = pytest.mark.timeout(30)
 
 HOUR = 3600.0
 

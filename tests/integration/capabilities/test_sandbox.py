@@ -28,7 +28,7 @@ from workflow_engine.sandbox import _files as files
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 # A broken re-attach or lost-job check shows up as a wait that never ends; fail it instead.
-pytestmark = [pytest.mark.timeout(30), pytest.mark.usefixtures("each_wrapper")]
+pytestmark = pytest.mark.timeout(30)
 
 
 def job(job_id: str, *command: str, **fields: Any) -> JobRequest:
@@ -83,7 +83,7 @@ async def test_select_target_is_local(tmp_path: Path) -> None:
     assert await worker(tmp_path).select_target(job("j", "true")) == "local"
 
 
-async def test_echo_completes_with_output_and_layout(tmp_path: Path, each_wrapper: str) -> None:
+async def test_echo_completes_with_output_and_layout(tmp_path: Path) -> None:
     result = await worker(tmp_path).run(
         "local", job("echo-1", "sh", "-c", "echo hello; echo oops >&2; pwd")
     )
@@ -101,7 +101,7 @@ async def test_echo_completes_with_output_and_layout(tmp_path: Path, each_wrappe
     assert json.loads((job_dir / "request.json").read_text())["job_id"] == "echo-1"
     assert json.loads((job_dir / "result.json").read_text())["status"] == "completed"
     # jobwrap makes its log only when it has something to say: a job that went well has none.
-    assert (job_dir / "supervisor.log").exists() == (each_wrapper == "sh")
+    assert not (job_dir / "supervisor.log").exists()
 
 
 async def test_non_zero_exit_is_failed(tmp_path: Path) -> None:
@@ -425,10 +425,9 @@ def programs_in_group(pgid: int) -> set[str]:
     return names
 
 
-async def test_the_engine_starts_no_python_per_job(tmp_path: Path, each_wrapper: str) -> None:
-    """The common path is the wrapper (jobwrap; or the shell and its watchdog) and the
-    command: no interpreter, and no timer process (the engine keeps the deadline while it
-    runs)."""
+async def test_the_engine_starts_no_python_per_job(tmp_path: Path) -> None:
+    """The common path is the wrapper (jobwrap) and the command: no interpreter, and no timer
+    process (the engine keeps the deadline while it runs)."""
     marker = tmp_path / "marker"
     request = job("cheap-1", "sh", "-c", f"echo ran >> {marker}; sleep 30")
     sandbox = worker(tmp_path)
@@ -442,10 +441,8 @@ async def test_the_engine_starts_no_python_per_job(tmp_path: Path, each_wrapper:
 
     await sandbox.cancel("local", request)
     assert (await asyncio.wait_for(running, 10)).status == "cancelled"
-    # The command is `sh -c '...; sleep 30'`; with the shell wrapper, dash is also the wrapper
-    # and its watchdog.
-    wrapper = {"jobwrap"} if each_wrapper == "jobwrap" else set()
-    assert programs == {*wrapper, "dash", "sleep"}, programs
+    # The command is `sh -c '...; sleep 30'`.
+    assert programs == {"jobwrap", "dash", "sleep"}, programs
 
 
 async def test_job_whose_supervisor_died_is_lost_not_rerun(tmp_path: Path) -> None:
@@ -481,14 +478,14 @@ async def test_a_reused_pid_does_not_keep_a_lost_job_waiting(tmp_path: Path) -> 
 
 
 async def test_a_lost_jobs_stderr_names_paths_relative_to_its_work_dir(tmp_path: Path) -> None:
-    # A wrapper that failed on a file of its job (as its shell reports it, by absolute path),
-    # then died: the lost job's stderr quotes its log, with paths relative to the work dir.
+    # A wrapper that failed on a file of its job (reported by absolute path), then died: the
+    # lost job's stderr quotes its log, with paths relative to the work dir.
     request = job("lost-4", "true")
     job_dir = (tmp_path / "jobs" / "lost-4").resolve()
     job_dir.mkdir(parents=True)
     (job_dir / "supervisor.log").write_text(
-        f"/bin/sh: 1: cannot create {job_dir}/exit_status: Permission denied\n"
-        f"/bin/sh: 2: cannot open {job_dir}/work/input: No such file\n"
+        f"jobwrap: cannot create {job_dir}/exit_status: Permission denied\n"
+        f"jobwrap: cannot open {job_dir}/work/input: No such file\n"
     )
     (job_dir / "supervisor.pid").write_text(str(await exited_pid()))
 
@@ -525,11 +522,7 @@ async def test_launcher_that_died_before_spawning_is_lost(tmp_path: Path) -> Non
     assert not marker.exists()
 
 
-async def test_a_job_whose_work_dir_cannot_be_made_is_lost_and_says_why(
-    tmp_path: Path, each_wrapper: str
-) -> None:
-    if each_wrapper == "sh":
-        pytest.skip("the shell wrapper's work directory is made by the engine, before it starts")
+async def test_a_job_whose_work_dir_cannot_be_made_is_lost_and_says_why(tmp_path: Path) -> None:
     marker = tmp_path / "marker"
     request = job("no-work", "sh", "-c", f"echo ran >> {marker}")
     job_dir = (tmp_path / "jobs" / "no-work").resolve()
@@ -551,9 +544,7 @@ async def test_a_job_whose_work_dir_cannot_be_made_is_lost_and_says_why(
     await runner.close()
 
 
-async def test_a_jobs_dir_under_tmp_is_reachable_from_the_jobs_own_tmp(
-    each_wrapper: str,
-) -> None:
+async def test_a_jobs_dir_under_tmp_is_reachable_from_the_jobs_own_tmp() -> None:
     # A job's /tmp is its task's own: a jobs directory under the host's /tmp (a checkout in
     # /tmp, say) must still be where the job's HOME and working directory say.
     with tempfile.TemporaryDirectory(dir="/tmp") as under_tmp:

@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import pytest
 
 from workflow_engine.capabilities import LocalSandboxWorker
-from workflow_engine.capabilities._factory import Lent, build_capabilities, opened
+from workflow_engine.capabilities._factory import Lent, build_capabilities, check_choices, opened
 from workflow_engine.capabilities._static_planner import StaticPlanner
 from workflow_engine.capabilities.tasks import InlineTaskSource, McpTaskSource, TaskTableSource
 from workflow_engine.capabilities.workers._simulated import SimulatedWorker
 from workflow_engine.config import McpSettings, Settings
 from workflow_engine.domain.jobs import JobRequest, JobResult
-from workflow_engine.errors import UnknownCapability
+from workflow_engine.errors import CapabilityConfigError, UnknownCapability
+from workflow_engine.sandbox import JobRunner
+from workflow_engine.sandbox import _wrapper as wrapper
 
 
 async def no_task(task_id: str) -> dict[str, Any]:
@@ -59,6 +62,41 @@ def test_the_task_source_setting_chooses_where_a_task_is_loaded_by_id() -> None:
 def test_an_unknown_implementation_names_its_setting(setting: str) -> None:
     with pytest.raises(UnknownCapability, match=f"WORKFLOW_ENGINE_{setting.upper()}: unknown"):
         build_capabilities(Settings(**{setting: "nonesuch"}), LENT_NOTHING)
+
+
+@pytest.fixture
+def without_jobwrap(monkeypatch: pytest.MonkeyPatch) -> Path:
+    """As an install without a C compiler leaves the package: no `jobwrap` beside jobwrap.c."""
+    missing = Path("/nonexistent/jobwrap")
+    monkeypatch.setattr(wrapper, "JOBWRAP", missing)
+    return missing
+
+
+def test_without_jobwrap_the_local_sandbox_refuses_to_start_saying_how_to_build_it(
+    without_jobwrap: Path, tmp_path: Path
+) -> None:
+    # What `serve` (and an embedding program's `Engine.open`) checks before it starts anything.
+    with pytest.raises(CapabilityConfigError) as refused:
+        check_choices(Settings(data_dir=tmp_path))
+    said = str(refused.value)
+    assert said.startswith("WORKFLOW_ENGINE_WORKER=sandbox (the default): local jobs run only")
+    assert f"{without_jobwrap} is missing or not executable" in said
+    assert "`make install`" in said and "install a C compiler (cc)" in said
+    # The runner itself (the local sandbox's, and a worker node's) refuses to be made.
+    for make in (
+        lambda: JobRunner(jobs_dir=tmp_path / "jobs"),
+        lambda: LocalSandboxWorker(jobs_dir=tmp_path / "jobs"),
+    ):
+        with pytest.raises(CapabilityConfigError, match="jobwrap, the job wrapper"):
+            make()
+    assert not (tmp_path / "jobs").exists()
+
+
+@pytest.mark.parametrize("worker", ["simulated", "nodes"])
+def test_an_engine_whose_jobs_run_elsewhere_needs_no_jobwrap(
+    without_jobwrap: Path, worker: str
+) -> None:
+    check_choices(Settings(worker=worker))
 
 
 class ClientWorker(SimulatedWorker):

@@ -72,6 +72,16 @@ def test_bad_pooler_settings_name_the_variable(name: str, value: str) -> None:
         settings_from_env({f"WORKFLOW_ENGINE_{name}": value})
 
 
+def test_a_removed_setting_left_in_a_deployment_is_ignored() -> None:
+    # WORKFLOW_ENGINE_COMPRESSOR chose among one implementation ("truncate", the only value it
+    # took) and is gone: a deployment that still sets it starts as before.
+    assert "WORKFLOW_ENGINE_COMPRESSOR" not in env_names()
+    same = {"WORKFLOW_ENGINE_HOLDER_ID": "h"}  # else each call draws its own
+    assert settings_from_env({**same, "WORKFLOW_ENGINE_COMPRESSOR": "truncate"}) == (
+        settings_from_env(same)
+    )
+
+
 def test_a_capability_section_reads_its_own_prefixed_variables() -> None:
     settings = settings_from_env(
         {"WORKFLOW_ENGINE_JOB_TIMEOUT_SECONDS": "60", "WORKFLOW_ENGINE_JOB_OUTPUT_BYTES": "10"}

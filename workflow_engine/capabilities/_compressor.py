@@ -3,8 +3,9 @@
 Each dispatch receives the outputs of the steps it depends on (or of every earlier step, for a
 sequential plan). Outputs are kept whole while they fit; past the budget the oldest entries
 lose their output first (the tail of an output is kept, where programs print their result),
-and entries that no longer fit at all are dropped and counted. An LLM summariser can replace it
-behind the same `ContextCompressor` interface.
+and entries that no longer fit at all are dropped and counted. It is the one implementation
+(no setting chooses it); an LLM summariser could replace it behind the same `ContextCompressor`
+interface, and earn a setting then.
 """
 
 from __future__ import annotations

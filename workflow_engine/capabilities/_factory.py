@@ -1,7 +1,9 @@
 """Builds the capabilities the settings name, and opens and closes them with the engine.
 
-Each kind (task source, planner, worker, verifier, context compressor) has a setting that names
-its implementation and a registry below mapping that name to a builder. A builder gets the
+Each kind (task source, planner, worker, verifier) has a setting that names its
+implementation and a registry below mapping that name to a builder. The context compressor has
+one implementation, `TruncatingCompressor`, which `Capabilities` makes itself: a kind gets a
+setting and a registry when it gets a second implementation. A builder gets the
 settings and what the engine lends capabilities (`Lent`: how to read a stored task, the
 orchestrator's tasks table and its nodes table, and the engine's `EngineContext`: its secrets
 and metrics), and returns the implementation. Adding one,
@@ -76,6 +78,8 @@ class Capabilities:
     #: The engine's one job tracker over `worker` (built with it): the steps' jobs and the
     #: `job` verifier's share its admission, its slots and its cancel.
     jobs: JobTracker
+    #: What keeps the earlier steps' output handed to a dispatch within
+    #: `context_budget_chars` (the one implementation; a program may replace it).
     compressor: ContextCompressor = field(default_factory=TruncatingCompressor)
     #: Characters of earlier steps' output handed to each dispatch, at most.
     context_budget_chars: int = 8000
@@ -234,9 +238,6 @@ VERIFIERS: Mapping[str, Builder[Verifier]] = {
     "llm": lambda s, lent: LlmVerifier(_model(s, lent), s.llm),
     "job": _job_verifier,
 }
-COMPRESSORS: Mapping[str, Builder[ContextCompressor]] = {
-    "truncate": lambda s, lent: TruncatingCompressor(),
-}
 
 
 _REGISTRIES: Mapping[str, Mapping[str, Builder[Any]]] = {
@@ -244,7 +245,6 @@ _REGISTRIES: Mapping[str, Mapping[str, Builder[Any]]] = {
     "planner": PLANNERS,
     "worker": WORKERS,
     "verifier": VERIFIERS,
-    "compressor": COMPRESSORS,
 }
 
 
@@ -296,7 +296,6 @@ def build_capabilities(settings: Settings, lent: Lent) -> Capabilities:
         worker=worker,
         verifier=_build(VERIFIERS, "verifier", settings, lent),
         stored_tasks=StoredTasks(lent.stored_task),
-        compressor=_build(COMPRESSORS, "compressor", settings, lent),
         context_budget_chars=settings.context_budget_chars,
         model=lent.model,
         revise_steps=settings.planner == "llm" and settings.llm.revise,

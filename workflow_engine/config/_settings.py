@@ -131,9 +131,6 @@ class Settings:
     #: model's judgement) or "job" (machine checks, then a verification job on the worker).
     planner: str = "static"
     verifier: str = "checks"
-    #: Context compressor: "truncate" (the newest results, outputs cut to
-    #: `context_budget_chars`; see `capabilities._compressor`).
-    compressor: str = "truncate"
     #: The ``mcp`` task source's server, tools and timeout.
     mcp: McpSettings = field(default_factory=McpSettings)
     #: `workflow-engine worker-node`'s own settings.

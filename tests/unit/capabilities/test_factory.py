@@ -58,7 +58,7 @@ def test_the_task_source_setting_chooses_where_a_task_is_loaded_by_id() -> None:
     assert isinstance(build_capabilities(mcp, LENT_NOTHING).task_source, McpTaskSource)
 
 
-@pytest.mark.parametrize("setting", ["worker", "planner", "verifier", "task_source", "compressor"])
+@pytest.mark.parametrize("setting", ["worker", "planner", "verifier", "task_source"])
 def test_an_unknown_implementation_names_its_setting(setting: str) -> None:
     with pytest.raises(UnknownCapability, match=f"WORKFLOW_ENGINE_{setting.upper()}: unknown"):
         build_capabilities(Settings(**{setting: "nonesuch"}), LENT_NOTHING)

@@ -1,4 +1,4 @@
-"""The docs say what the code does: the generated pages are current, every setting and every
+"""The docs say what the code does: the generated pages are current, every setting, metric and
 runtime dependency is on its page, and the README stays short with links that resolve.
 
 A failure of the first two after a change to `workflow_engine.config` or a move of a module
@@ -12,8 +12,11 @@ import tomllib
 import unicodedata
 from pathlib import Path
 
+from prometheus_client import generate_latest
+
 from tools import gen_docs
 from workflow_engine.config import env_names
+from workflow_engine.telemetry._metrics import Metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -35,6 +38,15 @@ def test_the_configuration_page_names_every_variable_the_settings_read() -> None
     page = gen_docs.CONFIGURATION.read_text()
     rows = set(re.findall(r"^\| `(WORKFLOW_ENGINE_\w+)` \|", page, re.MULTILINE))
     assert rows == env_names()
+
+
+def test_the_operations_page_names_every_metric_the_engine_serves() -> None:
+    served = generate_latest(Metrics().enable()).decode()
+    metrics = set(re.findall(r"^# TYPE (\w+) ", served, re.MULTILINE))
+    section = (ROOT / "docs" / "operations.md").read_text().split("\n### Metrics\n", 1)[1]
+    rows = re.findall(r"^\| (`\w+`(?:, `\w+`)*) \|", section.split("\n\n```", 1)[0], re.M)
+    named = {name for row in rows for name in re.findall(r"`(\w+)`", row)}
+    assert named == metrics, "a metric to add to (or drop from) docs/operations.md's table"
 
 
 def test_every_runtime_dependency_has_its_role_on_the_architecture_page() -> None:

@@ -5,6 +5,8 @@ unless its settings ask for them (``WORKFLOW_ENGINE_METRICS_LISTEN``; the engine
 as it starts, `serve` serves them), and while off every call is a no-op on a stand-in, so the
 hot path pays nothing measurable. An enabled `Metrics` has a registry of its own (nothing is
 registered in prometheus_client's default one), so two engines in one process count apart.
+Each metric is a typed field of `_Instruments`, defined there once with its name, help text and
+labels: a method that names one misspelt, or uses a counter as a gauge, is a type error.
 Names follow the OpenTelemetry semantic conventions where they define the thing
 (``rpc.server.call.duration``, ``gen_ai.client.token.usage``,
 ``gen_ai.client.operation.duration``, ``gen_ai.workflow.duration``), as Prometheus spells them
@@ -21,9 +23,10 @@ from __future__ import annotations
 
 import platform
 import struct
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Protocol, TypeVar, cast
 
 from prometheus_client import (
     CollectorRegistry,
@@ -48,26 +51,56 @@ TOKEN_BUCKETS = (16, 64, 256, 1024, 4096, 16384, 65536, 262144)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
+class _Counter(Protocol):
+    """What the engine calls on a counter: prometheus_client's `Counter`, or `_Off`."""
+
+    def labels(self, *values: str, **labels: str) -> _Counter: ...
+
+    def inc(self, amount: float = 1) -> None: ...
+
+
+class _Gauge(Protocol):
+    """What the engine calls on a gauge: prometheus_client's `Gauge`, or `_Off`."""
+
+    def labels(self, *values: str, **labels: str) -> _Gauge: ...
+
+    def inc(self, amount: float = 1) -> None: ...
+
+    def dec(self, amount: float = 1) -> None: ...
+
+    def set(self, value: float) -> None: ...
+
+
+class _Histogram(Protocol):
+    """What the engine calls on a histogram: prometheus_client's `Histogram`, or `_Off`."""
+
+    def labels(self, *values: str, **labels: str) -> _Histogram: ...
+
+    def observe(self, amount: float) -> None: ...
+
+
 class _Off:
     """What every metric is while metrics are off: takes any call, does nothing."""
 
-    def labels(self, *_: Any, **__: Any) -> _Off:
+    def labels(self, *values: str, **labels: str) -> _Off:
         return self
 
-    def inc(self, *_: Any) -> None:
+    def inc(self, amount: float = 1) -> None:
         pass
 
-    def dec(self, *_: Any) -> None:
+    def dec(self, amount: float = 1) -> None:
         pass
 
-    def observe(self, *_: Any) -> None:
+    def observe(self, amount: float) -> None:
         pass
 
-    def set(self, *_: Any) -> None:
+    def set(self, value: float) -> None:
         pass
 
 
 _OFF = _Off()
+# The stand-in is each kind of metric (mypy checks it here, where it is said).
+_OFF_KINDS: tuple[_Counter, _Gauge, _Histogram] = (_OFF, _OFF, _OFF)
 
 
 class Metrics:
@@ -79,22 +112,22 @@ class Metrics:
         self.clock: Clock = SystemClock() if clock is None else clock
         self.enabled = False
         self.registry: CollectorRegistry | None = None
-        self._m: dict[str, Any] = dict.fromkeys(_DEFINITIONS, _OFF)
+        self._m: _Instruments = _Instruments()  # every one the stand-in
 
     def enable(self) -> CollectorRegistry:
         """Create the metrics (once); the registry that serves them in this process."""
         if self.registry is None:
             disable_created_metrics()  # type: ignore[no-untyped-call]  # no `*_created` series
             self.registry = CollectorRegistry(auto_describe=True)
-            self._m = {name: make(self.registry) for name, make in _DEFINITIONS.items()}
+            self._m = _Instruments.made_in(self.registry)
             self.enabled = True
-            self._m["build_info"].labels(**build_info()).set(1)
+            self._m.build_info.labels(**build_info()).set(1)
         return self.registry
 
     # -- what the engine reports ------------------------------------------------------------
 
     def rpc(self, method: str, code: int, seconds: float) -> None:
-        self._m["rpc_duration"].labels(
+        self._m.rpc_duration.labels(
             rpc_system="grpc",
             rpc_service="workflow_engine.v1.WorkflowEngine",
             rpc_method=method,
@@ -102,69 +135,67 @@ class Metrics:
         ).observe(seconds)
 
     def workflow_started(self) -> None:
-        self._m["workflows_started"].inc()
+        self._m.workflows_started.inc()
 
     def workflow_finished(self, status: str, started_at: Any) -> None:
         """`started_at`: the state's epoch seconds of the first start (if it has one)."""
-        self._m["workflows_finished"].labels(status=status).inc()
+        self._m.workflows_finished.labels(status=status).inc()
         if isinstance(started_at, int | float) and started_at > 0:
-            self._m["workflow_duration"].labels(status=status).observe(
-                self.clock.now() - started_at
-            )
+            self._m.workflow_duration.labels(status=status).observe(self.clock.now() - started_at)
 
     def node_completed(self, node: str, seconds: float) -> None:
-        self._m["node_duration"].labels(node=node).observe(seconds)
+        self._m.node_duration.labels(node=node).observe(seconds)
 
     def checkpoints_committed(self, rows: int, seconds: float) -> None:
-        self._m["checkpoint_batch"].observe(rows)
-        self._m["checkpoint_write"].observe(seconds)
+        self._m.checkpoint_batch.observe(rows)
+        self._m.checkpoint_write.observe(seconds)
 
     def lease(self, event: str) -> None:
         """`event`: acquired, renewed, lost or released."""
-        self._m["lease_events"].labels(event=event).inc()
+        self._m.lease_events.labels(event=event).inc()
 
     def recovery_adopted(self) -> None:
-        self._m["recovery_adoptions"].inc()
+        self._m.recovery_adoptions.inc()
 
     def schedule_fired(self, outcome: str) -> None:
         """A schedule's due slot was handled: `outcome` started, taken (another replica
         started it), skipped (overlap), missed (catch-up) or failed (the template would not
         start)."""
-        self._m["schedule_fires"].labels(outcome=outcome).inc()
+        self._m.schedule_fires.labels(outcome=outcome).inc()
 
     def approval_expired(self, action: str) -> None:
         """The timer sweep applied an approval request's expiry: `action` reject or suspend."""
-        self._m["approvals_expired"].labels(action=action).inc()
+        self._m.approvals_expired.labels(action=action).inc()
 
     def unreadable_workflows(self, count: int) -> None:
         """Unfinished workflows in a state format this engine does not read (see
         `domain.state_format`), as the recovery sweep last counted them."""
-        self._m["unreadable_workflows"].set(count)
+        self._m.unreadable_workflows.set(count)
 
     def retention_pruned(self, workflows: int, rows: dict[str, int]) -> None:
         """A retention batch pruned `workflows`, deleting `rows` rows by table."""
-        self._m["retention_workflows"].inc(workflows)
+        self._m.retention_workflows.inc(workflows)
         for table, count in rows.items():
             if count:
-                self._m["retention_rows"].labels(table=table).inc(count)
+                self._m.retention_rows.labels(table=table).inc(count)
 
     def retention_round_done(self) -> None:
         """A retention round left nothing due (now)."""
-        self._m["retention_last_round"].set(self.clock.now())
+        self._m.retention_last_round.set(self.clock.now())
 
     def held(self, census: Iterable[tuple[str, int, int]]) -> None:
         """What the engine holds now, as (structure, entries, bound) (`runtime._census`; a
         bound of 0: its entries end with their workflows)."""
-        gauge = self._m["held_entries"]
+        gauge = self._m.held_entries
         for structure, entries, bound in census:
             gauge.labels(structure=structure, bound=str(bound)).set(entries)
 
     def job_started(self, worker: str) -> None:
-        self._m["jobs_in_flight"].labels(worker=worker).inc()
+        self._m.jobs_in_flight.labels(worker=worker).inc()
 
     def job_ended(self, worker: str, status: str, seconds: float) -> None:
-        self._m["jobs_in_flight"].labels(worker=worker).dec()
-        self._m["job_duration"].labels(worker=worker, status=status).observe(seconds)
+        self._m.jobs_in_flight.labels(worker=worker).dec()
+        self._m.job_duration.labels(worker=worker, status=status).observe(seconds)
 
     def model_call(
         self,
@@ -181,18 +212,10 @@ class Metrics:
             "gen_ai_request_model": model,
             "workflow_engine_purpose": purpose,
         }
-        self._m["model_duration"].labels(**labels, error_type=error).observe(seconds)
+        self._m.model_duration.labels(**labels, error_type=error).observe(seconds)
         if not error:
             for kind, tokens in (("input", input_tokens), ("output", output_tokens)):
-                self._m["model_tokens"].labels(**labels, gen_ai_token_type=kind).observe(tokens)
-
-
-def _histogram(name: str, doc: str, labels: tuple[str, ...], buckets: tuple[float, ...]) -> Any:
-    return lambda registry: Histogram(name, doc, labels, registry=registry, buckets=buckets)
-
-
-def _counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Any:
-    return lambda registry: Counter(name, doc, labels, registry=registry)
+                self._m.model_tokens.labels(**labels, gen_ai_token_type=kind).observe(tokens)
 
 
 #: The local job wrapper as the package builds it (`sandbox._wrapper.JOBWRAP`; named here so
@@ -231,134 +254,167 @@ def jobwrap_linkage(path: Path) -> str:
     return "dynamic" if _PT_INTERP in types else "static"
 
 
+_M = TypeVar("_M")
+#: How several engine processes' values of a gauge make one (prometheus_client's modes).
+_Summed = Literal["max", "livemax", "livesum"]
+
+
+def _metric(make: Callable[[CollectorRegistry], _M]) -> _M:
+    """A field of `_Instruments`: the stand-in, until `_Instruments.made_in` calls `make`."""
+    return cast(_M, field(default=_OFF, metadata={"make": make}))
+
+
+def _histogram(
+    name: str, doc: str, labels: tuple[str, ...], buckets: tuple[float, ...]
+) -> _Histogram:
+    return _metric(
+        lambda registry: Histogram(name, doc, labels, registry=registry, buckets=buckets)
+    )
+
+
+def _counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> _Counter:
+    return _metric(lambda registry: Counter(name, doc, labels, registry=registry))
+
+
+def _gauge(name: str, doc: str, labels: tuple[str, ...] = (), *, summed: _Summed) -> _Gauge:
+    return _metric(
+        lambda registry: Gauge(name, doc, labels, registry=registry, multiprocess_mode=summed)
+    )
+
+
 _MODEL_LABELS = ("gen_ai_operation_name", "gen_ai_request_model", "workflow_engine_purpose")
-#: Attribute -> a maker of the metric in a registry.
-_DEFINITIONS: dict[str, Any] = {
-    "rpc_duration": _histogram(
+
+
+@dataclass(frozen=True, slots=True)
+class _Instruments:
+    """Every metric, as the field its `Metrics` method reports on (a name misspelt there is a
+    type error); each the stand-in until `made_in` makes them in a registry, in this order."""
+
+    rpc_duration: _Histogram = _histogram(
         "rpc_server_call_duration_seconds",
         "Duration of each WorkflowEngine call, by method and gRPC status code",
         ("rpc_system", "rpc_service", "rpc_method", "rpc_grpc_status_code"),
         FAST_BUCKETS,
-    ),
-    "workflows_started": _counter(
+    )
+    workflows_started: _Counter = _counter(
         "workflow_engine_workflows_started_total", "Workflows StartWorkflow started"
-    ),
-    "workflows_finished": _counter(
+    )
+    workflows_finished: _Counter = _counter(
         "workflow_engine_workflows_finished_total",
         "Workflows that ended, by status (SUCCEEDED, FAILED, CANCELLED)",
         ("status",),
-    ),
-    "workflow_duration": _histogram(
+    )
+    workflow_duration: _Histogram = _histogram(
         "gen_ai_workflow_duration_seconds",
         "Workflows from their first start to their end, by final status",
         ("status",),
         DURATION_BUCKETS,
-    ),
-    "node_duration": _histogram(
+    )
+    node_duration: _Histogram = _histogram(
         "workflow_engine_node_duration_seconds",
         "Each graph node's run, from its start to its checkpoint being durable",
         ("node",),
         DURATION_BUCKETS,
-    ),
-    "checkpoint_write": _histogram(
+    )
+    checkpoint_write: _Histogram = _histogram(
         "workflow_engine_checkpoint_write_duration_seconds",
         "Each group commit of checkpoint rows, from sending to committed",
         (),
         FAST_BUCKETS,
-    ),
-    "checkpoint_batch": _histogram(
+    )
+    checkpoint_batch: _Histogram = _histogram(
         "workflow_engine_checkpoint_batch_size",
         "Checkpoint rows per group commit",
         (),
         BATCH_BUCKETS,
-    ),
-    "lease_events": _counter(
+    )
+    lease_events: _Counter = _counter(
         "workflow_engine_lease_events_total",
         "Leases acquired (start, resume, recovery), renewed, lost and released",
         ("event",),
-    ),
-    "recovery_adoptions": _counter(
+    )
+    recovery_adoptions: _Counter = _counter(
         "workflow_engine_recovery_adoptions_total",
         "Workflows this process adopted from a runner that stopped or died",
-    ),
-    "schedule_fires": _counter(
+    )
+    schedule_fires: _Counter = _counter(
         "workflow_engine_schedule_fires_total",
         "Schedule slots this process handled, by outcome (started, taken, skipped, missed, failed)",
         ("outcome",),
-    ),
-    "approvals_expired": _counter(
+    )
+    approvals_expired: _Counter = _counter(
         "workflow_engine_approvals_expired_total",
         "Approval requests that expired and were applied by this process's timer sweep, "
         "by action (reject, suspend)",
         ("action",),
-    ),
-    "unreadable_workflows": lambda registry: Gauge(
+    )
+    unreadable_workflows: _Gauge = _gauge(
         "workflow_engine_unreadable_workflows",
         "Unfinished workflows whose rows a newer engine wrote in a state format this engine "
         "does not read, which it leaves alone (a rolling deploy under way)",
-        registry=registry,
-        multiprocess_mode="max",
-    ),
+        summed="max",
+    )
     # Several engine processes each set it: their files are read as their maximum, one series.
-    "build_info": lambda registry: Gauge(
+    build_info: _Gauge = _gauge(
         "workflow_engine_build_info",
         "Always 1: which engine serves (version, python) and how its jobwrap was built "
         "(static, dynamic, absent)",
         ("version", "python", "jobwrap"),
-        registry=registry,
-        multiprocess_mode="max",
-    ),
-    "retention_workflows": _counter(
+        summed="max",
+    )
+    retention_workflows: _Counter = _counter(
         "workflow_engine_retention_pruned_workflows_total",
         "Finished workflows whose events and task retention removed",
-    ),
-    "retention_rows": _counter(
+    )
+    retention_rows: _Counter = _counter(
         "workflow_engine_retention_removed_rows_total",
         "Rows retention deleted, by table (workflow_events, workflow_tasks, ...)",
         ("table",),
-    ),
-    "retention_last_round": lambda registry: Gauge(
+    )
+    retention_last_round: _Gauge = _gauge(
         "workflow_engine_retention_last_round_timestamp_seconds",
         "When this engine last finished a retention round with nothing left due",
-        registry=registry,
-        multiprocess_mode="max",
-    ),
-    "jobs_in_flight": lambda registry: Gauge(
+        summed="max",
+    )
+    jobs_in_flight: _Gauge = _gauge(
         "workflow_engine_jobs_in_flight",
         "Jobs running now, by worker target (local, or a node's name)",
         ("worker",),
-        registry=registry,
-        multiprocess_mode="livesum",
-    ),
+        summed="livesum",
+    )
     # Several engine processes each set it: the largest of the live ones, one series each.
-    "held_entries": lambda registry: Gauge(
+    held_entries: _Gauge = _gauge(
         "workflow_engine_held_entries",
         "Entries an engine holds in memory, by structure keyed by an id (domain/held.py), with "
         "its bound: 0 when they end with their workflows, jobs or watchers, else the most a "
         "cache keeps",
         ("structure", "bound"),
-        registry=registry,
-        multiprocess_mode="livemax",
-    ),
-    "job_duration": _histogram(
+        summed="livemax",
+    )
+    job_duration: _Histogram = _histogram(
         "workflow_engine_job_duration_seconds",
         "Jobs from start to result, by worker target and result status",
         ("worker", "status"),
         DURATION_BUCKETS,
-    ),
-    "model_duration": _histogram(
+    )
+    model_duration: _Histogram = _histogram(
         "gen_ai_client_operation_duration_seconds",
         "Model calls of the llm planner and verifier (error_type set when one failed)",
         (*_MODEL_LABELS, "error_type"),
         DURATION_BUCKETS,
-    ),
-    "model_tokens": _histogram(
+    )
+    model_tokens: _Histogram = _histogram(
         "gen_ai_client_token_usage",
         "Tokens per model call, input (prompt) and output (completion)",
         (*_MODEL_LABELS, "gen_ai_token_type"),
         TOKEN_BUCKETS,
-    ),
-}
+    )
+
+    @classmethod
+    def made_in(cls, registry: CollectorRegistry) -> _Instruments:
+        """Every metric made in `registry`."""
+        return cls(**{f.name: f.metadata["make"](registry) for f in fields(cls)})
+
 
 #: prometheus_client's own variable: where each process of several records its values.
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"

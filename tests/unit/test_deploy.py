@@ -70,8 +70,9 @@ def test_metrics_are_on_in_the_manifests_and_scraped_where_they_are_served() -> 
 
 
 def test_every_container_that_runs_jobs_may_make_their_network_namespaces() -> None:
-    # The image's unprivileged user isolates each job with `unshare --user --net`, which the
-    # container runtimes' default seccomp profiles forbid (docs/security.md, "What a job may do").
+    # As the image's unprivileged user, jobwrap isolates each task's jobs in a new user namespace
+    # with a network namespace in it, which the container runtimes' default seccomp profiles
+    # forbid (docs/security.md, "What a job may do").
     services = yaml.safe_load((DEPLOY / "compose.yaml").read_text())["services"]
     for name in ("engine-1", "engine-2", "worker-node-1"):
         assert services[name]["security_opt"] == ["seccomp=unconfined"], name

@@ -1,4 +1,4 @@
-"""The default context compressor: keep the newest results, truncating outputs to a budget.
+"""The context compressor: keep the newest results, truncating outputs to a budget.
 
 Each dispatch receives the outputs of the steps it depends on (or of every earlier step, for a
 sequential plan). Outputs are kept whole while they fit; past the budget the oldest entries

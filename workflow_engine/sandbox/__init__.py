@@ -2,18 +2,16 @@
 
 Shared by the engine's embedded worker (`capabilities.workers._local`) and `workflow-engine
 worker-node`, which use it through what this package offers (`__all__`): the `JobRunner`, the
-`Confinement` that decides what a job may use, and the names of a job directory's layout and
-paths that a worker or verifier reads.
+`Confinement` that decides what a job may use, `require_jobwrap` (the engine and a worker node
+refuse to start without the wrapper), and the names of a job directory's layout and paths that
+a worker or verifier reads.
 
-Internal (used only inside this package): `runner` starts and re-attaches jobs; `wrapper` is
-the wrapper each job runs under (``jobwrap``, from ``jobwrap.c``), the check that it was built
-(`require_jobwrap`, offered too: a worker node and the engine refuse to start without it) and
-its spawn; `processes`
-waits on, reaps and signals a wrapper; `retention` is what `JobRunner.prune` removes; `grant`
-decides a job's user, limits and confinement (or refuses it); `users` allocates the job users;
-`namespaces` keeps a task's network namespace; `files` is a job directory's layout; `at_fork`
-closes the engine's ends in a forked child; `beneath` walks a path inside a job's directory
-without following it out.
+Its own modules: `_runner` starts and re-attaches jobs; `_wrapper` is the wrapper each job runs
+under (``jobwrap``, from ``jobwrap.c``) and its spawn; `_processes` waits on, reaps and signals
+a wrapper; `_retention` is what `JobRunner.prune` removes; `_grant` decides a job's user, limits
+and confinement (or refuses it); `_users` allocates the job users; `_namespaces` keeps a task's
+network namespace; `_files` is a job directory's layout; `_at_fork` closes the engine's ends in
+a forked child; `_beneath` walks a path inside a job's directory without following it out.
 """
 
 from workflow_engine.sandbox._beneath import exists_beneath

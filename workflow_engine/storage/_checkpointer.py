@@ -128,9 +128,16 @@ class Checkpoint(Generic[S]):
         version = max((v for v in versions.values() if isinstance(v, int)), default=0) + 1
         trigger = TRIGGER + node
         seen[node] = {trigger: versions.get(trigger, 0)}
-        updated = sorted(update)
-        for channel in (*updated, trigger):
+        written = sorted(update)
+        for channel in (*written, trigger):
             versions[channel] = version
+        # Every key that holds a value has a version, as LangGraph's input step gives each key
+        # of the input one: LangGraph leaves a channel without one out of what it writes.
+        for key in state:
+            versions.setdefault(key, version)
+        # LangGraph's loop, resuming, considers only the nodes triggered by a channel in
+        # `updated_channels`: the next node's trigger must be there, or it runs nothing.
+        updated = written if next_node is None else sorted({*written, TRIGGER + next_node})
         if next_node is not None:
             versions[TRIGGER + next_node] = version
         return Checkpoint(

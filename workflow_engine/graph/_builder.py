@@ -12,7 +12,10 @@ The graph is one table, `edges(clock)` (where each node leads), compiled into a 
 `StateGraph`. The engine's runs step through the same table themselves (`WorkflowGraph`, see
 `runtime._run`): one node at a time, each followed by its fenced checkpoint write, which is what
 LangGraph's loop with a checkpointer does, at a fraction of its cost. The compiled graph runs
-the same nodes under LangGraph's own loop (tests check that both agree); it has no checkpointer.
+the same nodes under LangGraph's own loop (`tests/integration/runtime/test_graph_loops.py`
+checks that both agree); it has no checkpointer of its own, and given one over a task's row
+(`storage._langgraph_saver.RowSaver`) it resumes a row the engine wrote and finishes it as the
+engine does (`tests/integration/graph/test_langgraph_resumes.py`).
 
 Every node is wrapped: its body runs through the run's `guard` (LangGraph's runtime context
 carries the run's hooks), so the run can stop it at a node boundary or interrupt it (cancel, a

@@ -7,7 +7,8 @@ fenced write (`storage._checkpointer`) before the next node starts. So every nod
 fenced before anything acts on it, and a run resumes exactly where the row says. This is what
 LangGraph's loop does with a checkpointer and `durability="sync"`, without its per-step
 machinery, which cost about half of the engine's CPU; the nodes still run with LangGraph's
-runtime context, and the row keeps LangGraph's checkpoint format.
+runtime context, and the row keeps LangGraph's checkpoint format, which LangGraph's own loop
+resumes (`tests/integration/graph/test_langgraph_resumes.py`).
 
 Each node's body runs through `guard`, which stops the run at a node boundary or interrupts the
 node. A heartbeat renews the lease every third of its time to live (`renewal_pause`, on the

@@ -3,10 +3,14 @@
 The orchestrator-visible row *is* the checkpoint a run resumes from, so the two can never
 disagree and state is stored once: the `state` column holds the workflow's state as plain
 JSON, the `checkpoint` column the graph's bookkeeping in LangGraph's checkpoint format
-(version 4: ids, channel versions, versions seen, and the trigger of the node that runs next,
-``branch:to:<node>``). Nothing is pickled or msgpack-decoded on load, so a tampered row can at
-worst be refused, never executed. Rows written by LangGraph's own loop (before the engine drove
-the graph itself; see `runtime._run`) read the same way.
+(version 4: ids, channel versions, versions seen, updated channels, and the trigger of the node
+that runs next, ``branch:to:<node>``). Together they are a checkpoint LangGraph's own loop
+resumes (`storage._langgraph_saver.RowSaver`), which
+`tests/integration/graph/test_langgraph_resumes.py` holds for the pinned LangGraph; the keys it
+depends on are listed in docs/architecture.md, "What LangGraph is for". Nothing is pickled or
+msgpack-decoded on load, so a tampered row can at worst be refused, never executed. Rows
+written by LangGraph's own loop (before the engine drove the graph itself; see `runtime._run`)
+read the same way.
 
 Each node's write is one fenced upsert: it checks the lease (holder and epoch, locked ``FOR
 SHARE`` so a takeover waits for it or it sees the takeover), upserts the row and appends the
@@ -121,7 +125,8 @@ class Checkpoint(Generic[S]):
 
         The versions follow LangGraph's rules (a node sees its trigger's version; every channel
         written, and the trigger it consumed, moves to a new version), so the row stays a
-        checkpoint LangGraph itself could resume.
+        checkpoint LangGraph's own loop resumes: `tests/integration/graph/test_langgraph_resumes.py`
+        fails when it no longer does.
         """
         versions: dict[str, Any] = dict(self.bookkeeping.get("channel_versions") or {})
         seen: dict[str, Any] = dict(self.bookkeeping.get("versions_seen") or {})

@@ -1,5 +1,10 @@
 """The graph the runs step through is the compiled LangGraph graph, and its checkpoints are
-LangGraph checkpoints: LangGraph's own loop would run the node the row names next."""
+LangGraph checkpoints: LangGraph's state snapshot names the node the row names next.
+
+That snapshot does not read `updated_channels`, which LangGraph's loop does when it resumes: a
+row could pass here and still not be resumed (it once did). That the loop resumes rows and
+finishes them as the engine does is held by `tests/integration/graph/test_langgraph_resumes.py`.
+"""
 
 from __future__ import annotations
 

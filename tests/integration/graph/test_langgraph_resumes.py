@@ -260,7 +260,10 @@ async def check_same_end(
     dropped = sorted(set(reference["state's keys"]) - set(langgraph["state's keys"]))
     assert dropped == [], f"{LANGGRAPH} left {dropped} out of the rows it wrote for {where!r}"
     differences = {k: (langgraph[k], v) for k, v in reference.items() if langgraph[k] != v}
-    assert differences == {}, f"{LANGGRAPH} finished {where!r} otherwise than the engine"
+    assert differences == {}, (
+        f"{LANGGRAPH} finished {where!r} otherwise than the engine, in {sorted(differences)}: "
+        + "; ".join(f"{k}: LangGraph {a!r}, engine {b!r}" for k, (a, b) in differences.items())
+    )
     assert reference["status"] == "SUCCEEDED"
     return reference
 

@@ -20,6 +20,10 @@ STATE_FORMAT = 4
 #: before rows recorded a format: the column's default, forever, so that a row inserted by an
 #: engine that does not know the column says what it is.
 FIRST_STATE_FORMAT = 1
+#: LangGraph's name for the channel that triggers a node (``branch:to:<node>``): the row's
+#: checkpoint names its next node so (`storage._checkpointer`), and the formats read it back
+#: (`graph.formats`).
+TRIGGER = "branch:to:"
 
 _MAX_SHOWN = 64
 

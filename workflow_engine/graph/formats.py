@@ -37,12 +37,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from workflow_engine.domain.state_format import FIRST_STATE_FORMAT, STATE_FORMAT
+from workflow_engine.domain.state_format import FIRST_STATE_FORMAT, STATE_FORMAT, TRIGGER
 from workflow_engine.domain.values import JsonObject
 from workflow_engine.errors import CheckpointCorrupt
-
-#: LangGraph's name for the channel that triggers a node (as in `storage._checkpointer`).
-TRIGGER = "branch:to:"
 
 _NODES_1_AND_2 = frozenset(
     {

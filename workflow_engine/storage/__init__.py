@@ -7,10 +7,10 @@ statuses, `queries` reads rows, events and pages, `tasks` keeps the task spec, `
 renews, releases and checks a runner's lease (on a connection, see `on_connection`),
 `schedules` keeps schedules, and `orchestrator_nodes` and `orchestrator_tasks` read the
 orchestrator's tables. Its own: `_workflow_start` starts and `_workflow_claims` claims (with
-the steps they share in `_row_writes`); `_checkpointer` writes the per-node checkpoint (batched
-by `_group_commit`), and `_langgraph_saver` hands the same row to LangGraph's own loop (a
-`BaseCheckpointSaver` the engine's runs do not use); `_database` opens it all (the embedded server of `_embedded` when no URL
-is set); `_migrations`, `_retention`, `_retry`, `_pool`.
+the steps they share in `_row_writes`); `_checkpointer` writes the per-node checkpoint
+(batched by `_group_commit`), and `_langgraph_saver` hands the same row to LangGraph's own loop
+(a `BaseCheckpointSaver` the engine's runs do not use); `_database` opens it all (the embedded
+server of `_embedded` when no URL is set); `_migrations`, `_retention`, `_retry`, `_pool`.
 
 What other packages use by name (`__all__`): those modules, the row checkpointer, the pool,
 the embedded server, the migrations, retention's batches, and `is_transient` (which errors are

@@ -36,7 +36,12 @@ from workflow_engine._context import EngineContext
 from workflow_engine._masking import for_workflow, state_secrets
 from workflow_engine.domain.deadlines import wake_at
 from workflow_engine.domain.records import Fence, WorkflowEventRecord
-from workflow_engine.domain.state_format import STATE_FORMAT, readable, unreadable_reason
+from workflow_engine.domain.state_format import (
+    STATE_FORMAT,
+    TRIGGER,
+    readable,
+    unreadable_reason,
+)
 from workflow_engine.domain.status import FINAL_STATUSES, WorkflowStatus
 from workflow_engine.domain.values import JsonObject
 from workflow_engine.errors import (
@@ -63,8 +68,6 @@ SELECT state, checkpoint_id, checkpoint, checkpoint_metadata,
 S = TypeVar("S", bound=Mapping[str, Any])
 T = TypeVar("T", bound=Mapping[str, Any])
 
-#: LangGraph's name for the channel that triggers a node.
-TRIGGER = "branch:to:"
 #: LangGraph's checkpoint format version, which the bookkeeping follows.
 FORMAT = 4
 

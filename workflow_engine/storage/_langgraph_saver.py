@@ -33,8 +33,9 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.base import Checkpoint as LangGraphCheckpoint
 
 from workflow_engine.domain.records import Fence
+from workflow_engine.domain.state_format import TRIGGER
 from workflow_engine.domain.values import JsonObject
-from workflow_engine.storage._checkpointer import TRIGGER, Checkpoint, RowCheckpointer
+from workflow_engine.storage._checkpointer import Checkpoint, RowCheckpointer
 
 
 class RowSaver(BaseCheckpointSaver[int]):

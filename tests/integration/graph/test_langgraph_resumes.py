@@ -34,12 +34,11 @@ from workflow_engine.capabilities import build_capabilities
 from workflow_engine.config import Settings
 from workflow_engine.domain.records import Fence, WorkflowRecord
 from workflow_engine.engine import Engine
-from workflow_engine.graph import _formats as formats
+from workflow_engine.graph import formats
 from workflow_engine.graph._builder import NODE_EVENT, build_graph
 from workflow_engine.graph.changes import CONTINUE_FROM, Decision, decide
 from workflow_engine.graph.state import STATE_KEYS
-from workflow_engine.storage import _queries as queries
-from workflow_engine.storage import _tasks as tasks
+from workflow_engine.storage import queries, tasks
 from workflow_engine.storage._checkpointer import RowCheckpointer
 from workflow_engine.storage._langgraph_saver import RowSaver
 from workflow_engine.storage._workflow_claims import claim_for_resume

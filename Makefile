@@ -168,7 +168,8 @@ chaos: install
 # processes), durability's cost side by side with the peers (table, JSON,
 # bench-results/throughput.png), then what one workflow costs in statements and commits, and
 # what retention costs a checkpoint write meanwhile, and whether memory comes back after every
-# workflow over 10 rounds of 1,500 (soak.py, about 15 minutes).
+# workflow over 10 rounds of 1,500 (soak.py, about 15 minutes), and how a step's cost grows with
+# the workflow's length, 10 and 100 steps of 60 KB outputs beside a LangGraph peer (growth.py).
 bench: install pgbouncer
 	$(BIN)/python benchmarks/job_cost.py
 	$(BIN)/python benchmarks/compare.py
@@ -178,6 +179,7 @@ bench: install pgbouncer
 	$(BIN)/python benchmarks/masking.py
 	$(BIN)/python benchmarks/pooler.py
 	$(BIN)/python benchmarks/soak.py
+	$(BIN)/python benchmarks/growth.py
 
 # Watch delay and throughput direct vs behind a transaction-mode PgBouncer (bench-results/pooler.*).
 bench-pooler: install pgbouncer

@@ -122,3 +122,32 @@ def test_soak_smoke() -> None:
         assert isinstance(result["slope_kb_per_workflow"], float)
     # The in-process engine's census at the end: caches at most at their bounds.
     assert all(entries <= bound for entries, bound in in_process["held_at_end"].values())
+
+
+def test_growth_smoke() -> None:
+    command = [sys.executable, str(ROOT / "benchmarks" / "growth.py")]
+    small = ["--steps", "2,4", "--output-bytes", "2000"]
+    done = subprocess.run([*command, *small], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    peer = "peer: langgraph+AsyncPostgresSaver, results channel"
+    # The table: its head, and a row per contender and size.
+    assert any(line.startswith("contender") and "WAL MB/step" in line for line in lines)
+    assert sum(line.startswith(peer + " ") for line in lines) == 2
+    assert sum(line.startswith("engine ") for line in lines) == 2
+    # The targets, each saying whether it is met (at this size, not measured for 100 and 500).
+    assert "issue 64's targets (engine):" in lines
+    start = lines.index("issue 64's targets (engine):") + 1
+    targets = [line for line in lines[start:] if line.startswith("  ")]
+    assert len(targets) == 7
+    assert all(
+        line.endswith(("met", "not measured")) or "MET (ratio" in line or "met (ratio" in line
+        for line in targets
+    )
+    assert any("500 steps not run" in line for line in lines)
+    payload = json.loads(lines[-1])["growth"]
+    assert set(payload["results"]) == {"engine", peer}
+    for rows in payload["results"].values():
+        assert [r["steps"] for r in rows] == [2, 4]
+        assert all(r["wall_s"] >= 0 and r["wal_bytes"] > 0 for r in rows)
+    assert len(payload["targets"]) == 7

@@ -14,6 +14,8 @@ shows as the row's `blocked_reason`. A row of an older format is upgraded as it 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 #: The format this engine writes, and the newest it reads.
 STATE_FORMAT = 4
 #: The oldest format this engine reads (upgrading it as it reads). Format 1 is every row written
@@ -26,6 +28,11 @@ FIRST_STATE_FORMAT = 1
 TRIGGER = "branch:to:"
 
 _MAX_SHOWN = 64
+
+
+def triggered(channels: Iterable[str]) -> list[str]:
+    """The nodes whose triggers are among `channels` (in their order)."""
+    return [name[len(TRIGGER) :] for name in channels if name.startswith(TRIGGER)]
 
 
 def readable(state_format: int) -> bool:

@@ -37,7 +37,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from workflow_engine.domain.state_format import FIRST_STATE_FORMAT, STATE_FORMAT, TRIGGER
+from workflow_engine.domain.state_format import FIRST_STATE_FORMAT, STATE_FORMAT, TRIGGER, triggered
 from workflow_engine.domain.values import JsonObject
 from workflow_engine.errors import CheckpointCorrupt
 
@@ -117,8 +117,7 @@ def check_trigger(row: StoredCheckpoint, state_format: int) -> None:
     """`CheckpointCorrupt` unless the row's next-node trigger (if any) names a node of
     `state_format`."""
     values = row.checkpoint.get("channel_values")
-    triggered = [k[len(TRIGGER) :] for k in values or {} if k.startswith(TRIGGER)]
-    unknown = sorted(set(triggered) - NODES[state_format])
+    unknown = sorted(set(triggered(values or {})) - NODES[state_format])
     if unknown:
         raise CheckpointCorrupt(
             f"task {row.task_id}: the checkpoint triggers {unknown}, which state format "

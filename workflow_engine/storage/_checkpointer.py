@@ -40,6 +40,7 @@ from workflow_engine.domain.state_format import (
     STATE_FORMAT,
     TRIGGER,
     readable,
+    triggered,
     unreadable_reason,
 )
 from workflow_engine.domain.status import FINAL_STATUSES, WorkflowStatus
@@ -312,16 +313,16 @@ def _rebuild_checkpoint(
         )
     # The node that runs next is the one whose trigger holds a value (LangGraph keeps a
     # consumed trigger's version, never its value).
-    triggered = [k[len(TRIGGER) :] for k in internal if k.startswith(TRIGGER)]
-    if len(triggered) > 1 or not set(triggered) <= nodes:
+    next_nodes = triggered(internal)
+    if len(next_nodes) > 1 or not set(next_nodes) <= nodes:
         raise CheckpointCorrupt(
-            f"task {task_id}: checkpoint triggers {sorted(triggered)}, not one node of the graph",
+            f"task {task_id}: checkpoint triggers {sorted(next_nodes)}, not one node of the graph",
             task_id=task_id,
         )
     step = metadata.get("step") if isinstance(metadata, dict) else None
     return Checkpoint(
         state,
-        triggered[0] if triggered else None,
+        next_nodes[0] if next_nodes else None,
         {k: v for k, v in stored.items() if k != "channel_values"},
         step if isinstance(step, int) else 0,
     )

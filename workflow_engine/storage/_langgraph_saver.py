@@ -33,7 +33,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.base import Checkpoint as LangGraphCheckpoint
 
 from workflow_engine.domain.records import Fence
-from workflow_engine.domain.state_format import TRIGGER
+from workflow_engine.domain.state_format import TRIGGER, triggered
 from workflow_engine.domain.values import JsonObject
 from workflow_engine.storage._checkpointer import Checkpoint, RowCheckpointer
 
@@ -108,9 +108,9 @@ class RowSaver(BaseCheckpointSaver[int]):
         wrote one); `LeaseLost` when the fence no longer holds."""
         self._task_of(config)
         values = dict(checkpoint["channel_values"])
-        triggered = [k[len(TRIGGER) :] for k in values if k.startswith(TRIGGER)]
-        if len(triggered) > 1:
-            raise ValueError(f"the row holds one next node, not {sorted(triggered)}")
+        next_nodes = triggered(values)
+        if len(next_nodes) > 1:
+            raise ValueError(f"the row holds one next node, not {sorted(next_nodes)}")
         event = values.get(self._event_key) if self._event_key in new_versions else None
         state = {k: v for k, v in values.items() if not k.startswith(TRIGGER)}
         bookkeeping: JsonObject = {
@@ -119,7 +119,7 @@ class RowSaver(BaseCheckpointSaver[int]):
         step = metadata.get("step")
         row = Checkpoint(
             state,
-            triggered[0] if triggered else None,
+            next_nodes[0] if next_nodes else None,
             bookkeeping,
             step if isinstance(step, int) else 0,
         )
